@@ -1,0 +1,105 @@
+#pragma once
+// The caching allocator of one device: blocks inside physical segments, split
+// on allocation and merged on free, in a small and a large pool, reused in
+// stream order like PyTorch's CUDACachingAllocator. Thread-safe.
+
+#include <symmpool/allocator_stats.hpp>
+#include <symmpool/driver_api.hpp>
+#include <symmpool/segment_arena.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+namespace symmpool {
+
+struct AllocatorOptions {
+  ArenaOptions arena;
+};
+
+class CachingAllocator {
+ public:
+  static constexpr std::size_t kMinBlockSize = 512;             // every size rounds up to this
+  static constexpr std::size_t kSmallSize = 1 << 20;            // largest "small" request
+  static constexpr std::size_t kSmallSegment = 2 << 20;         // segments of the small pool
+  static constexpr std::size_t kMinLargeAlloc = 10 << 20;       // below: share a large segment
+  static constexpr std::size_t kLargeSegment = 20 << 20;        // segments for mid-size requests
+  static constexpr std::size_t kLargeRounding = 2 << 20;        // big requests round to this
+
+  CachingAllocator(const DriverApi& drv, int device, AllocatorOptions options = {});
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // `bytes` on `stream`; nullptr for 0 bytes (as cudaMalloc). Throws
+  // out_of_memory when even an emptied cache cannot serve it and logic_error
+  // for sizes beyond the device's memory.
+  void* allocate(std::size_t bytes, CUstream stream);
+
+  // Frees `ptr`, reusable once the work queued on `stream` (and on any stream
+  // named in record_stream) has finished. nullptr is ignored. Throws
+  // logic_error for pointers it did not hand out and double frees.
+  void deallocate(void* ptr, CUstream stream);
+  // As above, checking that `bytes` is what was asked for.
+  void deallocate(void* ptr, std::size_t bytes, CUstream stream);
+
+  // `ptr` is used on `stream` too: its block is reused only after that work.
+  void record_stream(void* ptr, CUstream stream);
+
+  // Waits for pending frees, then unmaps every segment with no live block.
+  // Returns the bytes given back to the device.
+  std::size_t empty_cache();
+
+  bool owns(const void* ptr) const;        // inside one of our segments
+  bool is_allocation(const void* ptr) const;  // the start of a live block
+  std::size_t allocation_size(const void* ptr) const;  // bytes asked for; throws if unknown
+
+  AllocatorStats stats() const;
+  void reset_peak_stats();
+
+  // Registration hooks: see SegmentArena::add_observer / remove_observer.
+  void add_observer(SegmentObserver* observer, bool replay_existing);
+  void remove_observer(SegmentObserver* observer, bool replay_existing) noexcept;
+
+  std::vector<Segment> segments() const;  // copies, for inspection
+  int device() const { return arena_.device(); }
+  std::size_t device_total_memory() const { return device_total_; }
+  const MulticastDecision& multicast() const { return arena_.multicast(); }
+  std::size_t granularity() const { return arena_.granularity(); }
+
+ private:
+  struct Block;
+  struct BlockLess {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  using Pool = std::set<Block*, BlockLess>;
+
+  Block* find_free_block(Pool& pool, CUstream stream, std::size_t size);
+  Block* new_segment_block(std::size_t size, std::size_t requested, CUstream stream, bool small);
+  Block* split(Block* block, std::size_t size, Pool& pool);
+  void free_block(Block* block);
+  void process_events();
+  void synchronize_events();
+  std::size_t release_cached_segments();
+  CUevent take_event();
+  Pool& pool_of(const Block* block);
+  [[noreturn]] void throw_unknown_pointer(const void* ptr, const char* action) const;
+
+  const DriverApi& drv_;
+  SegmentArena arena_;
+  std::size_t device_total_ = 0;
+  mutable std::mutex mutex_;
+  Pool small_pool_;
+  Pool large_pool_;
+  std::unordered_map<std::uintptr_t, Block*> active_;
+  std::unordered_map<std::uint64_t, Block*> segment_heads_;  // segment id -> first block
+  std::deque<std::pair<CUevent, Block*>> pending_;            // frees waiting on events
+  std::vector<CUevent> spare_events_;
+  AllocatorStats stats_;
+};
+
+}  // namespace symmpool

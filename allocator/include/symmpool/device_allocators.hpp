@@ -1,0 +1,17 @@
+#pragma once
+// The process-wide caching allocators, one per device, on the real driver.
+// Both the C ABI (MemPool) and the torch backend use these, so a process has
+// one cache per device. Created on first use and never destroyed: CUDA may
+// already be torn down when static destructors run (PyTorch does the same).
+
+#include <symmpool/caching_allocator.hpp>
+
+namespace symmpool {
+
+CachingAllocator& device_allocator(int device);
+
+// Frees `ptr` on `device`'s allocator, with a clear error when the pointer
+// belongs to another device or to no symmpool allocator.
+void free_on_device(void* ptr, std::size_t bytes, int device, CUstream stream);
+
+}  // namespace symmpool

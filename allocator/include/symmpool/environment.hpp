@@ -1,0 +1,24 @@
+#pragma once
+// Every environment variable symmpool reads is read here, in one place.
+
+#include <cstddef>
+#include <string>
+
+namespace symmpool {
+
+struct Environment {
+  // Any of these set to a true value ("1", "true", "yes", "on") turns multicast off.
+  bool nccl_nvls_disabled = false;             // NCCL_NVLS_ENABLE=0
+  bool torch_symm_multicast_disabled = false;  // TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+  bool symmpool_multicast_disabled = false;    // SYMMPOOL_DISABLE_MULTICAST=1
+  bool multicast_requested = false;            // SYMMPOOL_ENABLE_MULTICAST=1
+
+  // Reads the current process environment.
+  static Environment from_process();
+
+  bool multicast_disabled_by_env() const {
+    return nccl_nvls_disabled || torch_symm_multicast_disabled || symmpool_multicast_disabled;
+  }
+};
+
+}  // namespace symmpool

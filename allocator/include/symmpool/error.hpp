@@ -1,0 +1,76 @@
+#pragma once
+// Errors, the RMM way: a few exception types and macros that throw them with
+// the failed call, file, line and the library's own error string.
+
+#include <cuda.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace symmpool {
+
+// Bad input from the caller: invalid size, unknown pointer, double free...
+struct logic_error : std::logic_error {
+  using std::logic_error::logic_error;
+};
+
+// A CUDA driver call failed.
+struct cuda_error : std::runtime_error {
+  cuda_error(const std::string& what, CUresult code) : std::runtime_error(what), code_(code) {}
+  CUresult code() const noexcept { return code_; }
+
+ private:
+  CUresult code_;
+};
+
+// The device ran out of memory even after the cache was emptied.
+struct out_of_memory : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// An NCCL call failed.
+struct nccl_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+[[noreturn]] void throw_logic_error(const char* file, int line, const std::string& msg);
+[[noreturn]] void throw_cuda_error(const char* file, int line, const char* call, CUresult code,
+                                   const char* error_string);
+[[noreturn]] void throw_nccl_error(const char* file, int line, const char* call, int code,
+                                   const char* error_string);
+}  // namespace detail
+
+}  // namespace symmpool
+
+#define SYMMPOOL_STRINGIFY_DETAIL(x) #x
+#define SYMMPOOL_STRINGIFY(x) SYMMPOOL_STRINGIFY_DETAIL(x)
+
+// Throws symmpool::logic_error carrying `msg` (anything streamable into std::string +).
+#define SYMMPOOL_EXPECTS(cond, msg)                                        \
+  do {                                                                     \
+    if (!(cond)) ::symmpool::detail::throw_logic_error(__FILE__, __LINE__, (msg)); \
+  } while (0)
+
+#define SYMMPOOL_FAIL(msg) ::symmpool::detail::throw_logic_error(__FILE__, __LINE__, (msg))
+
+// Calls `call` through the driver table `drv` (a symmpool::DriverApi) and
+// throws symmpool::cuda_error on failure: SYMMPOOL_CU_TRY(drv, cuMemMap(...)).
+#define SYMMPOOL_CU_TRY(drv, call)                                                          \
+  do {                                                                                      \
+    CUresult symmpool_cu_status_ = (drv).call;                                              \
+    if (symmpool_cu_status_ != CUDA_SUCCESS)                                                \
+      ::symmpool::detail::throw_cuda_error(__FILE__, __LINE__, #call, symmpool_cu_status_,  \
+                                           (drv).error_string(symmpool_cu_status_));        \
+  } while (0)
+
+// Calls `call` through the NCCL table `nccl` (a symmpool::NcclApi) and throws
+// symmpool::nccl_error on failure.
+#define SYMMPOOL_NCCL_TRY(nccl, call)                                                        \
+  do {                                                                                       \
+    auto symmpool_nccl_status_ = (nccl).call;                                                \
+    if (symmpool_nccl_status_ != 0)                                                          \
+      ::symmpool::detail::throw_nccl_error(__FILE__, __LINE__, #call,                        \
+                                           static_cast<int>(symmpool_nccl_status_),          \
+                                           (nccl).error_string(symmpool_nccl_status_));      \
+  } while (0)

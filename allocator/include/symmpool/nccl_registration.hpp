@@ -1,0 +1,47 @@
+#pragma once
+// Registration hook: keeps every segment registered with one NCCL
+// communicator (ncclCommRegister after map, ncclCommDeregister before unmap),
+// so NCCL can use symmpool buffers zero-copy. Cached segments stay
+// registered: in steady state no registration happens.
+
+#include <symmpool/nccl_api.hpp>
+#include <symmpool/segment.hpp>
+
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+namespace symmpool {
+
+struct RegistrationCounts {
+  std::uint64_t registrations = 0;    // ncclCommRegister calls that succeeded
+  std::uint64_t deregistrations = 0;  // ncclCommDeregister calls
+  std::uint64_t failed_deregistrations = 0;
+  std::size_t live = 0;               // segments registered now
+  std::size_t live_bytes = 0;
+};
+
+class NcclRegistrationHook final : public SegmentObserver {
+ public:
+  explicit NcclRegistrationHook(ncclComm_t comm, const NcclApi& nccl = loaded_nccl());
+  ~NcclRegistrationHook() override;
+
+  void on_segment_mapped(const Segment& segment) override;
+  void on_segment_unmapping(const Segment& segment) noexcept override;
+
+  ncclComm_t comm() const { return comm_; }
+  RegistrationCounts counts() const;
+
+ private:
+  struct Registration {
+    void* handle;
+    std::size_t size;
+  };
+  ncclComm_t comm_;
+  const NcclApi& nccl_;
+  mutable std::mutex mutex_;
+  std::unordered_map<std::uint64_t, Registration> registrations_;  // by segment id
+  RegistrationCounts counts_;
+};
+
+}  // namespace symmpool

@@ -1,0 +1,83 @@
+#pragma once
+// Physical segments of one device: cuMemCreate'd memory mapped into one
+// virtual range reserved up front, in segment units, with read-write access
+// for the owning device. Observers hear about every map and unmap.
+// Not thread-safe: the caching allocator above it holds the lock.
+
+#include <symmpool/detail/range_allocator.hpp>
+#include <symmpool/driver_api.hpp>
+#include <symmpool/environment.hpp>
+#include <symmpool/multicast.hpp>
+#include <symmpool/segment.hpp>
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <vector>
+
+namespace symmpool {
+
+struct ArenaOptions {
+  bool multicast_requested = false;
+  // Virtual range to reserve; 0 means twice the device's total memory.
+  std::size_t va_reserve_bytes = 0;
+  Environment env = Environment::from_process();
+};
+
+class SegmentArena {
+ public:
+  SegmentArena(const DriverApi& drv, int device, ArenaOptions options = {});
+  ~SegmentArena();
+  SegmentArena(const SegmentArena&) = delete;
+  SegmentArena& operator=(const SegmentArena&) = delete;
+
+  // Creates, maps and announces a segment of at least `bytes` (rounded up to
+  // the granularity). Returns nullptr when the device or the virtual range is
+  // out of memory; throws on any other failure, leaving nothing behind.
+  const Segment* map_new_segment(std::size_t bytes);
+
+  // Announces, unmaps and releases a segment made by map_new_segment.
+  void unmap_segment(const Segment* segment);
+
+  // Adds an observer; with replay it is first told of every mapped segment.
+  void add_observer(SegmentObserver* observer, bool replay_existing);
+  // Removes an observer; with replay it is told every mapped segment is going.
+  void remove_observer(SegmentObserver* observer, bool replay_existing) noexcept;
+
+  const Segment* find(std::uintptr_t address) const;  // segment holding address, or null
+  std::vector<const Segment*> segments() const;
+
+  int device() const { return device_; }
+  CUcontext context() const { return context_; }
+  std::size_t granularity() const { return granularity_; }
+  std::size_t mapped_bytes() const { return mapped_bytes_; }
+  std::size_t segment_count() const { return segments_.size(); }
+  std::size_t va_reserved_bytes() const { return va_size_; }
+  CUdeviceptr va_base() const { return va_base_; }
+  const MulticastDecision& multicast() const { return multicast_; }
+
+  // Free and total memory of the device, as the driver reports them.
+  std::pair<std::size_t, std::size_t> device_memory_info() const;
+
+ private:
+  CUresult create_handle(std::size_t size, CUmemGenericAllocationHandle* handle,
+                         CUmemAllocationHandleType* types);
+  void announce_unmapping(const Segment& segment) noexcept;
+
+  const DriverApi& drv_;
+  int device_;
+  CUdevice cu_device_ = 0;
+  CUcontext context_ = nullptr;
+  MulticastDecision multicast_;
+  bool fabric_supported_ = false;
+  std::size_t granularity_ = 0;
+  CUdeviceptr va_base_ = 0;
+  std::size_t va_size_ = 0;
+  std::unique_ptr<detail::RangeAllocator> va_ranges_;
+  std::map<CUdeviceptr, std::unique_ptr<Segment>> segments_;  // by address
+  std::vector<SegmentObserver*> observers_;
+  std::size_t mapped_bytes_ = 0;
+  std::uint64_t next_id_ = 1;
+};
+
+}  // namespace symmpool

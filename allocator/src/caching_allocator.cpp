@@ -1,0 +1,399 @@
+#include <symmpool/caching_allocator.hpp>
+#include <symmpool/detail/format.hpp>
+#include <symmpool/error.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+namespace symmpool {
+
+using detail::format_bytes;
+using detail::format_pointer;
+
+struct CachingAllocator::Block {
+  std::uintptr_t ptr = 0;
+  std::size_t size = 0;       // rounded size of this block
+  std::size_t requested = 0;  // what the caller asked for (live blocks)
+  CUstream stream = nullptr;  // stream of the allocation that made its segment
+  const Segment* segment = nullptr;
+  bool small = false;  // lives in the small pool
+  bool allocated = false;
+  int pending_events = 0;  // frees waiting on these events before reuse
+  Block* prev = nullptr;   // neighbours inside the segment
+  Block* next = nullptr;
+  std::vector<CUstream> stream_uses;  // record_stream
+
+  bool is_free() const { return !allocated && pending_events == 0; }
+};
+
+bool CachingAllocator::BlockLess::operator()(const Block* a, const Block* b) const {
+  if (a->stream != b->stream)
+    return reinterpret_cast<std::uintptr_t>(a->stream) < reinterpret_cast<std::uintptr_t>(b->stream);
+  if (a->size != b->size) return a->size < b->size;
+  return a->ptr < b->ptr;
+}
+
+namespace {
+
+std::size_t round_size(std::size_t bytes) {
+  constexpr std::size_t m = CachingAllocator::kMinBlockSize;
+  return (bytes + m - 1) / m * m;
+}
+
+std::size_t segment_size_for(std::size_t size) {
+  if (size <= CachingAllocator::kSmallSize) return CachingAllocator::kSmallSegment;
+  if (size < CachingAllocator::kMinLargeAlloc) return CachingAllocator::kLargeSegment;
+  constexpr std::size_t r = CachingAllocator::kLargeRounding;
+  return (size + r - 1) / r * r;
+}
+
+}  // namespace
+
+CachingAllocator::CachingAllocator(const DriverApi& drv, int device, AllocatorOptions options)
+    : drv_(drv), arena_(drv, device, options.arena) {
+  device_total_ = arena_.device_memory_info().second;
+}
+
+CachingAllocator::~CachingAllocator() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!active_.empty()) {
+    std::size_t bytes = 0;
+    for (auto& [ptr, block] : active_) bytes += block->size;
+    std::fprintf(stderr,
+                 "symmpool: allocator of device %d destroyed with %zu live allocations (%s)\n",
+                 device(), active_.size(), format_bytes(bytes).c_str());
+  }
+  try {
+    synchronize_events();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "symmpool: %s\n", e.what());
+  }
+  for (CUevent e : spare_events_) drv_.cuEventDestroy(e);
+  for (auto& [id, head] : segment_heads_) {
+    for (Block* b = head; b != nullptr;) {
+      Block* next = b->next;
+      delete b;
+      b = next;
+    }
+  }
+  // arena_ unmaps the segments (telling observers) when it is destroyed.
+}
+
+CachingAllocator::Pool& CachingAllocator::pool_of(const Block* block) {
+  return block->small ? small_pool_ : large_pool_;
+}
+
+void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
+  if (bytes == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(mutex_);
+  SYMMPOOL_EXPECTS(bytes <= device_total_,
+                   "cannot allocate " + format_bytes(bytes) + ": more than device " +
+                       std::to_string(device()) + "'s total memory of " +
+                       format_bytes(device_total_));
+  process_events();
+
+  const std::size_t size = round_size(bytes);
+  const bool small = size <= kSmallSize;
+  Pool& pool = small ? small_pool_ : large_pool_;
+
+  Block* block = find_free_block(pool, stream, size);
+  if (block != nullptr) {
+    ++stats_.cache_hits;
+    pool.erase(block);
+  } else {
+    ++stats_.cache_misses;
+    block = new_segment_block(size, bytes, stream, small);
+  }
+  block = split(block, size, pool);
+  block->allocated = true;
+  block->requested = bytes;
+  active_.emplace(block->ptr, block);
+
+  ++stats_.allocations;
+  stats_.allocated_bytes.add(static_cast<std::int64_t>(block->size));
+  stats_.requested_bytes.add(static_cast<std::int64_t>(bytes));
+  stats_.active_blocks.add(1);
+  return reinterpret_cast<void*>(block->ptr);
+}
+
+CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, CUstream stream,
+                                                           std::size_t size) {
+  Block key;
+  key.stream = stream;
+  key.size = size;
+  auto it = pool.lower_bound(&key);
+  if (it == pool.end() || (*it)->stream != stream) return nullptr;
+  return *it;
+}
+
+CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size,
+                                                             std::size_t requested,
+                                                             CUstream stream, bool small) {
+  const std::size_t want = segment_size_for(size);
+  ContextGuard guard(drv_, arena_.context());
+  const Segment* segment = arena_.map_new_segment(want);
+  if (segment == nullptr) {
+    // Give every cached segment back and try once more, as PyTorch does.
+    ++stats_.oom_retries;
+    synchronize_events();
+    release_cached_segments();
+    segment = arena_.map_new_segment(want);
+  }
+  if (segment == nullptr) {
+    ++stats_.ooms;
+    auto [free_bytes, total_bytes] = arena_.device_memory_info();
+    throw out_of_memory("symmpool: out of memory on device " + std::to_string(device()) +
+                        ": tried to allocate " + format_bytes(requested) + " (a new segment of " +
+                        format_bytes(want) + "); symmpool has " +
+                        format_bytes(static_cast<std::size_t>(stats_.reserved_bytes.current)) +
+                        " reserved, of which " +
+                        format_bytes(static_cast<std::size_t>(stats_.allocated_bytes.current)) +
+                        " allocated; the device has " + format_bytes(free_bytes) + " free of " +
+                        format_bytes(total_bytes));
+  }
+  auto* block = new Block;
+  block->ptr = segment->address;
+  block->size = segment->size;
+  block->stream = stream;
+  block->segment = segment;
+  block->small = small;
+  segment_heads_.emplace(segment->id, block);
+  ++stats_.segment_maps;
+  stats_.segments.add(1);
+  stats_.reserved_bytes.add(static_cast<std::int64_t>(segment->size));
+  return block;
+}
+
+CachingAllocator::Block* CachingAllocator::split(Block* block, std::size_t size, Pool& pool) {
+  const std::size_t remaining = block->size - size;
+  const bool worth_it = block->small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+  if (!worth_it) return block;
+  auto* rest = new Block;
+  rest->ptr = block->ptr + size;
+  rest->size = remaining;
+  rest->stream = block->stream;
+  rest->segment = block->segment;
+  rest->small = block->small;
+  rest->prev = block;
+  rest->next = block->next;
+  if (rest->next) rest->next->prev = rest;
+  block->next = rest;
+  block->size = size;
+  pool.insert(rest);
+  return block;
+}
+
+void CachingAllocator::deallocate(void* ptr, CUstream stream) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == active_.end()) throw_unknown_pointer(ptr, "free");
+  Block* block = it->second;
+  active_.erase(it);
+
+  ++stats_.frees;
+  stats_.allocated_bytes.add(-static_cast<std::int64_t>(block->size));
+  stats_.requested_bytes.add(-static_cast<std::int64_t>(block->requested));
+  stats_.active_blocks.add(-1);
+  block->allocated = false;
+  block->requested = 0;
+
+  // Freed on another stream than its own: that stream's work must finish first.
+  if (stream != block->stream &&
+      std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
+          block->stream_uses.end())
+    block->stream_uses.push_back(stream);
+
+  if (block->stream_uses.empty()) {
+    free_block(block);
+    return;
+  }
+  ContextGuard guard(drv_, arena_.context());
+  for (CUstream s : block->stream_uses) {
+    CUevent event = take_event();
+    CUresult r = drv_.cuEventRecord(event, s);
+    if (r != CUDA_SUCCESS) {
+      spare_events_.push_back(event);
+      detail::throw_cuda_error(__FILE__, __LINE__, "cuEventRecord", r, drv_.error_string(r));
+    }
+    ++block->pending_events;
+    pending_.emplace_back(event, block);
+  }
+  block->stream_uses.clear();
+}
+
+void CachingAllocator::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
+  if (ptr == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == active_.end()) throw_unknown_pointer(ptr, "free");
+    SYMMPOOL_EXPECTS(it->second->requested == bytes,
+                     "free of " + format_pointer(ptr) + " with size " + std::to_string(bytes) +
+                         ", but it was allocated with size " +
+                         std::to_string(it->second->requested));
+  }
+  deallocate(ptr, stream);
+}
+
+void CachingAllocator::free_block(Block* block) {
+  Pool& pool = pool_of(block);
+  if (Block* prev = block->prev; prev && prev->is_free()) {
+    pool.erase(prev);
+    prev->size += block->size;
+    prev->next = block->next;
+    if (prev->next) prev->next->prev = prev;
+    delete block;
+    block = prev;
+  }
+  if (Block* next = block->next; next && next->is_free()) {
+    pool.erase(next);
+    block->size += next->size;
+    block->next = next->next;
+    if (block->next) block->next->prev = block;
+    delete next;
+  }
+  pool.insert(block);
+}
+
+void CachingAllocator::record_stream(void* ptr, CUstream stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == active_.end()) throw_unknown_pointer(ptr, "record_stream on");
+  Block* block = it->second;
+  if (stream == block->stream) return;
+  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
+      block->stream_uses.end())
+    block->stream_uses.push_back(stream);
+}
+
+CUevent CachingAllocator::take_event() {
+  if (!spare_events_.empty()) {
+    CUevent e = spare_events_.back();
+    spare_events_.pop_back();
+    return e;
+  }
+  CUevent e = nullptr;
+  SYMMPOOL_CU_TRY(drv_, cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  return e;
+}
+
+void CachingAllocator::process_events() {
+  if (pending_.empty()) return;
+  ContextGuard guard(drv_, arena_.context());
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    CUresult r = drv_.cuEventQuery(it->first);
+    if (r == CUDA_ERROR_NOT_READY) {
+      ++it;
+      continue;
+    }
+    if (r != CUDA_SUCCESS)
+      detail::throw_cuda_error(__FILE__, __LINE__, "cuEventQuery", r, drv_.error_string(r));
+    spare_events_.push_back(it->first);
+    Block* block = it->second;
+    it = pending_.erase(it);
+    if (--block->pending_events == 0) free_block(block);
+  }
+}
+
+void CachingAllocator::synchronize_events() {
+  if (pending_.empty()) return;
+  ContextGuard guard(drv_, arena_.context());
+  for (auto& [event, block] : pending_) SYMMPOOL_CU_TRY(drv_, cuEventSynchronize(event));
+  process_events();
+}
+
+std::size_t CachingAllocator::release_cached_segments() {
+  ContextGuard guard(drv_, arena_.context());
+  std::size_t released = 0;
+  for (auto it = segment_heads_.begin(); it != segment_heads_.end();) {
+    Block* head = it->second;
+    if (head->next != nullptr || !head->is_free()) {
+      ++it;
+      continue;
+    }
+    pool_of(head).erase(head);
+    const Segment* segment = head->segment;
+    const std::size_t size = segment->size;
+    it = segment_heads_.erase(it);
+    delete head;
+    ++stats_.segment_unmaps;
+    stats_.segments.add(-1);
+    stats_.reserved_bytes.add(-static_cast<std::int64_t>(size));
+    released += size;
+    arena_.unmap_segment(segment);
+  }
+  return released;
+}
+
+std::size_t CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  synchronize_events();
+  return release_cached_segments();
+}
+
+bool CachingAllocator::owns(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return arena_.find(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
+}
+
+bool CachingAllocator::is_allocation(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return active_.count(reinterpret_cast<std::uintptr_t>(ptr)) != 0;
+}
+
+std::size_t CachingAllocator::allocation_size(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == active_.end()) throw_unknown_pointer(ptr, "size of");
+  return it->second->requested;
+}
+
+void CachingAllocator::throw_unknown_pointer(const void* ptr, const char* action) const {
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  const std::string where = " on device " + std::to_string(device());
+  const Segment* segment = arena_.find(address);
+  if (segment == nullptr)
+    SYMMPOOL_FAIL(std::string(action) + " " + format_pointer(ptr) +
+                  ": pointer was not allocated by symmpool" + where);
+  for (Block* b = segment_heads_.at(segment->id); b != nullptr; b = b->next) {
+    if (b->ptr == address && !b->allocated)
+      SYMMPOOL_FAIL(std::string(action) + " " + format_pointer(ptr) +
+                    ": pointer was already freed (double free?)" + where);
+  }
+  SYMMPOOL_FAIL(std::string(action) + " " + format_pointer(ptr) +
+                ": pointer lies inside a symmpool segment but is not the start of an allocation" +
+                where);
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Stat* s : {&stats_.allocated_bytes, &stats_.requested_bytes, &stats_.reserved_bytes,
+                  &stats_.active_blocks, &stats_.segments})
+    s->reset_peak();
+}
+
+void CachingAllocator::add_observer(SegmentObserver* observer, bool replay_existing) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  arena_.add_observer(observer, replay_existing);
+}
+
+void CachingAllocator::remove_observer(SegmentObserver* observer, bool replay_existing) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  arena_.remove_observer(observer, replay_existing);
+}
+
+std::vector<Segment> CachingAllocator::segments() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Segment> out;
+  for (const Segment* s : arena_.segments()) out.push_back(*s);
+  return out;
+}
+
+}  // namespace symmpool

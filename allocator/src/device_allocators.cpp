@@ -1,0 +1,65 @@
+#include <symmpool/detail/format.hpp>
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/error.hpp>
+
+#include <array>
+#include <mutex>
+#include <string>
+
+namespace symmpool {
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+struct Registry {
+  std::mutex mutex;
+  std::array<CachingAllocator*, kMaxDevices> allocators{};
+};
+
+Registry& registry() {
+  static auto* r = new Registry;  // immortal, see header
+  return *r;
+}
+
+CachingAllocator* existing(int device) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.allocators[static_cast<std::size_t>(device)];
+}
+
+}  // namespace
+
+CachingAllocator& device_allocator(int device) {
+  SYMMPOOL_EXPECTS(device >= 0 && device < kMaxDevices,
+                   "device index " + std::to_string(device) + " is out of range");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto& slot = r.allocators[static_cast<std::size_t>(device)];
+  if (slot == nullptr) {
+    AllocatorOptions options;
+    options.arena.multicast_requested = options.arena.env.multicast_requested;
+    slot = new CachingAllocator(real_driver(), device, options);
+  }
+  return *slot;
+}
+
+void free_on_device(void* ptr, std::size_t bytes, int device, CUstream stream) {
+  if (ptr == nullptr) return;
+  SYMMPOOL_EXPECTS(device >= 0 && device < kMaxDevices,
+                   "device index " + std::to_string(device) + " is out of range");
+  CachingAllocator* own = existing(device);
+  if (own == nullptr || !own->owns(ptr)) {
+    for (int d = 0; d < kMaxDevices; ++d) {
+      CachingAllocator* other = existing(d);
+      if (other != nullptr && other->owns(ptr))
+        SYMMPOOL_FAIL("free of " + detail::format_pointer(ptr) + " on device " +
+                      std::to_string(device) + ", but it belongs to device " + std::to_string(d));
+    }
+    SYMMPOOL_FAIL("free of " + detail::format_pointer(ptr) + " on device " +
+                  std::to_string(device) + ": pointer was not allocated by symmpool");
+  }
+  own->deallocate(ptr, bytes, stream);
+}
+
+}  // namespace symmpool

@@ -1,0 +1,98 @@
+#include <symmpool/driver_api.hpp>
+#include <symmpool/error.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <string>
+
+namespace symmpool {
+
+const char* DriverApi::error_string(CUresult code) const {
+  const char* text = nullptr;
+  if (cuGetErrorString != nullptr && cuGetErrorString(code, &text) == CUDA_SUCCESS && text)
+    return text;
+  return "unknown CUDA driver error";
+}
+
+namespace {
+
+// The ABI version we ask for: 12.0 holds every entry point we use.
+constexpr unsigned int kDriverAbiVersion = 12000;
+
+template <typename Fn>
+void load(Fn& fn, const char* symbol) {
+  void* ptr = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  cudaError_t err =
+      cudaGetDriverEntryPointByVersion(symbol, &ptr, kDriverAbiVersion, cudaEnableDefault, &status);
+  if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || ptr == nullptr) {
+    throw cuda_error(std::string("symmpool: cannot load CUDA driver entry point ") + symbol +
+                         " (" + cudaGetErrorString(err) + ", query status " +
+                         std::to_string(static_cast<int>(status)) + ")",
+                     CUDA_ERROR_NOT_FOUND);
+  }
+  fn = reinterpret_cast<Fn>(ptr);
+}
+
+DriverApi load_real_driver() {
+  DriverApi d;
+#define SYMMPOOL_LOAD(name) load(d.name, #name)
+  SYMMPOOL_LOAD(cuGetErrorString);
+  SYMMPOOL_LOAD(cuDeviceGet);
+  SYMMPOOL_LOAD(cuDeviceGetCount);
+  SYMMPOOL_LOAD(cuDeviceGetAttribute);
+  SYMMPOOL_LOAD(cuDevicePrimaryCtxRetain);
+  SYMMPOOL_LOAD(cuDevicePrimaryCtxRelease);
+  SYMMPOOL_LOAD(cuCtxGetCurrent);
+  SYMMPOOL_LOAD(cuCtxSetCurrent);
+  SYMMPOOL_LOAD(cuMemGetInfo);
+  SYMMPOOL_LOAD(cuMemGetAllocationGranularity);
+  SYMMPOOL_LOAD(cuMemCreate);
+  SYMMPOOL_LOAD(cuMemRelease);
+  SYMMPOOL_LOAD(cuMemAddressReserve);
+  SYMMPOOL_LOAD(cuMemAddressFree);
+  SYMMPOOL_LOAD(cuMemMap);
+  SYMMPOOL_LOAD(cuMemUnmap);
+  SYMMPOOL_LOAD(cuMemSetAccess);
+  SYMMPOOL_LOAD(cuMemExportToShareableHandle);
+  SYMMPOOL_LOAD(cuMemImportFromShareableHandle);
+  SYMMPOOL_LOAD(cuMulticastGetGranularity);
+  SYMMPOOL_LOAD(cuMulticastCreate);
+  SYMMPOOL_LOAD(cuMulticastAddDevice);
+  SYMMPOOL_LOAD(cuMulticastBindMem);
+  SYMMPOOL_LOAD(cuMulticastUnbind);
+  SYMMPOOL_LOAD(cuEventCreate);
+  SYMMPOOL_LOAD(cuEventRecord);
+  SYMMPOOL_LOAD(cuEventQuery);
+  SYMMPOOL_LOAD(cuEventSynchronize);
+  SYMMPOOL_LOAD(cuEventDestroy);
+  SYMMPOOL_LOAD(cuStreamWriteValue32);
+  SYMMPOOL_LOAD(cuStreamWaitValue32);
+#undef SYMMPOOL_LOAD
+  return d;
+}
+
+}  // namespace
+
+const DriverApi& real_driver() {
+  // call_once retries after a throw, so a failed load throws again, naming the symbol.
+  static std::once_flag once;
+  static DriverApi table;
+  std::call_once(once, [] { table = load_real_driver(); });
+  return table;
+}
+
+ContextGuard::ContextGuard(const DriverApi& drv, CUcontext context) : drv_(drv) {
+  SYMMPOOL_CU_TRY(drv_, cuCtxGetCurrent(&previous_));
+  if (previous_ != context) {
+    SYMMPOOL_CU_TRY(drv_, cuCtxSetCurrent(context));
+    switched_ = true;
+  }
+}
+
+ContextGuard::~ContextGuard() {
+  if (switched_) drv_.cuCtxSetCurrent(previous_);
+}
+
+}  // namespace symmpool

@@ -1,0 +1,38 @@
+#include <symmpool/environment.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+namespace symmpool {
+
+namespace {
+
+std::string lowered(const char* value) {
+  std::string s = value ? value : "";
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+bool is_true(const char* name) {
+  std::string v = lowered(std::getenv(name));
+  return v == "1" || v == "true" || v == "yes" || v == "on";
+}
+
+bool is_false(const char* name) {
+  std::string v = lowered(std::getenv(name));
+  return v == "0" || v == "false" || v == "no" || v == "off";
+}
+
+}  // namespace
+
+Environment Environment::from_process() {
+  Environment env;
+  env.nccl_nvls_disabled = is_false("NCCL_NVLS_ENABLE");
+  env.torch_symm_multicast_disabled = is_true("TORCH_SYMM_MEM_DISABLE_MULTICAST");
+  env.symmpool_multicast_disabled = is_true("SYMMPOOL_DISABLE_MULTICAST");
+  env.multicast_requested = is_true("SYMMPOOL_ENABLE_MULTICAST");
+  return env;
+}
+
+}  // namespace symmpool

@@ -1,0 +1,53 @@
+#include <symmpool/error.hpp>
+#include <symmpool/nccl_registration.hpp>
+
+#include <cstdio>
+
+namespace symmpool {
+
+NcclRegistrationHook::NcclRegistrationHook(ncclComm_t comm, const NcclApi& nccl)
+    : comm_(comm), nccl_(nccl) {
+  SYMMPOOL_EXPECTS(comm != nullptr, "NCCL registration hook needs a communicator, got null");
+}
+
+NcclRegistrationHook::~NcclRegistrationHook() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!registrations_.empty())
+    std::fprintf(stderr,
+                 "symmpool: NCCL registration hook destroyed with %zu segments still registered; "
+                 "detach it from the allocator first\n",
+                 registrations_.size());
+}
+
+void NcclRegistrationHook::on_segment_mapped(const Segment& segment) {
+  void* handle = nullptr;
+  SYMMPOOL_NCCL_TRY(nccl_, commRegister(comm_, segment.ptr(), segment.size, &handle));
+  std::lock_guard<std::mutex> lock(mutex_);
+  registrations_[segment.id] = {handle, segment.size};
+  ++counts_.registrations;
+  ++counts_.live;
+  counts_.live_bytes += segment.size;
+}
+
+void NcclRegistrationHook::on_segment_unmapping(const Segment& segment) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = registrations_.find(segment.id);
+  if (it == registrations_.end()) return;
+  ncclResult_t r = nccl_.commDeregister(comm_, it->second.handle);
+  ++counts_.deregistrations;
+  if (r != ncclSuccess) {
+    ++counts_.failed_deregistrations;
+    std::fprintf(stderr, "symmpool: ncclCommDeregister of segment %llu failed: %s\n",
+                 static_cast<unsigned long long>(segment.id), nccl_.error_string(r));
+  }
+  --counts_.live;
+  counts_.live_bytes -= it->second.size;
+  registrations_.erase(it);
+}
+
+RegistrationCounts NcclRegistrationHook::counts() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return counts_;
+}
+
+}  // namespace symmpool

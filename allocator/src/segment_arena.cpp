@@ -1,0 +1,246 @@
+#include <symmpool/detail/scope_exit.hpp>
+#include <symmpool/error.hpp>
+#include <symmpool/segment_arena.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <string>
+
+namespace symmpool {
+
+namespace {
+
+std::size_t round_up(std::size_t n, std::size_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
+}
+
+CUmemAllocationProp allocation_prop(CUdevice device, CUmemAllocationHandleType types) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = types;
+  return prop;
+}
+
+int device_attribute(const DriverApi& drv, CUdevice device, CUdevice_attribute attr) {
+  int value = 0;
+  SYMMPOOL_CU_TRY(drv, cuDeviceGetAttribute(&value, attr, device));
+  return value;
+}
+
+}  // namespace
+
+SegmentArena::SegmentArena(const DriverApi& drv, int device, ArenaOptions options)
+    : drv_(drv), device_(device) {
+  int count = 0;
+  SYMMPOOL_CU_TRY(drv_, cuDeviceGetCount(&count));
+  SYMMPOOL_EXPECTS(device >= 0 && device < count,
+                   "device " + std::to_string(device) + " is not a CUDA device (this process sees " +
+                       std::to_string(count) + ")");
+  SYMMPOOL_CU_TRY(drv_, cuDeviceGet(&cu_device_, device));
+  SYMMPOOL_EXPECTS(
+      device_attribute(drv_, cu_device_, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED),
+      "device " + std::to_string(device) + " does not support CUDA virtual memory management");
+  SYMMPOOL_EXPECTS(
+      device_attribute(drv_, cu_device_,
+                       CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED),
+      "device " + std::to_string(device) + " cannot export memory as POSIX file descriptors");
+  fabric_supported_ =
+      device_attribute(drv_, cu_device_, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED) != 0;
+  multicast_ = decide_multicast(drv_, cu_device_, options.multicast_requested, options.env);
+
+  SYMMPOOL_CU_TRY(drv_, cuDevicePrimaryCtxRetain(&context_, cu_device_));
+  detail::ScopeExit release_context([&] { drv_.cuDevicePrimaryCtxRelease(cu_device_); });
+
+  CUmemAllocationProp prop = allocation_prop(cu_device_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  SYMMPOOL_CU_TRY(drv_, cuMemGetAllocationGranularity(&granularity_, &prop,
+                                                      CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  if (multicast_.enabled) {
+    CUmulticastObjectProp mc{};
+    mc.numDevices = 1;
+    mc.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    mc.size = granularity_;
+    std::size_t mc_granularity = 0;
+    SYMMPOOL_CU_TRY(drv_, cuMulticastGetGranularity(&mc_granularity, &mc,
+                                                    CU_MULTICAST_GRANULARITY_MINIMUM));
+    granularity_ = std::lcm(granularity_, mc_granularity);
+  }
+
+  if (options.va_reserve_bytes != 0) {
+    va_size_ = round_up(options.va_reserve_bytes, granularity_);
+  } else {
+    ContextGuard guard(drv_, context_);
+    std::size_t free_bytes = 0, total_bytes = 0;
+    SYMMPOOL_CU_TRY(drv_, cuMemGetInfo(&free_bytes, &total_bytes));
+    va_size_ = round_up(2 * total_bytes, granularity_);
+  }
+  SYMMPOOL_CU_TRY(drv_, cuMemAddressReserve(&va_base_, va_size_, granularity_, 0, 0));
+  va_ranges_ = std::make_unique<detail::RangeAllocator>(va_size_);
+  release_context.dismiss();
+}
+
+SegmentArena::~SegmentArena() {
+  while (!segments_.empty()) {
+    try {
+      unmap_segment(segments_.begin()->second.get());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "symmpool: while destroying the arena of device %d: %s\n", device_,
+                   e.what());
+      segments_.erase(segments_.begin());
+    }
+  }
+  drv_.cuMemAddressFree(va_base_, va_size_);
+  drv_.cuDevicePrimaryCtxRelease(cu_device_);
+}
+
+CUresult SegmentArena::create_handle(std::size_t size, CUmemGenericAllocationHandle* handle,
+                                     CUmemAllocationHandleType* types) {
+  if (fabric_supported_) {
+    auto both = static_cast<CUmemAllocationHandleType>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR |
+                                                       CU_MEM_HANDLE_TYPE_FABRIC);
+    CUmemAllocationProp prop = allocation_prop(cu_device_, both);
+    CUresult r = drv_.cuMemCreate(handle, size, &prop, 0);
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_OUT_OF_MEMORY) {
+      *types = both;
+      return r;
+    }
+    // The device reports fabric support but this system cannot make fabric
+    // handles (no IMEX channel, say): stay on file descriptors from now on.
+    fabric_supported_ = false;
+  }
+  CUmemAllocationProp prop = allocation_prop(cu_device_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  *types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return drv_.cuMemCreate(handle, size, &prop, 0);
+}
+
+const Segment* SegmentArena::map_new_segment(std::size_t bytes) {
+  SYMMPOOL_EXPECTS(bytes > 0, "a segment needs a size above zero");
+  if (bytes > va_size_) return nullptr;
+  const std::size_t size = round_up(bytes, granularity_);
+  auto offset = va_ranges_->allocate(size);
+  if (!offset) return nullptr;
+  detail::ScopeExit release_range([&] { va_ranges_->release(*offset, size); });
+
+  auto segment = std::make_unique<Segment>();
+  segment->id = next_id_++;
+  segment->device = device_;
+  segment->offset = *offset;
+  segment->address = va_base_ + *offset;
+  segment->size = size;
+  segment->multicast_capable = multicast_.enabled;
+
+  CUresult r = create_handle(size, &segment->handle, &segment->handle_types);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
+  if (r != CUDA_SUCCESS)
+    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemCreate", r, drv_.error_string(r));
+  detail::ScopeExit release_handle([&] { drv_.cuMemRelease(segment->handle); });
+
+  r = drv_.cuMemMap(segment->address, size, 0, segment->handle, 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
+  if (r != CUDA_SUCCESS)
+    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemMap", r, drv_.error_string(r));
+  detail::ScopeExit unmap([&] { drv_.cuMemUnmap(segment->address, size); });
+
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = cu_device_;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = drv_.cuMemSetAccess(segment->address, size, &access, 1);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
+  if (r != CUDA_SUCCESS)
+    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemSetAccess", r, drv_.error_string(r));
+
+  // Observers in order; if one throws, the ones already told hear the unmap.
+  std::size_t told = 0;
+  try {
+    for (; told < observers_.size(); ++told) observers_[told]->on_segment_mapped(*segment);
+  } catch (...) {
+    while (told > 0) observers_[--told]->on_segment_unmapping(*segment);
+    throw;
+  }
+
+  unmap.dismiss();
+  release_handle.dismiss();
+  release_range.dismiss();
+  mapped_bytes_ += size;
+  const Segment* result = segment.get();
+  segments_.emplace(segment->address, std::move(segment));
+  return result;
+}
+
+void SegmentArena::announce_unmapping(const Segment& segment) noexcept {
+  for (auto it = observers_.rbegin(); it != observers_.rend(); ++it)
+    (*it)->on_segment_unmapping(segment);
+}
+
+void SegmentArena::unmap_segment(const Segment* segment) {
+  auto it = segments_.find(segment->address);
+  SYMMPOOL_EXPECTS(it != segments_.end() && it->second.get() == segment,
+                   "segment is not mapped by this arena");
+  announce_unmapping(*segment);
+  std::unique_ptr<Segment> owned = std::move(it->second);
+  segments_.erase(it);
+  mapped_bytes_ -= owned->size;
+  va_ranges_->release(owned->offset, owned->size);
+  // Unmap and release both, even if the first fails, then report.
+  CUresult unmap_status = drv_.cuMemUnmap(owned->address, owned->size);
+  CUresult release_status = drv_.cuMemRelease(owned->handle);
+  if (unmap_status != CUDA_SUCCESS)
+    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemUnmap", unmap_status,
+                             drv_.error_string(unmap_status));
+  if (release_status != CUDA_SUCCESS)
+    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemRelease", release_status,
+                             drv_.error_string(release_status));
+}
+
+void SegmentArena::add_observer(SegmentObserver* observer, bool replay_existing) {
+  SYMMPOOL_EXPECTS(observer != nullptr, "observer must not be null");
+  SYMMPOOL_EXPECTS(std::find(observers_.begin(), observers_.end(), observer) == observers_.end(),
+                   "observer is already attached");
+  if (replay_existing) {
+    std::vector<const Segment*> told;
+    try {
+      for (auto& [address, segment] : segments_) {
+        observer->on_segment_mapped(*segment);
+        told.push_back(segment.get());
+      }
+    } catch (...) {
+      for (const Segment* s : told) observer->on_segment_unmapping(*s);
+      throw;
+    }
+  }
+  observers_.push_back(observer);
+}
+
+void SegmentArena::remove_observer(SegmentObserver* observer, bool replay_existing) noexcept {
+  auto it = std::find(observers_.begin(), observers_.end(), observer);
+  if (it == observers_.end()) return;
+  observers_.erase(it);
+  if (replay_existing)
+    for (auto& [address, segment] : segments_) observer->on_segment_unmapping(*segment);
+}
+
+const Segment* SegmentArena::find(std::uintptr_t address) const {
+  auto it = segments_.upper_bound(address);
+  if (it == segments_.begin()) return nullptr;
+  --it;
+  return it->second->contains(address) ? it->second.get() : nullptr;
+}
+
+std::vector<const Segment*> SegmentArena::segments() const {
+  std::vector<const Segment*> out;
+  out.reserve(segments_.size());
+  for (auto& [address, segment] : segments_) out.push_back(segment.get());
+  return out;
+}
+
+std::pair<std::size_t, std::size_t> SegmentArena::device_memory_info() const {
+  ContextGuard guard(drv_, context_);
+  std::size_t free_bytes = 0, total_bytes = 0;
+  SYMMPOOL_CU_TRY(drv_, cuMemGetInfo(&free_bytes, &total_bytes));
+  return {free_bytes, total_bytes};
+}
+
+}  // namespace symmpool

@@ -1,0 +1,54 @@
+#include <symmpool/c_api.h>
+#include <symmpool/device_allocators.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+namespace {
+
+thread_local std::string last_error;
+
+void report(const char* function, const std::exception& e) {
+  last_error = e.what();
+  std::fprintf(stderr, "%s: %s\n", function, e.what());
+}
+
+CUstream as_driver_stream(cudaStream_t stream) { return reinterpret_cast<CUstream>(stream); }
+
+}  // namespace
+
+extern "C" {
+
+void* symmpool_malloc(size_t size, int device, cudaStream_t stream) {
+  last_error.clear();
+  try {
+    return symmpool::device_allocator(device).allocate(size, as_driver_stream(stream));
+  } catch (const std::exception& e) {
+    report("symmpool_malloc", e);
+    return nullptr;
+  }
+}
+
+void symmpool_free(void* ptr, size_t size, int device, cudaStream_t stream) {
+  last_error.clear();
+  try {
+    symmpool::free_on_device(ptr, size, device, as_driver_stream(stream));
+  } catch (const std::exception& e) {
+    report("symmpool_free", e);
+  }
+}
+
+long long symmpool_empty_cache(int device) {
+  last_error.clear();
+  try {
+    return static_cast<long long>(symmpool::device_allocator(device).empty_cache());
+  } catch (const std::exception& e) {
+    report("symmpool_empty_cache", e);
+    return -1;
+  }
+}
+
+const char* symmpool_last_error(void) { return last_error.c_str(); }
+
+}  // extern "C"
