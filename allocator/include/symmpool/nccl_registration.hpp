@@ -19,6 +19,15 @@ struct RegistrationCounts {
   std::uint64_t failed_deregistrations = 0;
   std::size_t live = 0;               // segments registered now
   std::size_t live_bytes = 0;
+
+  RegistrationCounts& operator+=(const RegistrationCounts& o) {
+    registrations += o.registrations;
+    deregistrations += o.deregistrations;
+    failed_deregistrations += o.failed_deregistrations;
+    live += o.live;
+    live_bytes += o.live_bytes;
+    return *this;
+  }
 };
 
 class NcclRegistrationHook final : public SegmentObserver {

@@ -1,0 +1,57 @@
+"""The per-device symmpool cache: MemPool, statistics, empty_cache."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from . import _C
+
+
+def library_path() -> str:
+    """Path of libsymmpool.so, the library with the C ABI."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "libsymmpool.so")
+
+
+@functools.lru_cache(maxsize=None)
+def _pluggable_allocator() -> torch.cuda.memory.CUDAPluggableAllocator:
+    return torch.cuda.memory.CUDAPluggableAllocator(
+        library_path(), "symmpool_malloc", "symmpool_free"
+    )
+
+
+def mem_pool() -> torch.cuda.MemPool:
+    """A new ``torch.cuda.MemPool`` whose segments come from symmpool.
+
+    Use it with ``torch.cuda.use_mem_pool(pool)``. Every pool draws on the same
+    per-device symmpool cache, so segments registered with a "symm" process
+    group serve tensors allocated in any of them.
+    """
+    return torch.cuda.MemPool(_pluggable_allocator().allocator())
+
+
+def _device_index(device) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    return torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
+
+
+def memory_stats(device=None) -> dict:
+    """Counters of the symmpool cache of ``device`` (default: current)."""
+    return _C.memory_stats(_device_index(device))
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _C.reset_peak_memory_stats(_device_index(device))
+
+
+def empty_cache(device=None) -> int:
+    """Gives unused cached segments back to the driver; returns the bytes freed."""
+    return _C.empty_cache(_device_index(device))
+
+
+def owns(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s memory lies in a symmpool segment."""
+    return _C.owns(tensor)

@@ -1,0 +1,95 @@
+// symmpool._C: the "symm" backend factory and allocator statistics.
+
+#include "symm_backend.hpp"
+#include "torch_errors.hpp"
+
+#include <symmpool/device_allocators.hpp>
+
+#include <torch/csrc/utils/pybind.h>
+
+namespace py = pybind11;
+using symmpool::torch_ext::call_translating_errors;
+using symmpool::torch_ext::SymmBackend;
+
+namespace {
+
+py::dict stat_dict(const symmpool::Stat& s) {
+  py::dict d;
+  d["current"] = s.current;
+  d["peak"] = s.peak;
+  return d;
+}
+
+py::dict memory_stats(int device) {
+  auto st = call_translating_errors([&] { return symmpool::device_allocator(device).stats(); });
+  auto reg = symmpool::torch_ext::registration_counts_of_all_backends();
+  py::dict d;
+  d["allocated_bytes"] = stat_dict(st.allocated_bytes);
+  d["requested_bytes"] = stat_dict(st.requested_bytes);
+  d["reserved_bytes"] = stat_dict(st.reserved_bytes);
+  d["active_blocks"] = stat_dict(st.active_blocks);
+  d["segments"] = stat_dict(st.segments);
+  d["allocations"] = st.allocations;
+  d["frees"] = st.frees;
+  d["cache_hits"] = st.cache_hits;
+  d["cache_misses"] = st.cache_misses;
+  d["segment_maps"] = st.segment_maps;
+  d["segment_unmaps"] = st.segment_unmaps;
+  d["oom_retries"] = st.oom_retries;
+  d["ooms"] = st.ooms;
+  d["nccl_registrations"] = reg.registrations;
+  d["nccl_deregistrations"] = reg.deregistrations;
+  d["nccl_failed_deregistrations"] = reg.failed_deregistrations;
+  d["nccl_registered_segments"] = reg.live;
+  d["nccl_registered_bytes"] = reg.live_bytes;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "symmpool: symmetric, NCCL-registered CUDA memory for PyTorch";
+  py::module::import("torch.distributed");  // registers the c10d types we take and return
+
+  m.def(
+      "_create_backend",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+         const c10::intrusive_ptr<c10d::ProcessGroupNCCL::Options>& options)
+          -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<SymmBackend>(store, rank, size, options);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"),
+      py::call_guard<py::gil_scoped_release>());
+
+  m.def("memory_stats", &memory_stats, py::arg("device"));
+  m.def(
+      "reset_peak_memory_stats",
+      [](int device) {
+        call_translating_errors([&] {
+          symmpool::device_allocator(device).reset_peak_stats();
+          return 0;
+        });
+      },
+      py::arg("device"));
+  m.def(
+      "empty_cache",
+      [](int device) {
+        return call_translating_errors([&] { return symmpool::device_allocator(device).empty_cache(); });
+      },
+      py::arg("device"), py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "owns",
+      [](const at::Tensor& t) {
+        if (!t.is_cuda() || t.data_ptr() == nullptr) return false;
+        return symmpool::device_allocator(t.device().index()).owns(t.data_ptr());
+      },
+      py::arg("tensor"));
+  m.def(
+      "multicast_status",
+      [](int device) {
+        const auto& mc = call_translating_errors(
+            [&]() -> const symmpool::MulticastDecision& { return symmpool::device_allocator(device).multicast(); });
+        return py::make_tuple(mc.enabled, mc.reason);
+      },
+      py::arg("device"));
+}

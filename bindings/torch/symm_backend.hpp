@@ -1,0 +1,59 @@
+#pragma once
+// c10d backend "symm": a ProcessGroupNCCL whose allocate_tensor hands out
+// symmpool memory registered with the group's NCCL communicator. Every
+// collective still runs on NCCL; it sees registered buffers.
+
+#include <symmpool/nccl_registration.hpp>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+namespace symmpool::torch_ext {
+
+class SymmBackend final : public c10d::ProcessGroupNCCL {
+ public:
+  SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+              c10::intrusive_ptr<Options> options);
+  ~SymmBackend() override;
+
+  const std::string getBackendName() const override { return "symm"; }
+  bool supportsTensorAlloc(c10::DeviceIndex device) override;
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
+
+  // The communicator of a device exists only after its first collective (or
+  // an eager connect): registration starts then, for existing segments too.
+  void eagerConnectSingleDevice(at::Device device) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+
+  // Deregister before the communicators go away.
+  void shutdown() override;
+  void abort() override;
+
+  RegistrationCounts registration_counts() const;
+
+ private:
+  void register_if_ready(const at::Device& device);
+  void detach_all() noexcept;
+
+  mutable std::mutex mutex_;
+  std::map<c10::DeviceIndex, std::unique_ptr<NcclRegistrationHook>> hooks_;
+};
+
+// Sum of the registration counts of every live symm backend of this process.
+RegistrationCounts registration_counts_of_all_backends();
+
+}  // namespace symmpool::torch_ext
