@@ -1,0 +1,103 @@
+#include "process_group.hpp"
+
+#include <cuda_runtime_api.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace symmpool::test {
+
+int count_gpus_in_child() {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    _exit(n > 100 ? 100 : n);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+}
+
+std::string run_ranks(int world, int timeout_seconds,
+                      const std::function<int(int, int, Rendezvous&)>& body) {
+  void* shared = mmap(nullptr, sizeof(Rendezvous), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) return "mmap of the rendezvous page failed";
+  auto* rv = new (shared) Rendezvous{};
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int code = 1;
+      try {
+        code = body(r, world, *rv);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[rank %d] exception: %s\n", r, e.what());
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::string failures;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);
+  std::vector<bool> done(static_cast<std::size_t>(world), false);
+  int remaining = world;
+  while (remaining > 0) {
+    for (int r = 0; r < world; ++r) {
+      if (done[static_cast<std::size_t>(r)]) continue;
+      int status = 0;
+      if (waitpid(pids[static_cast<std::size_t>(r)], &status, WNOHANG) == 0) continue;
+      done[static_cast<std::size_t>(r)] = true;
+      --remaining;
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        failures += "rank " + std::to_string(r) + " failed (status " + std::to_string(status) + "); ";
+    }
+    if (remaining > 0 && std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < world; ++r) {
+        if (done[static_cast<std::size_t>(r)]) continue;
+        kill(pids[static_cast<std::size_t>(r)], SIGKILL);
+        waitpid(pids[static_cast<std::size_t>(r)], nullptr, 0);
+        failures += "rank " + std::to_string(r) + " hung past " + std::to_string(timeout_seconds) +
+                    " s and was killed; ";
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  munmap(shared, sizeof(Rendezvous));
+  return failures;
+}
+
+ncclComm_t init_nccl(int rank, int world, Rendezvous& rv, int timeout_seconds) {
+  if (cudaSetDevice(rank) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
+  if (rank == 0) {
+    if (ncclGetUniqueId(&rv.id) != ncclSuccess) throw std::runtime_error("ncclGetUniqueId failed");
+    __sync_synchronize();
+    rv.ready = 1;
+  } else {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);
+    while (!rv.ready) {
+      if (std::chrono::steady_clock::now() > deadline)
+        throw std::runtime_error("rank 0 never published the NCCL id");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    __sync_synchronize();
+  }
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRank(&comm, world, rv.id, rank);
+  if (r != ncclSuccess)
+    throw std::runtime_error(std::string("ncclCommInitRank: ") + ncclGetErrorString(r));
+  return comm;
+}
+
+}  // namespace symmpool::test

@@ -1,0 +1,32 @@
+#pragma once
+// Runs one child process per GPU and collects their exit codes, with a
+// deadline: a rank that hangs is killed and reported, never waited on forever.
+// CUDA must not be initialized in the parent before fork, so the GPU count
+// is asked in a throwaway child too.
+
+#include <nccl.h>
+
+#include <functional>
+#include <string>
+
+namespace symmpool::test {
+
+// GPUs visible to a fresh process (the parent stays CUDA-free).
+int count_gpus_in_child();
+
+// Shared with the children: the NCCL unique id rank 0 publishes.
+struct Rendezvous {
+  volatile int ready;
+  ncclUniqueId id;
+};
+
+// Forks `world` children running body(rank, world, rendezvous); returns
+// "" when every child exits 0, else a description of who failed or hung.
+std::string run_ranks(int world, int timeout_seconds,
+                      const std::function<int(int rank, int world, Rendezvous& rv)>& body);
+
+// Inside a child: rank 0 makes the NCCL id, the others wait for it (up to
+// timeout_seconds), then all create the communicator on device `rank`.
+ncclComm_t init_nccl(int rank, int world, Rendezvous& rv, int timeout_seconds);
+
+}  // namespace symmpool::test
