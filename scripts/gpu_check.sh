@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# On the GPU machine: build, run every test, the main job and the benches in
+# one go, logs under $OUT. Stages: env build ctest pytest train bench (all by
+# default), e.g. `bash scripts/gpu_check.sh build bench`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+OUT=${OUT:-/tmp/symmpool-out}
+mkdir -p "$OUT"
+stages=${*:-env build ctest pytest train bench}
+py=python3
+jobs=$(nproc)
+status=0
+run() {  # run <log> <command...>: tees into $OUT/<log>, remembers failures
+  local log=$1; shift
+  echo "=== $* ===" | tee -a "$OUT/$log"
+  "$@" 2>&1 | tee -a "$OUT/$log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== exit $rc ===" | tee -a "$OUT/$log"
+  [ "$rc" -eq 0 ] || status=1
+}
+
+for stage in $stages; do
+  case $stage in
+    env)
+      run env.log nvidia-smi
+      run env.log nvidia-smi topo -m
+      run env.log $py -c 'import torch, sys; print(sys.version); print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), torch.cuda.device_count())'
+      run env.log bash -c 'cmake --version | head -1; nvcc --version | tail -1; ls /usr/include/nccl.h; env | grep -E "NVLS|MULTICAST"' ;;
+    build)
+      run build.log cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSYMMPOOL_BUILD_TORCH=ON -DPython3_EXECUTABLE=$py
+      run build.log cmake --build build -j "$jobs"
+      run build.log $py -m pip install --no-build-isolation --no-deps . ;;
+    ctest)
+      run ctest.log ctest --test-dir build --output-on-failure --timeout 600 ;;
+    pytest)
+      run pytest.log $py -m pytest -v -s tests/python ;;
+    train)
+      run train.log bash scripts/train.sh --steps 50 --json "$OUT/train.json" ;;
+    bench)
+      run bench.log build/bench/symmpool_alloc_bench --benchmark_out="$OUT/alloc_bench.json" \
+        --benchmark_out_format=json --benchmark_repetitions=3 --benchmark_report_aggregates_only=true ;;
+  esac
+done
+exit $status

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command: builds everything (library, torch extension, tests,
+# benches), runs the GoogleTest suites through ctest and the pytest suite.
+# GPU tests skip with a message where there is no GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+py=$(bash scripts/setup.sh)
+jobs=$(nproc)
+
+cmake -S . -B build -G Ninja -DSYMMPOOL_BUILD_TORCH=ON -DPython3_EXECUTABLE="$py"
+cmake --build build -j "$jobs"
+ctest --test-dir build --output-on-failure --timeout 900
+
+"$py" -m pip install -q --no-build-isolation --no-deps .
+"$py" -m pytest -v tests/python

@@ -1,0 +1,39 @@
+"""Starts one process per GPU for a test and fails, never hangs, past a deadline."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+
+def gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, fn, world, port, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    fn(rank, world, *args)
+
+
+def run_workers(fn, world: int, *args, timeout: float = 300.0) -> None:
+    """Runs fn(rank, world, *args) in `world` spawned processes; re-raises a
+    worker's exception; kills them all and raises TimeoutError past `timeout`."""
+    ctx = mp.start_processes(_entry, args=(fn, world, _free_port(), args), nprocs=world,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=max(0.0, min(5.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"workers still running after {timeout:.0f} s")

@@ -1,0 +1,49 @@
+"""Needs GPUs: skipped, with the reason, where there are none."""
+
+import pytest
+import torch
+
+import symmpool
+from launch import gpu_count, run_workers
+import dist_workers
+
+needs_gpu = pytest.mark.skipif(gpu_count() < 1, reason=f"needs a CUDA GPU, found {gpu_count()}")
+needs_two = pytest.mark.skipif(gpu_count() < 2, reason=f"needs 2 or more CUDA GPUs, found {gpu_count()}")
+
+
+@needs_gpu
+def test_tensors_in_the_mem_pool_come_from_symmpool():
+    before = symmpool.memory_stats()
+    pool = symmpool.mem_pool()
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.randn(3, 1 << 20, device="cuda")
+        y = torch.empty(5, dtype=torch.bfloat16, device="cuda")
+    z = torch.randn(3, 1 << 20, device="cuda")
+    assert symmpool.owns(x) and symmpool.owns(y)
+    assert not symmpool.owns(z)
+    torch.testing.assert_close((x * 2).cpu(), x.cpu() * 2)
+    after = symmpool.memory_stats()
+    assert after["allocations"] > before["allocations"]
+    assert after["reserved_bytes"]["current"] >= 12 << 20
+    del x, y, pool
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # PyTorch hands the pool's segments back to symmpool
+    assert symmpool.memory_stats()["allocated_bytes"]["current"] == before["allocated_bytes"]["current"]
+    symmpool.empty_cache()
+    assert symmpool.memory_stats()["reserved_bytes"]["current"] <= before["reserved_bytes"]["current"]
+
+
+@needs_gpu
+def test_multicast_is_off_on_this_host():
+    enabled, reason = symmpool._C.multicast_status(0)
+    assert not enabled, reason
+
+
+@needs_two
+def test_symm_backend_collectives_match_nccl_on_all_gpus():
+    run_workers(dist_workers.symm_backend_matches_nccl, gpu_count(), timeout=400)
+
+
+@needs_two
+def test_fsdp2_losses_match_with_symm_allocation():
+    run_workers(dist_workers.fsdp2_loss_parity, gpu_count(), 20, timeout=400)

@@ -1,0 +1,46 @@
+"""What works on any machine: the package, its backend and the C ABI's errors."""
+
+import ctypes
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import symmpool
+from launch import gpu_count
+
+
+def test_importing_registers_the_symm_backend():
+    assert "SYMM" in dist.Backend._plugins
+    assert dist.Backend._plugins["SYMM"].extended_api
+    symmpool._backend.register_backend()  # idempotent
+
+
+def test_library_exports_the_c_abi():
+    lib = ctypes.CDLL(symmpool.library_path())
+    for name in ("symmpool_malloc", "symmpool_free", "symmpool_empty_cache", "symmpool_last_error"):
+        assert hasattr(lib, name), name
+
+
+@pytest.mark.skipif(gpu_count() > 0, reason="checks the no-GPU error path")
+def test_c_abi_reports_a_missing_gpu_instead_of_crashing():
+    lib = ctypes.CDLL(symmpool.library_path())
+    lib.symmpool_malloc.restype = ctypes.c_void_p
+    lib.symmpool_last_error.restype = ctypes.c_char_p
+    assert lib.symmpool_malloc(ctypes.c_size_t(1024), 0, None) is None
+    assert b"CUDA" in lib.symmpool_last_error()
+
+
+def test_backend_rejects_foreign_options():
+    with pytest.raises(TypeError, match="ProcessGroupNCCL.Options"):
+        symmpool._backend._create_symm_backend(object(), backend_options=object())
+
+
+def test_fsdp_helper_needs_fsdp_modules():
+    with pytest.raises(ValueError, match="no FSDP2 module"):
+        symmpool.allocate_fsdp_comm_buffers_from_symm(nn.Linear(2, 2))
+
+
+def test_extension_built_against_this_torch():
+    assert torch.__version__.startswith("2.11"), torch.__version__
