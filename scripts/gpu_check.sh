@@ -26,7 +26,7 @@ for stage in $stages; do
       run env.log nvidia-smi
       run env.log nvidia-smi topo -m
       run env.log $py -c 'import torch, sys; print(sys.version); print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), torch.cuda.device_count())'
-      run env.log bash -c 'cmake --version | head -1; nvcc --version | tail -1; ls /usr/include/nccl.h; env | grep -E "NVLS|MULTICAST"' ;;
+      run env.log bash -c 'cmake --version | head -1; nvcc --version | tail -1; ls /usr/include/nccl.h; python3-config --includes; ls /usr/lib/x86_64-linux-gnu/cmake | grep -iE "gtest|bench"; env | grep -E "NVLS|MULTICAST"' ;;
     build)
       run build.log cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSYMMPOOL_BUILD_TORCH=ON -DPython3_EXECUTABLE=$py
       run build.log cmake --build build -j "$jobs"
