@@ -17,8 +17,10 @@ const char* DriverApi::error_string(CUresult code) const {
 
 namespace {
 
-// The ABI version we ask for: 12.0 holds every entry point we use.
-constexpr unsigned int kDriverAbiVersion = 12000;
+// Ask for the ABI of the headers we were compiled with: the prototypes in
+// driver_api.hpp are theirs (cuMemGetInfo_v2, cuStreamWriteValue32_v2...).
+// 12.0 would not do: the multicast entry points arrived in 12.1.
+constexpr unsigned int kDriverAbiVersion = CUDA_VERSION;
 
 template <typename Fn>
 void load(Fn& fn, const char* symbol) {
