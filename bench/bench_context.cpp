@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <fstream>
 #include <string>
 
 namespace symmpool::bench {
@@ -12,6 +13,13 @@ namespace {
 std::string version_string(int v) {
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
 }
+// "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04 ..." -> the line.
+std::string kernel_driver() {
+  std::ifstream f("/proc/driver/nvidia/version");
+  std::string line;
+  return std::getline(f, line) ? line : "unknown";
+}
+
 }  // namespace
 
 bool add_gpu_context() {
@@ -28,6 +36,7 @@ bool add_gpu_context() {
   ncclGetVersion(&nccl);
   benchmark::AddCustomContext("gpu", prop.name);
   benchmark::AddCustomContext("gpu_count", std::to_string(count));
+  benchmark::AddCustomContext("nvidia_driver", kernel_driver());
   benchmark::AddCustomContext("cuda_driver", version_string(driver));
   benchmark::AddCustomContext("cuda_runtime", version_string(runtime));
   benchmark::AddCustomContext("nccl", std::to_string(nccl / 10000) + "." +

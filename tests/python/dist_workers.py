@@ -27,7 +27,7 @@ def symm_backend_matches_nccl(rank: int, world: int) -> None:
 
     device = _init(rank, world, "cpu:gloo,cuda:symm")
     backend = dist.group.WORLD._get_backend(device)
-    assert backend.supports_tensor_alloc(rank)
+    assert backend.supports_tensor_alloc(device)
     first = backend.allocate_tensor(1001, dtype=torch.bfloat16, device=device)  # before any collective
     assert symmpool.owns(first) and first.numel() == 1001 and first.dtype == torch.bfloat16
 
