@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: build, run every test, the main job and the benches in
-# one go, logs under $OUT. Stages: env build ctest pytest train bench (all by
+# one go, logs under $OUT. Stages: env build ctest pytest pytest2 train bench (all but pytest2 by
 # default), e.g. `bash scripts/gpu_check.sh build bench`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +35,8 @@ for stage in $stages; do
       run ctest.log ctest --test-dir build --output-on-failure --timeout 600 ;;
     pytest)
       run pytest.log $py -m pytest -v -s tests/python ;;
+    pytest2)  # world size 2 on a larger machine
+      run pytest.log env CUDA_VISIBLE_DEVICES=0,1 $py -m pytest -v -s tests/python/test_gpu.py ;;
     train)
       run train.log bash scripts/train.sh --steps 50 --json "$OUT/train.json" ;;
     bench)
