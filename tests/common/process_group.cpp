@@ -8,7 +8,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -76,28 +75,6 @@ std::string run_ranks(int world, int timeout_seconds,
   }
   munmap(shared, sizeof(Rendezvous));
   return failures;
-}
-
-ncclComm_t init_nccl(int rank, int world, Rendezvous& rv, int timeout_seconds) {
-  if (cudaSetDevice(rank) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
-  if (rank == 0) {
-    if (ncclGetUniqueId(&rv.id) != ncclSuccess) throw std::runtime_error("ncclGetUniqueId failed");
-    __sync_synchronize();
-    rv.ready = 1;
-  } else {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);
-    while (!rv.ready) {
-      if (std::chrono::steady_clock::now() > deadline)
-        throw std::runtime_error("rank 0 never published the NCCL id");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    __sync_synchronize();
-  }
-  ncclComm_t comm = nullptr;
-  ncclResult_t r = ncclCommInitRank(&comm, world, rv.id, rank);
-  if (r != ncclSuccess)
-    throw std::runtime_error(std::string("ncclCommInitRank: ") + ncclGetErrorString(r));
-  return comm;
 }
 
 }  // namespace symmpool::test

@@ -70,6 +70,10 @@ class CachingAllocator {
   std::size_t device_total_memory() const { return device_total_; }
   const MulticastDecision& multicast() const { return arena_.multicast(); }
   std::size_t granularity() const { return arena_.granularity(); }
+  // The reserved virtual range every segment lives in (offsets are from its base).
+  CUdeviceptr va_base() const { return arena_.va_base(); }
+  std::size_t va_reserved_bytes() const { return arena_.va_reserved_bytes(); }
+  CUcontext context() const { return arena_.context(); }
 
  private:
   struct Block;

@@ -1,0 +1,89 @@
+#pragma once
+// The symmetric heap of one device in one group of processes on a node.
+// Every rank's segments sit at deterministic offsets of its reserved range;
+// each rank reserves a range of the same size for every peer and maps the
+// peers' segments there, so a peer's copy of a buffer is at
+// peer_base[p] + offset. Peers import new segments lazily, at sync(), a
+// collective point: metadata through the Store, descriptors over Unix sockets.
+// Symmetry is checked, never assumed (check_symmetric).
+
+#include <symmpool/caching_allocator.hpp>
+#include <symmpool/fd_channel.hpp>
+#include <symmpool/store.hpp>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace symmpool {
+
+struct HeapOptions {
+  std::chrono::milliseconds timeout{std::chrono::seconds(120)};  // for every wait on a peer
+};
+
+class SymmetricHeap final : public SegmentObserver {
+ public:
+  // Collective over the `world` ranks of `group`; throws timeout_error when a
+  // peer never arrives and logic_error when the ranks' heaps cannot match.
+  SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, Store& store, std::string group,
+                int rank, int world, HeapOptions options = {});
+  ~SymmetricHeap() override;
+  SymmetricHeap(const SymmetricHeap&) = delete;
+  SymmetricHeap& operator=(const SymmetricHeap&) = delete;
+
+  // Collective: every rank publishes its segments and maps the peers' new
+  // ones (and unmaps the ones they released).
+  void sync();
+
+  // Collective: checks that `local` has the same offset and `bytes` on every
+  // rank; throws logic_error naming the ranks and values otherwise.
+  void check_symmetric(const void* local, std::size_t bytes, const std::string& what);
+
+  // The address of `local`'s counterpart on `peer`, mapped here. Throws if
+  // `local` is not in the heap or the peer's segment was not synced yet.
+  void* peer_ptr(const void* local, int peer) const;
+  std::size_t offset_of(const void* local) const;
+  bool contains(const void* local) const;
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  std::size_t mapped_peer_segments() const;
+
+  void on_segment_mapped(const Segment& segment) override;
+  void on_segment_unmapping(const Segment& segment) noexcept override;
+
+ private:
+  struct Piece {
+    std::uint64_t id;
+    std::size_t offset;
+    std::size_t size;
+    CUmemGenericAllocationHandle handle;
+  };
+  std::string key(const std::string& what, int r) const;
+  std::vector<std::string> exchange(const std::string& what, const std::string& mine);
+  void map_peer(int peer, const Piece& piece);
+  void unmap_peer(int peer, const Piece& piece) noexcept;
+  int export_fd(std::uint64_t id);
+
+  const DriverApi& drv_;
+  CachingAllocator& allocator_;
+  Store& store_;
+  std::string group_;
+  int rank_;
+  int world_;
+  HeapOptions options_;
+  std::uint64_t round_ = 0;  // collective calls so far: keys never repeat
+
+  mutable std::mutex mutex_;          // local_ (allocator and server threads)
+  std::map<std::uint64_t, Piece> local_;  // by segment id
+  std::vector<CUdeviceptr> peer_base_;
+  std::vector<std::map<std::size_t, Piece>> peer_pieces_;  // by offset
+  std::vector<std::string> peer_socket_;
+  std::unique_ptr<FdServer> server_;
+  bool observing_ = false;
+};
+
+}  // namespace symmpool

@@ -1,0 +1,232 @@
+#include <symmpool/detail/format.hpp>
+#include <symmpool/error.hpp>
+#include <symmpool/symmetric_heap.hpp>
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <sstream>
+
+namespace symmpool {
+
+
+std::string SymmetricHeap::key(const std::string& what, int r) const {
+  return "symmpool/" + group_ + "/" + what + "/" + std::to_string(r);
+}
+
+// Publishes `mine` for this round and returns every rank's value.
+std::vector<std::string> SymmetricHeap::exchange(const std::string& what, const std::string& mine) {
+  const std::string name = what + "/" + std::to_string(round_++);
+  store_.set(key(name, rank_), mine);
+  std::vector<std::string> all(static_cast<std::size_t>(world_));
+  for (int r = 0; r < world_; ++r) {
+    try {
+      all[static_cast<std::size_t>(r)] = r == rank_ ? mine : store_.get(key(name, r), options_.timeout);
+    } catch (const timeout_error& e) {
+      throw timeout_error("symmpool heap '" + group_ + "' rank " + std::to_string(rank_) +
+                          ": rank " + std::to_string(r) + " never arrived at '" + what + "' (" +
+                          e.what() + ")");
+    }
+  }
+  return all;
+}
+
+SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, Store& store,
+                             std::string group, int rank, int world, HeapOptions options)
+    : drv_(drv), allocator_(allocator), store_(store), group_(std::move(group)), rank_(rank),
+      world_(world), options_(options) {
+  SYMMPOOL_EXPECTS(world >= 1 && rank >= 0 && rank < world,
+                   "rank " + std::to_string(rank) + " is not in a group of " + std::to_string(world));
+  const std::string socket = "symmpool-" + group_ + "-" + std::to_string(rank_) + "-" +
+                             std::to_string(::getpid());
+  server_ = std::make_unique<FdServer>(socket, [this](std::uint64_t id) { return export_fd(id); });
+
+  std::ostringstream info;
+  info << allocator_.va_reserved_bytes() << " " << socket;
+  auto all = exchange("hello", info.str());
+  peer_socket_.resize(static_cast<std::size_t>(world_));
+  for (int r = 0; r < world_; ++r) {
+    std::istringstream in(all[static_cast<std::size_t>(r)]);
+    std::size_t va = 0;
+    in >> va >> peer_socket_[static_cast<std::size_t>(r)];
+    SYMMPOOL_EXPECTS(va == allocator_.va_reserved_bytes(),
+                     "symmetric heap '" + group_ + "': rank " + std::to_string(r) + " reserved " +
+                         std::to_string(va) + " bytes of address space, rank " +
+                         std::to_string(rank_) + " reserved " +
+                         std::to_string(allocator_.va_reserved_bytes()) +
+                         " (devices of different sizes cannot share a heap)");
+  }
+  peer_base_.assign(static_cast<std::size_t>(world_), 0);
+  peer_pieces_.resize(static_cast<std::size_t>(world_));
+  try {
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_) continue;
+      SYMMPOOL_CU_TRY(drv_, cuMemAddressReserve(&peer_base_[static_cast<std::size_t>(r)],
+                                                allocator_.va_reserved_bytes(),
+                                                allocator_.granularity(), 0, 0));
+    }
+    allocator_.add_observer(this, /*replay_existing=*/true);
+    observing_ = true;
+  } catch (...) {
+    for (CUdeviceptr base : peer_base_)
+      if (base) drv_.cuMemAddressFree(base, allocator_.va_reserved_bytes());
+    throw;
+  }
+}
+
+SymmetricHeap::~SymmetricHeap() {
+  if (observing_) allocator_.remove_observer(this, /*replay_existing=*/false);
+  server_.reset();
+  ContextGuard guard(drv_, allocator_.context());
+  for (int r = 0; r < world_; ++r) {
+    for (auto& [offset, piece] : peer_pieces_[static_cast<std::size_t>(r)]) unmap_peer(r, piece);
+    if (peer_base_[static_cast<std::size_t>(r)])
+      drv_.cuMemAddressFree(peer_base_[static_cast<std::size_t>(r)], allocator_.va_reserved_bytes());
+  }
+}
+
+void SymmetricHeap::on_segment_mapped(const Segment& segment) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  local_[segment.id] = Piece{segment.id, segment.offset, segment.size, segment.handle};
+}
+
+void SymmetricHeap::on_segment_unmapping(const Segment& segment) noexcept {
+  // Peers keep their mapping (their imported handle holds the memory) until
+  // the next sync() tells them the segment is gone.
+  std::lock_guard<std::mutex> lock(mutex_);
+  local_.erase(segment.id);
+}
+
+int SymmetricHeap::export_fd(std::uint64_t id) {
+  CUmemGenericAllocationHandle handle = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = local_.find(id);
+    if (it == local_.end()) return -1;
+    handle = it->second.handle;
+  }
+  int fd = -1;
+  if (drv_.cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) !=
+      CUDA_SUCCESS)
+    return -1;
+  return fd;
+}
+
+void SymmetricHeap::map_peer(int peer, const Piece& piece) {
+  int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)], piece.id, options_.timeout);
+  Piece mapped = piece;
+  CUresult r = drv_.cuMemImportFromShareableHandle(
+      &mapped.handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  ::close(fd);
+  if (r != CUDA_SUCCESS)
+    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemImportFromShareableHandle", r, drv_.error_string(r));
+  const CUdeviceptr address = peer_base_[static_cast<std::size_t>(peer)] + piece.offset;
+  r = drv_.cuMemMap(address, piece.size, 0, mapped.handle, 0);
+  if (r != CUDA_SUCCESS) {
+    drv_.cuMemRelease(mapped.handle);
+    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemMap (peer segment)", r, drv_.error_string(r));
+  }
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = allocator_.device();
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = drv_.cuMemSetAccess(address, piece.size, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    drv_.cuMemUnmap(address, piece.size);
+    drv_.cuMemRelease(mapped.handle);
+    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemSetAccess (peer segment)", r, drv_.error_string(r));
+  }
+  peer_pieces_[static_cast<std::size_t>(peer)][piece.offset] = mapped;
+}
+
+void SymmetricHeap::unmap_peer(int peer, const Piece& piece) noexcept {
+  const CUdeviceptr address = peer_base_[static_cast<std::size_t>(peer)] + piece.offset;
+  CUresult a = drv_.cuMemUnmap(address, piece.size);
+  CUresult b = drv_.cuMemRelease(piece.handle);
+  if (a != CUDA_SUCCESS || b != CUDA_SUCCESS)
+    std::fprintf(stderr, "symmpool: unmapping rank %d's segment %llu failed (%d, %d)\n", peer,
+                 static_cast<unsigned long long>(piece.id), int(a), int(b));
+}
+
+void SymmetricHeap::sync() {
+  std::ostringstream mine;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [id, p] : local_) mine << p.id << " " << p.offset << " " << p.size << "\n";
+  }
+  auto all = exchange("segments", mine.str());
+  ContextGuard guard(drv_, allocator_.context());
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    std::map<std::uint64_t, Piece> listed;
+    std::istringstream in(all[static_cast<std::size_t>(r)]);
+    Piece p{};
+    while (in >> p.id >> p.offset >> p.size) listed[p.id] = p;
+    auto& mapped = peer_pieces_[static_cast<std::size_t>(r)];
+    // Released ones first: a new segment may reuse their range.
+    for (auto it = mapped.begin(); it != mapped.end();) {
+      if (listed.count(it->second.id)) {
+        ++it;
+      } else {
+        unmap_peer(r, it->second);
+        it = mapped.erase(it);
+      }
+    }
+    for (auto& [id, piece] : listed) {
+      auto it = mapped.find(piece.offset);
+      if (it == mapped.end() || it->second.id != id) map_peer(r, piece);
+    }
+  }
+  exchange("synced", "");  // nobody releases what a peer is still importing
+}
+
+std::size_t SymmetricHeap::offset_of(const void* local) const {
+  const auto address = reinterpret_cast<CUdeviceptr>(local);
+  const CUdeviceptr base = allocator_.va_base();
+  SYMMPOOL_EXPECTS(address >= base && address < base + allocator_.va_reserved_bytes() &&
+                       allocator_.owns(local),
+                   detail::format_pointer(local) + " is not in the symmetric heap of rank " +
+                       std::to_string(rank_));
+  return address - base;
+}
+
+bool SymmetricHeap::contains(const void* local) const { return allocator_.owns(local); }
+
+void* SymmetricHeap::peer_ptr(const void* local, int peer) const {
+  SYMMPOOL_EXPECTS(peer >= 0 && peer < world_, "peer " + std::to_string(peer) + " is not in the group");
+  const std::size_t offset = offset_of(local);
+  if (peer == rank_) return const_cast<void*>(local);
+  const auto& mapped = peer_pieces_[static_cast<std::size_t>(peer)];
+  auto it = mapped.upper_bound(offset);
+  SYMMPOOL_EXPECTS(it != mapped.begin() && std::prev(it)->second.offset + std::prev(it)->second.size > offset,
+                   "rank " + std::to_string(peer) + " has no segment at offset " +
+                       std::to_string(offset) + " mapped on rank " + std::to_string(rank_) +
+                       " (call sync() after allocating, on every rank)");
+  return reinterpret_cast<void*>(peer_base_[static_cast<std::size_t>(peer)] + offset);
+}
+
+void SymmetricHeap::check_symmetric(const void* local, std::size_t bytes, const std::string& what) {
+  const bool inside = allocator_.owns(local);
+  const std::string mine = inside ? std::to_string(offset_of(local)) + " " + std::to_string(bytes)
+                                  : std::string("outside ") + std::to_string(bytes);
+  auto all = exchange("check", mine);
+  std::string report;
+  for (int r = 0; r < world_; ++r)
+    if (all[static_cast<std::size_t>(r)] != all[0])
+      report += "; rank " + std::to_string(r) + " has (offset size) " + all[static_cast<std::size_t>(r)] +
+                " where rank 0 has " + all[0];
+  for (int r = 0; r < world_; ++r)
+    if (all[static_cast<std::size_t>(r)].rfind("outside", 0) == 0)
+      report += "; rank " + std::to_string(r) + "'s buffer is not in the symmetric heap";
+  if (!report.empty()) SYMMPOOL_FAIL("buffer '" + what + "' is not symmetric" + report);
+}
+
+std::size_t SymmetricHeap::mapped_peer_segments() const {
+  std::size_t n = 0;
+  for (auto& m : peer_pieces_) n += m.size();
+  return n;
+}
+
+}  // namespace symmpool

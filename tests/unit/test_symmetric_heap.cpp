@@ -1,0 +1,144 @@
+// The symmetric heap across real processes, on the fake driver: descriptors
+// really cross Unix sockets and the fake's memfd-backed "device memory" is
+// really shared, so a rank reads what its peer wrote.
+
+#include "fake_fixture.hpp"
+#include "process_group.hpp"
+
+#include <symmpool/error.hpp>
+#include <symmpool/symmetric_heap.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace symmpool::test {
+
+namespace {
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/symmpool-store-XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  return d ? d : "/tmp";
+}
+
+std::unique_ptr<CachingAllocator> fake_allocator(int device) {
+  FakeDriver::instance().reset(2);  // this process's own fake driver
+  AllocatorOptions options;
+  options.arena.env = Environment{};
+  return std::make_unique<CachingAllocator>(FakeDriver::instance().api(), device, options);
+}
+
+#define RANK_CHECK(cond, ...)                                   \
+  do {                                                          \
+    if (!(cond)) {                                              \
+      std::fprintf(stderr, "[rank %d] check failed: %s: ", rank, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                        \
+      std::fprintf(stderr, "\n");                               \
+      return 1;                                                 \
+    }                                                           \
+  } while (0)
+
+}  // namespace
+
+TEST(SymmetricHeapFake, RanksReadEachOthersBuffersAndReleasesPropagate) {
+  const std::string dir = temp_dir();
+  for (int world : {2, 3}) {
+    const std::string group = "read" + std::to_string(world);
+    std::string result = run_ranks(world, 60, [&](int rank, int w, Rendezvous&) {
+      auto alloc = fake_allocator(rank % 2);
+      FileStore store(dir);
+      SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, group, rank, w,
+                         HeapOptions{std::chrono::seconds(20)});
+      auto* a = static_cast<std::uint32_t*>(alloc->allocate(1000 * 4, stream(1)));
+      void* big = alloc->allocate(30 * MiB, stream(1));
+      for (std::uint32_t i = 0; i < 1000; ++i) a[i] = static_cast<std::uint32_t>(rank) * 100000u + i;
+      heap.sync();
+      RANK_CHECK(heap.mapped_peer_segments() == 2u * static_cast<std::size_t>(w - 1), "%zu", heap.mapped_peer_segments());
+      for (int peer = 0; peer < w; ++peer) {
+        auto* pa = static_cast<const std::uint32_t*>(heap.peer_ptr(a, peer));
+        for (std::uint32_t i = 0; i < 1000; ++i)
+          RANK_CHECK(pa[i] == static_cast<std::uint32_t>(peer) * 100000u + i, "peer %d [%u] = %u", peer, i, pa[i]);
+      }
+      // Writes through the peer mapping land in the peer's memory (once
+      // everyone has finished reading: check_symmetric is also a barrier).
+      heap.check_symmetric(a, 4000, "a");
+      static_cast<std::uint32_t*>(heap.peer_ptr(a, (rank + 1) % w))[999] = 7u;
+      heap.check_symmetric(a, 4000, "a");
+      RANK_CHECK(a[999] == 7u, "%u", a[999]);
+
+      alloc->deallocate(big, stream(1));
+      alloc->empty_cache();
+      heap.sync();
+      RANK_CHECK(heap.mapped_peer_segments() == static_cast<std::size_t>(w - 1), "%zu", heap.mapped_peer_segments());
+      alloc->deallocate(a, stream(1));
+      return 0;
+    });
+    EXPECT_EQ(result, "") << "world " << world;
+  }
+}
+
+TEST(SymmetricHeapFake, AsymmetricBuffersAreReportedWithRanksAndSizes) {
+  const std::string dir = temp_dir();
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir);
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "asym", rank, w,
+                       HeapOptions{std::chrono::seconds(20)});
+    const std::size_t bytes = rank == 0 ? 4096 : 8192;
+    void* c = alloc->allocate(bytes, stream(1));
+    try {
+      heap.check_symmetric(c, bytes, "c");
+      RANK_CHECK(false, "size mismatch went unnoticed");
+    } catch (const logic_error& e) {
+      RANK_CHECK(std::strstr(e.what(), "buffer 'c' is not symmetric; rank 1 has (offset size) 0 8192 where rank 0 has 0 4096"), "%s", e.what());
+    }
+    int on_stack = 0;
+    try {
+      heap.check_symmetric(&on_stack, 4, "stack");
+      RANK_CHECK(false, "a buffer outside the heap went unnoticed");
+    } catch (const logic_error& e) {
+      RANK_CHECK(std::strstr(e.what(), "is not in the symmetric heap"), "%s", e.what());
+    }
+    try {
+      heap.peer_ptr(&on_stack, 1 - rank);
+      RANK_CHECK(false, "peer_ptr of a foreign pointer");
+    } catch (const logic_error&) {
+    }
+    alloc->deallocate(c, stream(1));
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
+TEST(SymmetricHeapFake, APeerThatNeverArrivesTimesOutWithItsRank) {
+  const std::string dir = temp_dir();
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    if (rank == 1) return 0;  // dies before joining
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir);
+    try {
+      SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "lonely", rank, w,
+                         HeapOptions{std::chrono::milliseconds(500)});
+      RANK_CHECK(false, "joined a group whose peer never came");
+    } catch (const timeout_error& e) {
+      RANK_CHECK(std::strstr(e.what(), "rank 1 never arrived"), "%s", e.what());
+    }
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
+TEST(FileStore, GetTimesOutNamingTheKey) {
+  FileStore store(temp_dir());
+  store.set("a/b", std::string("x\0y", 3));
+  EXPECT_EQ(store.get("a/b", std::chrono::milliseconds(10)), std::string("x\0y", 3));
+  try {
+    store.get("missing", std::chrono::milliseconds(20));
+    FAIL();
+  } catch (const timeout_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'missing'"), std::string::npos);
+  }
+}
+
+}  // namespace symmpool::test
