@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine: build, run every test, the main job and the benches in
-# one go, logs under $OUT. Stages: env build ctest pytest pytest2 train bench (all but pytest2 by
+# one go, logs under $OUT. Stages: env build ctest pytest pytest2 train bench collbench (all but pytest2 by
 # default), e.g. `bash scripts/gpu_check.sh build bench`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 OUT=${OUT:-/tmp/symmpool-out}
 mkdir -p "$OUT"
-stages=${*:-env build ctest pytest train bench}
+stages=${*:-env build ctest pytest train bench collbench}
 py=python3
 jobs=$(nproc)
 status=0
@@ -42,6 +42,9 @@ for stage in $stages; do
     bench)
       run bench.log build/bench/symmpool_alloc_bench --benchmark_out="$OUT/alloc_bench.json" \
         --benchmark_out_format=json --benchmark_repetitions=3 --benchmark_report_aggregates_only=true ;;
+    collbench)
+      run collbench.log build/bench/symmpool_collectives_bench \
+        --benchmark_out="$OUT/collectives_bench.json" --benchmark_out_format=json ;;
   esac
 done
 exit $status

@@ -89,6 +89,7 @@ SymmetricHeap::~SymmetricHeap() {
 void SymmetricHeap::on_segment_mapped(const Segment& segment) {
   std::lock_guard<std::mutex> lock(mutex_);
   local_[segment.id] = Piece{segment.id, segment.offset, segment.size, segment.handle};
+  ++local_generation_;
 }
 
 void SymmetricHeap::on_segment_unmapping(const Segment& segment) noexcept {
@@ -96,6 +97,12 @@ void SymmetricHeap::on_segment_unmapping(const Segment& segment) noexcept {
   // the next sync() tells them the segment is gone.
   std::lock_guard<std::mutex> lock(mutex_);
   local_.erase(segment.id);
+  ++local_generation_;
+}
+
+bool SymmetricHeap::needs_sync() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return local_generation_ != synced_generation_;
 }
 
 int SymmetricHeap::export_fd(std::uint64_t id) {
@@ -155,6 +162,7 @@ void SymmetricHeap::sync() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [id, p] : local_) mine << p.id << " " << p.offset << " " << p.size << "\n";
+    synced_generation_ = local_generation_;
   }
   auto all = exchange("segments", mine.str());
   ContextGuard guard(drv_, allocator_.context());

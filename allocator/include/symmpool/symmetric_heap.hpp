@@ -48,6 +48,10 @@ class SymmetricHeap final : public SegmentObserver {
   std::size_t offset_of(const void* local) const;
   bool contains(const void* local) const;
 
+  // True when this rank mapped or unmapped a segment since its last sync():
+  // peers may not see it yet.
+  bool needs_sync() const;
+
   int rank() const { return rank_; }
   int world() const { return world_; }
   std::size_t mapped_peer_segments() const;
@@ -79,6 +83,8 @@ class SymmetricHeap final : public SegmentObserver {
 
   mutable std::mutex mutex_;          // local_ (allocator and server threads)
   std::map<std::uint64_t, Piece> local_;  // by segment id
+  std::uint64_t local_generation_ = 0;     // bumped on every local map/unmap
+  std::uint64_t synced_generation_ = 0;    // local_generation_ at the last sync()
   std::vector<CUdeviceptr> peer_base_;
   std::vector<std::map<std::size_t, Piece>> peer_pieces_;  // by offset
   std::vector<std::string> peer_socket_;

@@ -1,0 +1,265 @@
+// Collectives against NCCL on the same symmetric, NCCL-registered buffers,
+// one process per GPU (forked here; rank 0 reports):
+//   AllGather/<impl>/<bytes>, ReduceScatter/<impl>/<bytes>, AllReduce/<impl>/<bytes>
+//     bytes: all-gather output, reduce-scatter input, all-reduce buffer;
+//     counter busbw in GB/s as nccl-tests defines it
+//   AllGatherGraph/..., AllReduceGraph/...: per-op latency of 20 ops captured
+//     in one CUDA graph
+// Every rank runs the same list with fixed iteration counts, so ranks stay
+// in step. Usage: symmpool_collectives_bench [--ranks N] [benchmark flags]
+
+#include "bench_context.hpp"
+#include "process_group.hpp"
+
+#include <symmpool/communicator.hpp>
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/nccl_registration.hpp>
+
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using symmpool::Communicator;
+using symmpool::DataType;
+using symmpool::ReduceOp;
+
+#define BENCH_CHECK(call, ok)                                                            \
+  do {                                                                                   \
+    auto r_ = (call);                                                                    \
+    if (r_ != (ok)) {                                                                    \
+      std::fprintf(stderr, "%s failed (%d)\n", #call, static_cast<int>(r_));             \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+#define BENCH_CUDA(call) BENCH_CHECK(call, cudaSuccess)
+#define BENCH_NCCL(call) BENCH_CHECK(call, ncclSuccess)
+
+struct Rank {
+  int rank = 0, world = 1;
+  cudaStream_t stream = nullptr;
+  ncclComm_t nccl = nullptr;
+  symmpool::CachingAllocator* alloc = nullptr;
+  Communicator* comm = nullptr;
+};
+Rank R;
+
+enum class Op { kAllGather, kReduceScatter, kAllReduce };
+
+const char* op_name(Op op) {
+  return op == Op::kAllGather ? "AllGather" : op == Op::kReduceScatter ? "ReduceScatter" : "AllReduce";
+}
+
+// nccl-tests' bus bandwidth factors.
+double bus_factor(Op op, int n) {
+  return op == Op::kAllReduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
+}
+
+struct Buffers {
+  void* in;
+  void* out;
+  std::size_t count;  // bf16 elements per rank (AG, RS) or in total (AR)
+};
+
+Buffers make_buffers(Op op, std::size_t bytes) {
+  const std::size_t elems = bytes / 2;
+  Buffers b{};
+  auto s = reinterpret_cast<CUstream>(R.stream);
+  if (op == Op::kAllGather) {
+    b.count = elems / R.world;
+    b.in = R.alloc->allocate(b.count * 2, s);
+    b.out = R.alloc->allocate(bytes, s);
+  } else if (op == Op::kReduceScatter) {
+    b.count = elems / R.world;
+    b.in = R.alloc->allocate(bytes, s);
+    b.out = R.alloc->allocate(b.count * 2, s);
+  } else {
+    b.count = elems;
+    b.in = R.alloc->allocate(bytes, s);
+    b.out = R.alloc->allocate(bytes, s);
+  }
+  BENCH_CUDA(cudaMemsetAsync(b.in, 1, op == Op::kAllGather ? b.count * 2 : bytes, R.stream));
+  return b;
+}
+
+void run_once(Op op, bool nccl, const Buffers& b) {
+  if (nccl) {
+    if (op == Op::kAllGather) BENCH_NCCL(ncclAllGather(b.in, b.out, b.count, ncclBfloat16, R.nccl, R.stream));
+    if (op == Op::kReduceScatter) BENCH_NCCL(ncclReduceScatter(b.in, b.out, b.count, ncclBfloat16, ncclSum, R.nccl, R.stream));
+    if (op == Op::kAllReduce) BENCH_NCCL(ncclAllReduce(b.in, b.out, b.count, ncclBfloat16, ncclSum, R.nccl, R.stream));
+    return;
+  }
+  if (op == Op::kAllGather) R.comm->all_gather(b.in, b.out, b.count * 2, R.stream);
+  if (op == Op::kReduceScatter) R.comm->reduce_scatter(b.in, b.out, b.count, DataType::kBFloat16, ReduceOp::kSum, R.stream);
+  if (op == Op::kAllReduce) R.comm->all_reduce(b.in, b.out, b.count, DataType::kBFloat16, ReduceOp::kSum, R.stream);
+}
+
+void release(const Buffers& b) {
+  BENCH_CUDA(cudaStreamSynchronize(R.stream));
+  R.alloc->deallocate(b.in, reinterpret_cast<CUstream>(R.stream));
+  R.alloc->deallocate(b.out, reinterpret_cast<CUstream>(R.stream));
+}
+
+// Times `reps` ops between two events per iteration.
+void Bandwidth(benchmark::State& state, Op op, bool nccl, std::size_t bytes, int reps) {
+  Buffers b = make_buffers(op, bytes);
+  for (int i = 0; i < 3; ++i) run_once(op, nccl, b);  // warm up (and symmetry checks)
+  cudaEvent_t start, stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  double seconds = 0;
+  for (auto _ : state) {
+    BENCH_CUDA(cudaEventRecord(start, R.stream));
+    for (int i = 0; i < reps; ++i) run_once(op, nccl, b);
+    BENCH_CUDA(cudaEventRecord(stop, R.stream));
+    BENCH_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms / 1e3 / reps);
+    seconds += ms / 1e3 / reps;
+  }
+  R.comm->check_errors();
+  const double per_op = seconds / static_cast<double>(state.iterations());
+  state.counters["busbw_GBps"] = static_cast<double>(bytes) * bus_factor(op, R.world) / per_op / 1e9;
+  state.counters["bytes"] = static_cast<double>(bytes);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  release(b);
+}
+
+// Latency inside a CUDA graph of `reps` ops.
+void GraphLatency(benchmark::State& state, Op op, bool nccl, std::size_t bytes) {
+  constexpr int reps = 20;
+  Buffers b = make_buffers(op, bytes);
+  run_once(op, nccl, b);  // symmetry checks and heap sync happen outside the capture
+  BENCH_CUDA(cudaStreamSynchronize(R.stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CUDA(cudaStreamBeginCapture(R.stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < reps; ++i) run_once(op, nccl, b);
+  BENCH_CUDA(cudaStreamEndCapture(R.stream, &graph));
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CUDA(cudaGraphLaunch(exec, R.stream));  // warm up
+  cudaEvent_t start, stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  for (auto _ : state) {
+    BENCH_CUDA(cudaEventRecord(start, R.stream));
+    BENCH_CUDA(cudaGraphLaunch(exec, R.stream));
+    BENCH_CUDA(cudaEventRecord(stop, R.stream));
+    BENCH_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms / 1e3 / reps);
+  }
+  R.comm->check_errors();
+  state.counters["bytes"] = static_cast<double>(bytes);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  release(b);
+}
+
+void register_all() {
+  constexpr std::size_t KiB = 1024, MiB = KiB * 1024, GiB = MiB * 1024;
+  auto name = [](std::size_t bytes) {
+    return bytes >= GiB ? std::to_string(bytes / GiB) + "GiB"
+           : bytes >= MiB ? std::to_string(bytes / MiB) + "MiB"
+                          : std::to_string(bytes / KiB) + "KiB";
+  };
+  for (Op op : {Op::kAllGather, Op::kReduceScatter, Op::kAllReduce}) {
+    for (std::size_t bytes = 64 * KiB; bytes <= GiB; bytes *= 4) {
+      const int reps = bytes <= 16 * MiB ? 10 : 1;
+      const int iters = bytes <= 16 * MiB ? 30 : 10;
+      for (bool nccl : {false, true}) {
+        std::string n = std::string(op_name(op)) + "/" + (nccl ? "nccl" : "symmpool") + "/" + name(bytes);
+        benchmark::RegisterBenchmark(n.c_str(), Bandwidth, op, nccl, bytes, reps)
+            ->UseManualTime()->Iterations(iters)->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  for (Op op : {Op::kAllGather, Op::kAllReduce}) {
+    for (std::size_t bytes = 8 * KiB; bytes <= 8 * MiB; bytes *= 8) {
+      for (bool nccl : {false, true}) {
+        std::string n = std::string(op_name(op)) + "Graph/" + (nccl ? "nccl" : "symmpool") + "/" + name(bytes);
+        benchmark::RegisterBenchmark(n.c_str(), GraphLatency, op, nccl, bytes)
+            ->UseManualTime()->Iterations(30)->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+}
+
+class SilentReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int ranks = symmpool::test::count_gpus_in_child();
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--ranks") == 0 && i + 1 < argc) {
+      ranks = std::atoi(argv[++i]);
+      continue;
+    }
+    args.push_back(argv[i]);
+  }
+  if (ranks < 2) {
+    std::fprintf(stderr, "symmpool_collectives_bench: needs 2 or more GPUs, found %d\n", ranks);
+    return 0;
+  }
+  ranks = std::min(ranks, Communicator::kMaxRanks);
+  char dir_template[] = "/tmp/symmpool-bench-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  std::string failures = symmpool::test::run_ranks(ranks, 3000, [&](int rank, int world, symmpool::test::Rendezvous& rv) {
+    R.rank = rank;
+    R.world = world;
+    R.nccl = symmpool::test::init_nccl(rank, world, rv, 120);
+    BENCH_CUDA(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
+    R.alloc = &symmpool::device_allocator(rank);
+    symmpool::NcclRegistrationHook hook(R.nccl);  // NCCL gets registered buffers too
+    R.alloc->add_observer(&hook, true);
+    symmpool::FileStore store(dir);
+    symmpool::SymmetricHeap heap(symmpool::real_driver(), *R.alloc, store, "bench", rank, world);
+    Communicator comm(heap, *R.alloc);
+    R.comm = &comm;
+
+    std::vector<char*> my_args = args;
+    if (rank != 0)  // only rank 0 writes files
+      my_args.erase(std::remove_if(my_args.begin() + 1, my_args.end(),
+                                   [](char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),
+                    my_args.end());
+    int my_argc = static_cast<int>(my_args.size());
+    benchmark::Initialize(&my_argc, my_args.data());
+    symmpool::bench::add_gpu_context();
+    benchmark::AddCustomContext("ranks", std::to_string(world));
+    register_all();
+    if (rank == 0) {
+      benchmark::RunSpecifiedBenchmarks();
+    } else {
+      SilentReporter silent;
+      benchmark::RunSpecifiedBenchmarks(&silent, &silent);
+    }
+    benchmark::Shutdown();
+    BENCH_CUDA(cudaStreamSynchronize(R.stream));
+    R.alloc->remove_observer(&hook, true);
+    return 0;
+  });
+  if (!failures.empty()) {
+    std::fprintf(stderr, "symmpool_collectives_bench: %s\n", failures.c_str());
+    return 1;
+  }
+  return 0;
+}
