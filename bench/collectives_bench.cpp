@@ -12,6 +12,7 @@
 #include "process_group.hpp"
 
 #include <symmpool/communicator.hpp>
+#include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/nccl_registration.hpp>
 
@@ -231,6 +232,7 @@ int main(int argc, char** argv) {
     R.alloc = &symmpool::device_allocator(rank);
     symmpool::NcclRegistrationHook hook(R.nccl);  // NCCL gets registered buffers too
     R.alloc->add_observer(&hook, true);
+    symmpool::detail::ScopeExit detach([&] { R.alloc->remove_observer(&hook, true); });
     symmpool::FileStore store(dir);
     symmpool::SymmetricHeap heap(symmpool::real_driver(), *R.alloc, store, "bench", rank, world);
     Communicator comm(heap, *R.alloc);
@@ -250,11 +252,10 @@ int main(int argc, char** argv) {
       benchmark::RunSpecifiedBenchmarks();
     } else {
       SilentReporter silent;
-      benchmark::RunSpecifiedBenchmarks(&silent, &silent);
+      benchmark::RunSpecifiedBenchmarks(&silent);
     }
     benchmark::Shutdown();
     BENCH_CUDA(cudaStreamSynchronize(R.stream));
-    R.alloc->remove_observer(&hook, true);
     return 0;
   });
   if (!failures.empty()) {

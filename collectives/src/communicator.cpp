@@ -42,6 +42,13 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator)
   SYMMPOOL_CUDA_TRY(cudaDeviceSynchronize());
   heap_.sync();  // also a barrier: no peer signals before every pad is zeroed
   heap_.check_symmetric(pads_, kPadWords * sizeof(std::uint32_t), "signal pads");
+  // Fixed for the communicator's life; asking per call cost ~1 ms of host
+  // time (the clock-rate query), measured on H200.
+  for (int p = 0; p < world(); ++p)
+    peer_pads_.peer[p] = static_cast<std::uint32_t*>(heap_.peer_ptr(pads_, p));
+  int khz = 0;
+  SYMMPOOL_CUDA_TRY(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, allocator_.device()));
+  timeout_cycles_ = static_cast<long long>(khz) * 1000LL * kBarrierTimeoutSeconds;
 }
 
 Communicator::~Communicator() {
@@ -65,13 +72,8 @@ void Communicator::barrier(cudaStream_t stream, BarrierKind kind) {
   check_errors();
   const int n = world();
   if (kind == BarrierKind::kKernel) {
-    detail::PadPointers peers{};
-    for (int p = 0; p < n; ++p) peers.peer[p] = static_cast<std::uint32_t*>(heap_.peer_ptr(pads_, p));
-    int khz = 0;
-    SYMMPOOL_CUDA_TRY(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, allocator_.device()));
-    const long long timeout_cycles = static_cast<long long>(khz) * 1000LL * kBarrierTimeoutSeconds;
-    SYMMPOOL_CUDA_TRY(detail::launch_barrier(peers, pads_, kernel_epoch_, rank(), n, error_flag_,
-                                             timeout_cycles, stream));
+    SYMMPOOL_CUDA_TRY(detail::launch_barrier(peer_pads_, pads_, kernel_epoch_, rank(), n,
+                                             error_flag_, timeout_cycles_, stream));
     return;
   }
   // SM-free: write our epoch into each peer's pad, then wait on our own.
@@ -79,7 +81,7 @@ void Communicator::barrier(cudaStream_t stream, BarrierKind kind) {
   const std::uint32_t epoch = ++stream_op_epoch_;
   auto cu = reinterpret_cast<CUstream>(stream);
   for (int p = 0; p < n; ++p) {
-    auto* slot = static_cast<std::uint32_t*>(heap_.peer_ptr(pads_, p)) + kMaxRanks + rank();
+    auto* slot = peer_pads_.peer[p] + kMaxRanks + rank();
     SYMMPOOL_CU_TRY(drv, cuStreamWriteValue32(cu, reinterpret_cast<CUdeviceptr>(slot), epoch,
                                               CU_STREAM_WRITE_VALUE_DEFAULT));
   }
@@ -103,17 +105,29 @@ void Communicator::all_gather(const void* in, void* out, std::size_t bytes_per_r
                               cudaStream_t stream, BarrierKind kind) {
   check_errors();
   if (bytes_per_rank == 0) return;
-  require_symmetric(in, bytes_per_rank, "all_gather input");
   auto* dst = static_cast<char*>(out);
   const int n = world(), me = rank();
+  const std::size_t total = bytes_per_rank * static_cast<std::size_t>(n);
+  // In place (FSDP2's way), each rank's input is its own slice of the output,
+  // so peer p's input is its output's slice p; otherwise the inputs must be
+  // symmetric themselves.
+  const bool in_place = in == dst + static_cast<std::size_t>(me) * bytes_per_rank;
+  if (in_place)
+    require_symmetric(out, total, "all_gather output (in place)");
+  else
+    require_symmetric(in, bytes_per_rank, "all_gather input");
   barrier(stream, kind);  // every input is ready
-  for (int k = 0; k < n; ++k) {
-    const int p = (me + k) % n;  // start with ourselves, then spread over peers
-    const void* src = heap_.peer_ptr(in, p);
-    if (src == dst + static_cast<std::size_t>(p) * bytes_per_rank) continue;  // in place
+  for (int k = 1; k < n; ++k) {
+    const int p = (me + k) % n;  // spread the pulls over the peers
+    const char* src = in_place
+                          ? static_cast<const char*>(heap_.peer_ptr(out, p)) + static_cast<std::size_t>(p) * bytes_per_rank
+                          : static_cast<const char*>(heap_.peer_ptr(in, p));
     SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(dst + static_cast<std::size_t>(p) * bytes_per_rank, src,
                                       bytes_per_rank, cudaMemcpyDeviceToDevice, stream));
   }
+  if (!in_place)
+    SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(dst + static_cast<std::size_t>(me) * bytes_per_rank, in,
+                                      bytes_per_rank, cudaMemcpyDeviceToDevice, stream));
   barrier(stream, kind);  // nobody reuses its input while a peer still reads it
 }
 

@@ -2,6 +2,7 @@
 // Launchers of the collectives' device code (kernels.cu).
 
 #include <symmpool/collective_types.hpp>
+#include <symmpool/detail/peer_pointers.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -9,16 +10,6 @@
 #include <cstdint>
 
 namespace symmpool::detail {
-
-constexpr int kMaxRanks = 8;
-
-struct PeerPointers {
-  const void* ptr[kMaxRanks];
-};
-
-struct PadPointers {
-  std::uint32_t* peer[kMaxRanks];  // each peer's pad row for this barrier kind
-};
 
 // Signals every peer, then waits until every peer signalled this epoch; a
 // wait longer than timeout_cycles sets *error_flag to 1 + the missing rank.

@@ -8,6 +8,7 @@
 //   barrier        kernel or stream memory operations on signal pads
 
 #include <symmpool/collective_types.hpp>
+#include <symmpool/detail/peer_pointers.hpp>
 #include <symmpool/symmetric_heap.hpp>
 
 #include <cuda_runtime_api.h>
@@ -19,7 +20,7 @@ namespace symmpool {
 
 class Communicator {
  public:
-  static constexpr int kMaxRanks = 8;
+  static constexpr int kMaxRanks = detail::kMaxRanks;
 
   // Collective: allocates and zeroes the signal pads, then syncs the heap.
   Communicator(SymmetricHeap& heap, CachingAllocator& allocator);
@@ -56,6 +57,8 @@ class Communicator {
   std::uint32_t* pads_ = nullptr;         // [2][world]: kernel pads, stream-op pads
   std::uint32_t* kernel_epoch_ = nullptr;  // device-side counter of kernel barriers
   std::uint32_t stream_op_epoch_ = 0;      // host-side counter of stream-op barriers
+  detail::PadPointers peer_pads_{};        // every rank's pads, mapped here
+  long long timeout_cycles_ = 0;           // barrier kernel's patience
   int* error_flag_ = nullptr;              // host-mapped: set by a barrier that timed out
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;
