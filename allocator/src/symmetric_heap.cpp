@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <sstream>
@@ -38,8 +39,10 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
       world_(world), options_(options) {
   SYMMPOOL_EXPECTS(world >= 1 && rank >= 0 && rank < world,
                    "rank " + std::to_string(rank) + " is not in a group of " + std::to_string(world));
+  // Unique per heap in this process: several groups may each have one.
+  static std::atomic<int> heaps_made{0};
   const std::string socket = "symmpool-" + group_ + "-" + std::to_string(rank_) + "-" +
-                             std::to_string(::getpid());
+                             std::to_string(::getpid()) + "-" + std::to_string(heaps_made++);
   server_ = std::make_unique<FdServer>(socket, [this](std::uint64_t id) { return export_fd(id); });
 
   std::ostringstream info;

@@ -42,6 +42,9 @@ py::dict memory_stats(int device) {
   d["nccl_failed_deregistrations"] = reg.failed_deregistrations;
   d["nccl_registered_segments"] = reg.live;
   d["nccl_registered_bytes"] = reg.live_bytes;
+  auto coll = symmpool::torch_ext::collective_counts();
+  d["symm_collectives"] = coll.routed;
+  d["nccl_fallbacks"] = coll.fallbacks;
   return d;
 }
 

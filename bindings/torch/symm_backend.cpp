@@ -1,5 +1,7 @@
 #include "symm_backend.hpp"
 
+#include "c10d_store.hpp"
+#include "completed_work.hpp"
 #include "torch_errors.hpp"
 
 #include <symmpool/device_allocators.hpp>
@@ -8,7 +10,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <atomic>
 #include <cstdio>
+#include <optional>
 #include <set>
 
 namespace symmpool::torch_ext {
@@ -17,17 +21,32 @@ namespace {
 
 std::mutex live_backends_mutex;
 std::set<const SymmBackend*> live_backends;
+std::atomic<std::uint64_t> routed_collectives{0};
+std::atomic<std::uint64_t> nccl_fallbacks{0};
+
+std::optional<DataType> symmpool_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DataType::kFloat32;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    default: return std::nullopt;
+  }
+}
 
 }  // namespace
 
 SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          c10::intrusive_ptr<Options> options)
-    : ProcessGroupNCCL(store, rank, size, std::move(options)) {
+    : ProcessGroupNCCL(store, rank, size, std::move(options)),
+      collectives_enabled_(Environment::from_process().collectives_enabled),
+      store_for_heap_(store) {
   std::lock_guard<std::mutex> lock(live_backends_mutex);
   live_backends.insert(this);
 }
 
 SymmBackend::~SymmBackend() {
+  comm_.reset();
+  heap_.reset();
   detach_all();
   std::lock_guard<std::mutex> lock(live_backends_mutex);
   live_backends.erase(this);
@@ -117,6 +136,8 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::allreduce(std::vector<at::Tensor>& t
                                                       const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(!tensors.empty(), "symm allreduce: no tensors");
   register_if_ready(tensors[0].device());
+  if (tensors.size() == 1)
+    if (auto work = try_reduce(tensors[0], tensors[0], opts.reduceOp, /*scatter=*/false)) return work;
   auto work = ProcessGroupNCCL::allreduce(tensors, opts);
   register_if_ready(tensors[0].device());
   return work;
@@ -125,6 +146,7 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::allreduce(std::vector<at::Tensor>& t
 c10::intrusive_ptr<c10d::Work> SymmBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions& opts) {
   register_if_ready(input.device());
+  if (auto work = try_all_gather(output, input)) return work;
   auto work = ProcessGroupNCCL::_allgather_base(output, input, opts);
   register_if_ready(input.device());
   return work;
@@ -143,6 +165,7 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> SymmBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   register_if_ready(input.device());
+  if (auto work = try_reduce(output, input, opts.reduceOp, /*scatter=*/true)) return work;
   auto work = ProcessGroupNCCL::_reduce_scatter_base(output, input, opts);
   register_if_ready(input.device());
   return work;
@@ -159,13 +182,83 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::reduce_scatter_tensor_coalesced(
 }
 
 void SymmBackend::shutdown() {
+  comm_.reset();
+  heap_.reset();
   detach_all();
   ProcessGroupNCCL::shutdown();
 }
 
 void SymmBackend::abort() {
-  detach_all();
+  detach_all();  // the heap stays: a peer may be dead, and its teardown waits on none
   ProcessGroupNCCL::abort();
 }
+
+Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
+  if (comm_) {
+    TORCH_CHECK(device == heap_device_, "symm collectives use one device per process group: this "
+                "group's heap is on cuda:", int(heap_device_), ", got cuda:", int(device));
+    return comm_.get();
+  }
+  // Collective: every rank reaches its first routed collective together.
+  heap_store_ = std::make_unique<C10dStore>(store_for_heap_);
+  heap_ = std::make_unique<SymmetricHeap>(real_driver(), device_allocator(device), *heap_store_,
+                                          "heap", getRank(), getSize());
+  comm_ = std::make_unique<Communicator>(*heap_, device_allocator(device));
+  heap_device_ = device;
+  return comm_.get();
+}
+
+c10::intrusive_ptr<c10d::Work> SymmBackend::try_all_gather(at::Tensor& output, at::Tensor& input) {
+  if (!collectives_enabled_ || !input.is_cuda() || getSize() > Communicator::kMaxRanks ||
+      !input.is_contiguous() || !output.is_contiguous() ||
+      input.scalar_type() != output.scalar_type() ||
+      output.numel() != input.numel() * getSize() || input.numel() == 0)
+    return nullptr;
+  c10::cuda::CUDAGuard guard(input.device());
+  auto stream = c10::cuda::getCurrentCUDAStream(input.device().index()).stream();
+  Communicator* comm = call_translating_errors([&] { return communicator(input.device().index()); });
+  try {
+    comm->all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), stream);
+  } catch (const symmpool::logic_error&) {
+    ++nccl_fallbacks;  // not symmetric on every rank: all ranks saw the same
+    return nullptr;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  ++routed_collectives;
+  return c10::make_intrusive<EnqueuedWork>(std::vector<at::Tensor>{output}, c10d::OpType::_ALLGATHER_BASE);
+}
+
+c10::intrusive_ptr<c10d::Work> SymmBackend::try_reduce(at::Tensor& output, at::Tensor& input,
+                                                       c10d::ReduceOp op, bool scatter) {
+  const auto type = symmpool_type(input.scalar_type());
+  const bool supported_op = op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG;
+  const int64_t expected = scatter ? output.numel() * getSize() : output.numel();
+  if (!collectives_enabled_ || !type || !supported_op || !input.is_cuda() ||
+      getSize() > Communicator::kMaxRanks || !input.is_contiguous() || !output.is_contiguous() ||
+      input.scalar_type() != output.scalar_type() || input.numel() != expected || output.numel() == 0)
+    return nullptr;
+  c10::cuda::CUDAGuard guard(input.device());
+  auto stream = c10::cuda::getCurrentCUDAStream(input.device().index()).stream();
+  Communicator* comm = call_translating_errors([&] { return communicator(input.device().index()); });
+  const ReduceOp rop = op == c10d::ReduceOp::AVG ? ReduceOp::kAvg : ReduceOp::kSum;
+  try {
+    if (scatter)
+      comm->reduce_scatter(input.data_ptr(), output.data_ptr(), output.numel(), *type, rop, stream);
+    else
+      comm->all_reduce(input.data_ptr(), output.data_ptr(), output.numel(), *type, rop, stream);
+  } catch (const symmpool::logic_error&) {
+    ++nccl_fallbacks;
+    return nullptr;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  ++routed_collectives;
+  return c10::make_intrusive<EnqueuedWork>(
+      std::vector<at::Tensor>{output},
+      scatter ? c10d::OpType::_REDUCE_SCATTER_BASE : c10d::OpType::ALLREDUCE);
+}
+
+CollectiveCounts collective_counts() { return {routed_collectives.load(), nccl_fallbacks.load()}; }
 
 }  // namespace symmpool::torch_ext

@@ -3,6 +3,7 @@
 // symmpool memory registered with the group's NCCL communicator. Every
 // collective still runs on NCCL; it sees registered buffers.
 
+#include <symmpool/communicator.hpp>
 #include <symmpool/nccl_registration.hpp>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -49,9 +50,33 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   void register_if_ready(const at::Device& device);
   void detach_all() noexcept;
 
+  // symmpool's own collectives (SYMMPOOL_COLLECTIVES=1). Each returns null
+  // when the call must go to NCCL: unsupported shape, dtype or op (decided
+  // the same way on every rank), or buffers that are not symmetric on every
+  // rank (decided by one exchange that every rank sees).
+  Communicator* communicator(c10::DeviceIndex device);
+  c10::intrusive_ptr<c10d::Work> try_all_gather(at::Tensor& output, at::Tensor& input);
+  c10::intrusive_ptr<c10d::Work> try_reduce(at::Tensor& output, at::Tensor& input,
+                                            c10d::ReduceOp op, bool scatter);
+
   mutable std::mutex mutex_;
   std::map<c10::DeviceIndex, std::unique_ptr<NcclRegistrationHook>> hooks_;
+
+  const bool collectives_enabled_;
+  c10::intrusive_ptr<c10d::Store> store_for_heap_;
+  std::unique_ptr<Store> heap_store_;
+  std::unique_ptr<SymmetricHeap> heap_;
+  std::unique_ptr<Communicator> comm_;
+  c10::DeviceIndex heap_device_ = -1;
 };
+
+// Collectives the symm backends of this process ran themselves, and calls
+// they handed to NCCL after a symmetry check failed.
+struct CollectiveCounts {
+  std::uint64_t routed = 0;
+  std::uint64_t fallbacks = 0;
+};
+CollectiveCounts collective_counts();
 
 // Sum of the registration counts of every live symm backend of this process.
 RegistrationCounts registration_counts_of_all_backends();

@@ -22,7 +22,8 @@ def _poisoned(backend, n: int, dtype, device):
     return t
 
 
-def symm_backend_matches_nccl(rank: int, world: int) -> None:
+def symm_backend_matches_nccl(rank: int, world: int, own_collectives: bool = False) -> None:
+    os.environ["SYMMPOOL_COLLECTIVES"] = "1" if own_collectives else "0"
     import symmpool
 
     device = _init(rank, world, "cpu:gloo,cuda:symm")
@@ -87,10 +88,17 @@ def symm_backend_matches_nccl(rank: int, world: int) -> None:
     final = symmpool.memory_stats(device)["nccl_registrations"]
     assert final == after_first, f"registrations grew from {after_first} to {final} over 100 steps"
     print(f"[rank {rank}] registrations flat at {final} over 100 steps", flush=True)
+    stats = symmpool.memory_stats(device)
+    if own_collectives:
+        # symm buffers ran on symmpool; plain ones went to NCCL after the check
+        assert stats["symm_collectives"] > 0 and stats["nccl_fallbacks"] > 0, stats
+    else:
+        assert stats["symm_collectives"] == 0, stats
     dist.destroy_process_group()
 
 
-def fsdp2_loss_parity(rank: int, world: int, steps: int) -> None:
+def fsdp2_loss_parity(rank: int, world: int, steps: int, own_collectives: bool = False) -> None:
+    os.environ["SYMMPOOL_COLLECTIVES"] = "1" if own_collectives else "0"
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
     import fsdp2_train
 

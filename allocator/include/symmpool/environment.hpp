@@ -12,6 +12,9 @@ struct Environment {
   bool torch_symm_multicast_disabled = false;  // TORCH_SYMM_MEM_DISABLE_MULTICAST=1
   bool symmpool_multicast_disabled = false;    // SYMMPOOL_DISABLE_MULTICAST=1
   bool multicast_requested = false;            // SYMMPOOL_ENABLE_MULTICAST=1
+  // The "symm" backend runs its own collectives on symmetric buffers
+  // (SYMMPOOL_COLLECTIVES=1); off by default until measured on 8 GPUs.
+  bool collectives_enabled = false;
 
   // Reads the current process environment.
   static Environment from_process();

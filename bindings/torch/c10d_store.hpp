@@ -1,0 +1,34 @@
+#pragma once
+// symmpool::Store over the process group's c10d store, so the symmetric heap
+// exchanges its metadata where torch.distributed already rendezvoused.
+
+#include <symmpool/store.hpp>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace symmpool::torch_ext {
+
+class C10dStore final : public Store {
+ public:
+  explicit C10dStore(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    try {
+      store_->wait({key}, timeout);
+    } catch (const c10::Error& e) {
+      throw timeout_error("symmpool: waiting " + std::to_string(timeout.count()) +
+                          " ms for store key '" + key + "' failed: " + e.what_without_backtrace());
+    }
+    auto value = store_->get(key);
+    return std::string(value.begin(), value.end());
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+}  // namespace symmpool::torch_ext
