@@ -7,7 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <sstream>
+#include <cstdlib>
 
 namespace symmpool {
 
@@ -45,14 +45,15 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
                              std::to_string(::getpid()) + "-" + std::to_string(heaps_made++);
   server_ = std::make_unique<FdServer>(socket, [this](std::uint64_t id) { return export_fd(id); });
 
-  std::ostringstream info;
-  info << allocator_.va_reserved_bytes() << " " << socket;
-  auto all = exchange("hello", info.str());
+  // Plain strings, no iostreams: an iostream here crashed inside a torch
+  // process (seen on H200, torch 2.11).
+  auto all = exchange("hello", std::to_string(allocator_.va_reserved_bytes()) + " " + socket);
   peer_socket_.resize(static_cast<std::size_t>(world_));
   for (int r = 0; r < world_; ++r) {
-    std::istringstream in(all[static_cast<std::size_t>(r)]);
-    std::size_t va = 0;
-    in >> va >> peer_socket_[static_cast<std::size_t>(r)];
+    const std::string& hello = all[static_cast<std::size_t>(r)];
+    const std::size_t space = hello.find(' ');
+    const std::size_t va = std::strtoull(hello.c_str(), nullptr, 10);
+    peer_socket_[static_cast<std::size_t>(r)] = space == std::string::npos ? "" : hello.substr(space + 1);
     SYMMPOOL_EXPECTS(va == allocator_.va_reserved_bytes(),
                      "symmetric heap '" + group_ + "': rank " + std::to_string(r) + " reserved " +
                          std::to_string(va) + " bytes of address space, rank " +
@@ -161,20 +162,29 @@ void SymmetricHeap::unmap_peer(int peer, const Piece& piece) noexcept {
 }
 
 void SymmetricHeap::sync() {
-  std::ostringstream mine;
+  std::string mine;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [id, p] : local_) mine << p.id << " " << p.offset << " " << p.size << "\n";
+    for (auto& [id, p] : local_)
+      mine += std::to_string(p.id) + " " + std::to_string(p.offset) + " " + std::to_string(p.size) + "\n";
     synced_generation_ = local_generation_;
   }
-  auto all = exchange("segments", mine.str());
+  auto all = exchange("segments", mine);
   ContextGuard guard(drv_, allocator_.context());
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
     std::map<std::uint64_t, Piece> listed;
-    std::istringstream in(all[static_cast<std::size_t>(r)]);
-    Piece p{};
-    while (in >> p.id >> p.offset >> p.size) listed[p.id] = p;
+    const char* cursor = all[static_cast<std::size_t>(r)].c_str();
+    for (;;) {  // lines of "id offset size"
+      char* end = nullptr;
+      Piece p{};
+      p.id = std::strtoull(cursor, &end, 10);
+      if (end == cursor) break;
+      p.offset = std::strtoull(end, &end, 10);
+      p.size = std::strtoull(end, &end, 10);
+      listed[p.id] = p;
+      cursor = end;
+    }
     auto& mapped = peer_pieces_[static_cast<std::size_t>(r)];
     // Released ones first: a new segment may reuse their range.
     for (auto it = mapped.begin(); it != mapped.end();) {
