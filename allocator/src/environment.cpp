@@ -32,7 +32,8 @@ Environment Environment::from_process() {
   env.torch_symm_multicast_disabled = is_true("TORCH_SYMM_MEM_DISABLE_MULTICAST");
   env.symmpool_multicast_disabled = is_true("SYMMPOOL_DISABLE_MULTICAST");
   env.multicast_requested = is_true("SYMMPOOL_ENABLE_MULTICAST");
-  env.collectives_enabled = is_true("SYMMPOOL_COLLECTIVES");
+  env.collectives_always = lowered(std::getenv("SYMMPOOL_COLLECTIVES")) == "always";
+  env.collectives_enabled = env.collectives_always || is_true("SYMMPOOL_COLLECTIVES");
   return env;
 }
 

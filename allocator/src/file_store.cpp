@@ -5,8 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
+#include <string>
 #include <thread>
 
 namespace symmpool {
@@ -28,11 +27,10 @@ void FileStore::set(const std::string& key, const std::string& value) {
   // Write then rename, so a reader sees the whole value or nothing.
   const std::string path = path_of(key);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(value.data(), static_cast<std::streamsize>(value.size()));
-    SYMMPOOL_EXPECTS(f.good(), "FileStore cannot write " + tmp);
-  }
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  SYMMPOOL_EXPECTS(f != nullptr, "FileStore cannot create " + tmp);
+  const bool written = std::fwrite(value.data(), 1, value.size(), f) == value.size();
+  SYMMPOOL_EXPECTS(std::fclose(f) == 0 && written, "FileStore cannot write " + tmp);
   SYMMPOOL_EXPECTS(std::rename(tmp.c_str(), path.c_str()) == 0, "FileStore cannot publish " + path);
 }
 
@@ -40,11 +38,13 @@ std::string FileStore::get(const std::string& key, std::chrono::milliseconds tim
   const std::string path = path_of(key);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    std::ifstream f(path, std::ios::binary);
-    if (f) {
-      std::ostringstream s;
-      s << f.rdbuf();
-      return s.str();
+    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+      std::string value;
+      char buf[4096];
+      std::size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) value.append(buf, n);
+      std::fclose(f);
+      return value;
     }
     if (std::chrono::steady_clock::now() >= deadline)
       throw timeout_error("symmpool: timed out after " + std::to_string(timeout.count()) +

@@ -39,6 +39,7 @@ SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                          c10::intrusive_ptr<Options> options)
     : ProcessGroupNCCL(store, rank, size, std::move(options)),
       collectives_enabled_(Environment::from_process().collectives_enabled),
+      collectives_always_(Environment::from_process().collectives_always),
       store_for_heap_(store) {
   std::lock_guard<std::mutex> lock(live_backends_mutex);
   live_backends.insert(this);
@@ -214,6 +215,9 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::try_all_gather(at::Tensor& output, a
       input.scalar_type() != output.scalar_type() ||
       output.numel() != input.numel() * getSize() || input.numel() == 0)
     return nullptr;
+  if (!collectives_always_ &&
+      choose_engine(CollectiveKind::kAllGather, output.nbytes(), getSize()) == Engine::kNccl)
+    return nullptr;
   c10::cuda::CUDAGuard guard(input.device());
   auto stream = c10::cuda::getCurrentCUDAStream(input.device().index()).stream();
   Communicator* comm = call_translating_errors([&] { return communicator(input.device().index()); });
@@ -237,6 +241,9 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::try_reduce(at::Tensor& output, at::T
   if (!collectives_enabled_ || !type || !supported_op || !input.is_cuda() ||
       getSize() > Communicator::kMaxRanks || !input.is_contiguous() || !output.is_contiguous() ||
       input.scalar_type() != output.scalar_type() || input.numel() != expected || output.numel() == 0)
+    return nullptr;
+  const auto kind = scatter ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
+  if (!collectives_always_ && choose_engine(kind, input.nbytes(), getSize()) == Engine::kNccl)
     return nullptr;
   c10::cuda::CUDAGuard guard(input.device());
   auto stream = c10::cuda::getCurrentCUDAStream(input.device().index()).stream();

@@ -3,6 +3,7 @@
 // symmpool memory registered with the group's NCCL communicator. Every
 // collective still runs on NCCL; it sees registered buffers.
 
+#include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
 #include <symmpool/nccl_registration.hpp>
 
@@ -50,7 +51,7 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   void register_if_ready(const at::Device& device);
   void detach_all() noexcept;
 
-  // symmpool's own collectives (SYMMPOOL_COLLECTIVES=1). Each returns null
+  // symmpool's own collectives (SYMMPOOL_COLLECTIVES=1 or always). Each returns null
   // when the call must go to NCCL: unsupported shape, dtype or op (decided
   // the same way on every rank), or buffers that are not symmetric on every
   // rank (decided by one exchange that every rank sees).
@@ -63,6 +64,7 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   std::map<c10::DeviceIndex, std::unique_ptr<NcclRegistrationHook>> hooks_;
 
   const bool collectives_enabled_;
+  const bool collectives_always_;  // ignore the algorithm table
   c10::intrusive_ptr<c10d::Store> store_for_heap_;
   std::unique_ptr<Store> heap_store_;
   std::unique_ptr<SymmetricHeap> heap_;

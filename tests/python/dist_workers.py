@@ -23,7 +23,7 @@ def _poisoned(backend, n: int, dtype, device):
 
 
 def symm_backend_matches_nccl(rank: int, world: int, own_collectives: bool = False) -> None:
-    os.environ["SYMMPOOL_COLLECTIVES"] = "1" if own_collectives else "0"
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always" if own_collectives else "0"
     import symmpool
 
     device = _init(rank, world, "cpu:gloo,cuda:symm")
@@ -98,7 +98,7 @@ def symm_backend_matches_nccl(rank: int, world: int, own_collectives: bool = Fal
 
 
 def fsdp2_loss_parity(rank: int, world: int, steps: int, own_collectives: bool = False) -> None:
-    os.environ["SYMMPOOL_COLLECTIVES"] = "1" if own_collectives else "0"
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always" if own_collectives else "0"
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
     import fsdp2_train
 

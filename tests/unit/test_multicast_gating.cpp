@@ -104,3 +104,19 @@ TEST(Environment, ReadsTheThreeVariables) {
 }
 
 }  // namespace symmpool::test
+
+namespace symmpool::test {
+
+TEST(Environment, ReadsTheCollectivesMode) {
+  ::unsetenv("SYMMPOOL_COLLECTIVES");
+  EXPECT_FALSE(Environment::from_process().collectives_enabled);
+  ::setenv("SYMMPOOL_COLLECTIVES", "1", 1);
+  EXPECT_TRUE(Environment::from_process().collectives_enabled);
+  EXPECT_FALSE(Environment::from_process().collectives_always);
+  ::setenv("SYMMPOOL_COLLECTIVES", "always", 1);
+  EXPECT_TRUE(Environment::from_process().collectives_enabled);
+  EXPECT_TRUE(Environment::from_process().collectives_always);
+  ::unsetenv("SYMMPOOL_COLLECTIVES");
+}
+
+}  // namespace symmpool::test

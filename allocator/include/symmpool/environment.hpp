@@ -12,9 +12,11 @@ struct Environment {
   bool torch_symm_multicast_disabled = false;  // TORCH_SYMM_MEM_DISABLE_MULTICAST=1
   bool symmpool_multicast_disabled = false;    // SYMMPOOL_DISABLE_MULTICAST=1
   bool multicast_requested = false;            // SYMMPOOL_ENABLE_MULTICAST=1
-  // The "symm" backend runs its own collectives on symmetric buffers
-  // (SYMMPOOL_COLLECTIVES=1); off by default until measured on 8 GPUs.
+  // The "symm" backend runs its own collectives on symmetric buffers:
+  // SYMMPOOL_COLLECTIVES=1 where the algorithm table prefers them, =always
+  // for every call it can take (tests). Off by default until measured on 8 GPUs.
   bool collectives_enabled = false;
+  bool collectives_always = false;
 
   // Reads the current process environment.
   static Environment from_process();
