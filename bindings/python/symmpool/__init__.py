@@ -9,6 +9,7 @@ import torch
 import torch.distributed  # noqa: F401  (the extension takes c10d types)
 
 from . import _C
+from . import ops  # registers torch.ops.symmpool.*
 from ._backend import BACKEND_NAME, register_backend
 from ._fsdp import allocate_fsdp_comm_buffers_from_symm
 from ._pool import empty_cache, library_path, mem_pool, memory_stats, owns, reset_peak_memory_stats
