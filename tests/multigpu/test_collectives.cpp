@@ -3,6 +3,7 @@
 // back-to-back runs, inside a CUDA graph, and the errors for bad input.
 
 #include "process_group.hpp"
+#include "rank_checks.hpp"
 
 #include <symmpool/communicator.hpp>
 #include <symmpool/device_allocators.hpp>
@@ -21,34 +22,6 @@ namespace symmpool::test {
 namespace {
 
 constexpr int kTimeoutSeconds = 300;
-
-#define CHECK(cond, ...)                                                      \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::fprintf(stderr, "[rank %d] %s:%d check failed: %s: ", rank, __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                      \
-      std::fprintf(stderr, "\n");                                             \
-      ++failures;                                                             \
-    }                                                                         \
-  } while (0)
-
-#define CUDA(call)                                                            \
-  do {                                                                        \
-    cudaError_t e_ = (call);                                                  \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "[rank %d] %s: %s\n", rank, #call, cudaGetErrorString(e_)); \
-      return 1;                                                               \
-    }                                                                         \
-  } while (0)
-
-#define NCCL(call)                                                            \
-  do {                                                                        \
-    ncclResult_t r_ = (call);                                                 \
-    if (r_ != ncclSuccess) {                                                  \
-      std::fprintf(stderr, "[rank %d] %s: %s\n", rank, #call, ncclGetErrorString(r_)); \
-      return 1;                                                               \
-    }                                                                         \
-  } while (0)
 
 std::string store_dir() {
   static std::string dir = [] {
@@ -105,10 +78,10 @@ int compare(Ctx& c, const void* a, const void* b, std::size_t bytes, const char*
   const int rank = c.rank;
   int failures = 0;
   std::vector<unsigned char> x(bytes), y(bytes);
-  CUDA(cudaMemcpyAsync(x.data(), a, bytes, cudaMemcpyDeviceToHost, c.stream));
-  CUDA(cudaMemcpyAsync(y.data(), b, bytes, cudaMemcpyDeviceToHost, c.stream));
-  CUDA(cudaStreamSynchronize(c.stream));
-  CHECK(x == y, "%s %s count=%zu differs from NCCL", what, to_string(t).c_str(), count);
+  RANK_CUDA(cudaMemcpyAsync(x.data(), a, bytes, cudaMemcpyDeviceToHost, c.stream));
+  RANK_CUDA(cudaMemcpyAsync(y.data(), b, bytes, cudaMemcpyDeviceToHost, c.stream));
+  RANK_CUDA(cudaStreamSynchronize(c.stream));
+  RANK_EXPECT(x == y, "%s %s count=%zu differs from NCCL", what, to_string(t).c_str(), count);
   return failures;
 }
 
@@ -126,16 +99,16 @@ int correctness(Ctx& c) {
       void* in = dev(c, bytes);
       void* out = dev(c, total);
       void* ref = dev(c, total);
-      CUDA(cudaMemcpyAsync(in, data.data(), bytes, cudaMemcpyHostToDevice, c.stream));
-      NCCL(ncclAllGather(in, ref, n, nccl_type(t), c.nccl, c.stream));
+      RANK_CUDA(cudaMemcpyAsync(in, data.data(), bytes, cudaMemcpyHostToDevice, c.stream));
+      RANK_NCCL(ncclAllGather(in, ref, n, nccl_type(t), c.nccl, c.stream));
       for (BarrierKind kind : {BarrierKind::kKernel, BarrierKind::kStreamOps}) {
-        CUDA(cudaMemsetAsync(out, 0xff, total, c.stream));  // poison
+        RANK_CUDA(cudaMemsetAsync(out, 0xff, total, c.stream));  // poison
         c.comm->all_gather(in, out, bytes, c.stream, kind);
         failures += compare(c, out, ref, total, kind == BarrierKind::kKernel ? "all_gather" : "all_gather(stream ops)", t, n);
       }
-      CUDA(cudaMemsetAsync(out, 0xff, total, c.stream));
+      RANK_CUDA(cudaMemsetAsync(out, 0xff, total, c.stream));
       void* slice = static_cast<char*>(out) + static_cast<std::size_t>(rank) * bytes;
-      CUDA(cudaMemcpyAsync(slice, data.data(), bytes, cudaMemcpyHostToDevice, c.stream));
+      RANK_CUDA(cudaMemcpyAsync(slice, data.data(), bytes, cudaMemcpyHostToDevice, c.stream));
       c.comm->all_gather(slice, out, bytes, c.stream);
       failures += compare(c, out, ref, total, "all_gather in place", t, n);
       release(c, in);
@@ -148,16 +121,16 @@ int correctness(Ctx& c) {
         void* rs_in = dev(c, total);
         void* rs_out = dev(c, bytes);
         void* rs_ref = dev(c, bytes);
-        CUDA(cudaMemcpyAsync(rs_in, rs_data.data(), total, cudaMemcpyHostToDevice, c.stream));
-        CUDA(cudaMemsetAsync(rs_out, 0xff, bytes, c.stream));
-        NCCL(ncclReduceScatter(rs_in, rs_ref, n, nccl_type(t), op == ReduceOp::kSum ? ncclSum : ncclAvg, c.nccl, c.stream));
+        RANK_CUDA(cudaMemcpyAsync(rs_in, rs_data.data(), total, cudaMemcpyHostToDevice, c.stream));
+        RANK_CUDA(cudaMemsetAsync(rs_out, 0xff, bytes, c.stream));
+        RANK_NCCL(ncclReduceScatter(rs_in, rs_ref, n, nccl_type(t), op == ReduceOp::kSum ? ncclSum : ncclAvg, c.nccl, c.stream));
         c.comm->reduce_scatter(rs_in, rs_out, n, t, op, c.stream);
         failures += compare(c, rs_out, rs_ref, bytes, op == ReduceOp::kSum ? "reduce_scatter sum" : "reduce_scatter avg", t, n);
 
         void* ar_ref = dev(c, bytes);
         void* ar_out = dev(c, bytes);
-        NCCL(ncclAllReduce(rs_in, ar_ref, n, nccl_type(t), op == ReduceOp::kSum ? ncclSum : ncclAvg, c.nccl, c.stream));
-        CUDA(cudaMemsetAsync(ar_out, 0xff, bytes, c.stream));
+        RANK_NCCL(ncclAllReduce(rs_in, ar_ref, n, nccl_type(t), op == ReduceOp::kSum ? ncclSum : ncclAvg, c.nccl, c.stream));
+        RANK_CUDA(cudaMemsetAsync(ar_out, 0xff, bytes, c.stream));
         c.comm->all_reduce(rs_in, ar_out, n, t, op, c.stream);
         failures += compare(c, ar_out, ar_ref, bytes, "all_reduce", t, n);
         c.comm->all_reduce(rs_in, rs_in, n, t, op, c.stream);  // in place: rs_in's head
@@ -182,31 +155,31 @@ int back_to_back_and_graph(Ctx& c) {
   for (int i = 0; i < 1000; ++i) {  // reusing buffers, fresh data every 100
     if (i % 100 == 0) {
       auto d = random_ints(rng, n, t);
-      CUDA(cudaMemcpyAsync(in, d.data(), bytes, cudaMemcpyHostToDevice, c.stream));
+      RANK_CUDA(cudaMemcpyAsync(in, d.data(), bytes, cudaMemcpyHostToDevice, c.stream));
     }
     c.comm->all_gather(in, out, bytes, c.stream);
   }
-  NCCL(ncclAllGather(in, ref, n, ncclBfloat16, c.nccl, c.stream));
+  RANK_NCCL(ncclAllGather(in, ref, n, ncclBfloat16, c.nccl, c.stream));
   failures += compare(c, out, ref, total, "1000 back-to-back all_gathers", t, n);
 
   // Captured once, replayed with new inputs: the kernel barrier's epoch lives
   // on the device, so replays stay in step.
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  CUDA(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
+  RANK_CUDA(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
   c.comm->all_gather(in, out, bytes, c.stream);
-  CUDA(cudaStreamEndCapture(c.stream, &graph));
-  CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  RANK_CUDA(cudaStreamEndCapture(c.stream, &graph));
+  RANK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 5; ++replay) {
     auto d = random_ints(rng, n, t);
-    CUDA(cudaMemcpyAsync(in, d.data(), bytes, cudaMemcpyHostToDevice, c.stream));
-    CUDA(cudaMemsetAsync(out, 0xff, total, c.stream));
-    CUDA(cudaGraphLaunch(exec, c.stream));
-    NCCL(ncclAllGather(in, ref, n, ncclBfloat16, c.nccl, c.stream));
+    RANK_CUDA(cudaMemcpyAsync(in, d.data(), bytes, cudaMemcpyHostToDevice, c.stream));
+    RANK_CUDA(cudaMemsetAsync(out, 0xff, total, c.stream));
+    RANK_CUDA(cudaGraphLaunch(exec, c.stream));
+    RANK_NCCL(ncclAllGather(in, ref, n, ncclBfloat16, c.nccl, c.stream));
     failures += compare(c, out, ref, total, "graph replay of all_gather", t, n);
   }
-  CUDA(cudaGraphExecDestroy(exec));
-  CUDA(cudaGraphDestroy(graph));
+  RANK_CUDA(cudaGraphExecDestroy(exec));
+  RANK_CUDA(cudaGraphDestroy(graph));
   for (void* p : {in, out, ref, rs_out}) release(c, p);
   return failures;
 }
@@ -220,20 +193,20 @@ int bad_input(Ctx& c) {
   void* out = dev(c, n * 4);
   try {
     c.comm->reduce_scatter(in, out, n, DataType::kFloat32, ReduceOp::kSum, c.stream);
-    CHECK(false, "mismatched sizes went unnoticed");
+    RANK_EXPECT(false, "mismatched sizes went unnoticed");
   } catch (const logic_error& e) {
-    CHECK(std::strstr(e.what(), "is not symmetric") && std::strstr(e.what(), "rank 1 has"), "%s", e.what());
+    RANK_EXPECT(std::strstr(e.what(), "is not symmetric") && std::strstr(e.what(), "rank 1 has"), "%s", e.what());
   }
   // A buffer outside the heap.
   void* plain = nullptr;
-  CUDA(cudaMalloc(&plain, 4096));
+  RANK_CUDA(cudaMalloc(&plain, 4096));
   try {
     c.comm->all_gather(plain, out, 16, c.stream);
-    CHECK(false, "a buffer outside the heap went unnoticed");
+    RANK_EXPECT(false, "a buffer outside the heap went unnoticed");
   } catch (const logic_error& e) {
-    CHECK(std::strstr(e.what(), "not in the symmetric heap"), "%s", e.what());
+    RANK_EXPECT(std::strstr(e.what(), "not in the symmetric heap"), "%s", e.what());
   }
-  CUDA(cudaFree(plain));
+  RANK_CUDA(cudaFree(plain));
   release(c, in);
   release(c, out);
   return failures;
@@ -242,7 +215,7 @@ int bad_input(Ctx& c) {
 int collectives_rank(int rank, int world, Rendezvous& rv) {
   ncclComm_t nccl = init_nccl(rank, world, rv, kTimeoutSeconds);
   Ctx c{rank, world, nccl, nullptr, &device_allocator(rank), nullptr};
-  CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+  RANK_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
   FileStore store(store_dir());
   SymmetricHeap heap(real_driver(), *c.alloc, store, "coll" + std::to_string(world), rank, world);
   Communicator comm(heap, *c.alloc);
@@ -250,9 +223,9 @@ int collectives_rank(int rank, int world, Rendezvous& rv) {
   int failures = correctness(c);
   failures += back_to_back_and_graph(c);
   failures += bad_input(c);
-  CUDA(cudaStreamSynchronize(c.stream));
+  RANK_CUDA(cudaStreamSynchronize(c.stream));
   std::printf("[rank %d] %d failures\n", rank, failures);
-  NCCL(ncclCommDestroy(nccl));
+  RANK_NCCL(ncclCommDestroy(nccl));
   return failures == 0 ? 0 : 1;
 }
 
@@ -271,20 +244,20 @@ TEST(Collectives, APeerThatStopsComingTimesOutWithAnError) {
   store_dir();
   std::string result = run_ranks(2, 120, [](int rank, int world, Rendezvous&) {
     int failures = 0;
-    CUDA(cudaSetDevice(rank));
+    RANK_CUDA(cudaSetDevice(rank));
     FileStore store(store_dir());
     SymmetricHeap heap(real_driver(), device_allocator(rank), store, "dies", rank, world);
     Communicator comm(heap, device_allocator(rank));
     if (rank == 1) return 0;  // leaves after setting up
     cudaStream_t s;
-    CUDA(cudaStreamCreate(&s));
+    RANK_CUDA(cudaStreamCreate(&s));
     comm.barrier(s);
-    CUDA(cudaStreamSynchronize(s));  // the kernel gives up after its timeout
+    RANK_CUDA(cudaStreamSynchronize(s));  // the kernel gives up after its timeout
     try {
       comm.check_errors();
-      CHECK(false, "a barrier without its peer completed");
+      RANK_EXPECT(false, "a barrier without its peer completed");
     } catch (const timeout_error& e) {
-      CHECK(std::strstr(e.what(), "for rank 1"), "%s", e.what());
+      RANK_EXPECT(std::strstr(e.what(), "for rank 1"), "%s", e.what());
     }
     return failures;
   });

@@ -3,6 +3,7 @@
 // buffers and the host reference; registrations stay flat in steady state.
 
 #include "process_group.hpp"
+#include "rank_checks.hpp"
 
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/nccl_registration.hpp>
@@ -21,24 +22,6 @@ namespace symmpool::test {
 namespace {
 
 constexpr int kTimeoutSeconds = 240;
-
-#define CHECK_CUDA(call)                                                                   \
-  do {                                                                                     \
-    cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "[rank %d] %s: %s\n", rank, #call, cudaGetErrorString(e_));     \
-      return 1;                                                                            \
-    }                                                                                      \
-  } while (0)
-
-#define CHECK_NCCL(call)                                                                   \
-  do {                                                                                     \
-    ncclResult_t r_ = (call);                                                              \
-    if (r_ != ncclSuccess) {                                                               \
-      std::fprintf(stderr, "[rank %d] %s: %s\n", rank, #call, ncclGetErrorString(r_));     \
-      return 1;                                                                            \
-    }                                                                                      \
-  } while (0)
 
 // Random small integers: exact in fp32 and bf16 and in any summation order,
 // so registered and plain runs must agree bit for bit.
@@ -94,20 +77,20 @@ int check_collectives(int rank, int world, ncclComm_t comm, cudaStream_t stream,
 
         Buffers sym{alloc.allocate(in_count * elem, cu), alloc.allocate(out_count * elem, cu)};
         Buffers plain{};
-        CHECK_CUDA(cudaMalloc(&plain.in, in_count * elem));
-        CHECK_CUDA(cudaMalloc(&plain.out, out_count * elem));
+        RANK_CUDA(cudaMalloc(&plain.in, in_count * elem));
+        RANK_CUDA(cudaMalloc(&plain.out, out_count * elem));
         for (Buffers b : {sym, plain}) {
-          CHECK_CUDA(cudaMemcpyAsync(b.in, mine.data(), mine.size(), cudaMemcpyHostToDevice, stream));
-          CHECK_CUDA(cudaMemsetAsync(b.out, 0xff, out_count * elem, stream));  // poison
+          RANK_CUDA(cudaMemcpyAsync(b.in, mine.data(), mine.size(), cudaMemcpyHostToDevice, stream));
+          RANK_CUDA(cudaMemsetAsync(b.out, 0xff, out_count * elem, stream));  // poison
           if (op == 0)
-            CHECK_NCCL(ncclAllGather(b.in, b.out, count, type, comm, stream));
+            RANK_NCCL(ncclAllGather(b.in, b.out, count, type, comm, stream));
           else
-            CHECK_NCCL(ncclReduceScatter(b.in, b.out, count, type, ncclSum, comm, stream));
+            RANK_NCCL(ncclReduceScatter(b.in, b.out, count, type, ncclSum, comm, stream));
         }
         std::vector<unsigned char> got_sym(out_count * elem), got_plain(out_count * elem);
-        CHECK_CUDA(cudaMemcpyAsync(got_sym.data(), sym.out, got_sym.size(), cudaMemcpyDeviceToHost, stream));
-        CHECK_CUDA(cudaMemcpyAsync(got_plain.data(), plain.out, got_plain.size(), cudaMemcpyDeviceToHost, stream));
-        CHECK_CUDA(cudaStreamSynchronize(stream));
+        RANK_CUDA(cudaMemcpyAsync(got_sym.data(), sym.out, got_sym.size(), cudaMemcpyDeviceToHost, stream));
+        RANK_CUDA(cudaMemcpyAsync(got_plain.data(), plain.out, got_plain.size(), cudaMemcpyDeviceToHost, stream));
+        RANK_CUDA(cudaStreamSynchronize(stream));
         if (got_sym != expect || got_plain != expect) {
           std::fprintf(stderr, "[rank %d] %s %s count=%zu: registered %s, plain %s\n", rank,
                        op == 0 ? "all-gather" : "reduce-scatter",
@@ -117,8 +100,8 @@ int check_collectives(int rank, int world, ncclComm_t comm, cudaStream_t stream,
         }
         alloc.deallocate(sym.in, cu);
         alloc.deallocate(sym.out, cu);
-        CHECK_CUDA(cudaFree(plain.in));
-        CHECK_CUDA(cudaFree(plain.out));
+        RANK_CUDA(cudaFree(plain.in));
+        RANK_CUDA(cudaFree(plain.out));
       }
     }
   }
@@ -128,7 +111,7 @@ int check_collectives(int rank, int world, ncclComm_t comm, cudaStream_t stream,
 int registered_matches_plain(int rank, int world, Rendezvous& rv) {
   ncclComm_t comm = init_nccl(rank, world, rv, kTimeoutSeconds);
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreate(&stream));
+  RANK_CUDA(cudaStreamCreate(&stream));
   auto& alloc = device_allocator(rank);
   NcclRegistrationHook hook(comm);
   alloc.add_observer(&hook, true);
@@ -145,12 +128,12 @@ int registered_matches_plain(int rank, int world, Rendezvous& rv) {
   for (int it = 0; it < 100; ++it) {
     void* in = alloc.allocate(std::size_t{16} << 20, cu);
     void* out = alloc.allocate((std::size_t{16} << 20) * world, cu);
-    CHECK_NCCL(ncclAllGather(in, out, std::size_t{8} << 20, ncclBfloat16, comm, stream));
+    RANK_NCCL(ncclAllGather(in, out, std::size_t{8} << 20, ncclBfloat16, comm, stream));
     alloc.deallocate(in, cu);
     alloc.deallocate(out, cu);
     if (it == 0) after_first = hook.counts().registrations;
   }
-  CHECK_CUDA(cudaStreamSynchronize(stream));
+  RANK_CUDA(cudaStreamSynchronize(stream));
   auto counts = hook.counts();
   std::printf("[rank %d] registrations after step 1: %llu, after step 100: %llu, live segments %zu\n",
               rank, static_cast<unsigned long long>(after_first),
@@ -160,7 +143,7 @@ int registered_matches_plain(int rank, int world, Rendezvous& rv) {
   failures += check_collectives(rank, world, comm, stream, 2);  // after reuse, fresh data
   alloc.remove_observer(&hook, true);
   if (hook.counts().live != 0) ++failures;
-  CHECK_NCCL(ncclCommDestroy(comm));
+  RANK_NCCL(ncclCommDestroy(comm));
   return failures == 0 ? 0 : 1;
 }
 

@@ -1,0 +1,39 @@
+#pragma once
+// Checks for code that runs inside one rank's child process, where gtest
+// assertions do not reach the parent: print, then fail the rank. They expect
+// `rank` (and, for RANK_EXPECT, an int `failures`) in scope.
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdio>
+
+// A CUDA or NCCL call that must succeed: otherwise the rank returns 1.
+#define RANK_CUDA(call)                                                                    \
+  do {                                                                                     \
+    cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "[rank %d] %s: %s\n", rank, #call, cudaGetErrorString(e_));     \
+      return 1;                                                                            \
+    }                                                                                      \
+  } while (0)
+
+#define RANK_NCCL(call)                                                                    \
+  do {                                                                                     \
+    ncclResult_t r_ = (call);                                                              \
+    if (r_ != ncclSuccess) {                                                               \
+      std::fprintf(stderr, "[rank %d] %s: %s\n", rank, #call, ncclGetErrorString(r_));     \
+      return 1;                                                                            \
+    }                                                                                      \
+  } while (0)
+
+// A result check: prints the message (printf-style) and counts a failure.
+#define RANK_EXPECT(cond, ...)                                                             \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
+      std::fprintf(stderr, "[rank %d] %s:%d check failed: %s: ", rank, __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                                   \
+      std::fprintf(stderr, "\n");                                                          \
+      ++failures;                                                                          \
+    }                                                                                      \
+  } while (0)
