@@ -5,6 +5,9 @@
 //     counter busbw in GB/s as nccl-tests defines it
 //   AllGatherGraph/..., AllReduceGraph/...: per-op latency of 20 ops captured
 //     in one CUDA graph
+//   Contention/<impl>/<op>/256MiB: 8 bf16 8192^3 matmuls alone and while the
+//     collective runs back to back on another stream: matmul slowdown and the
+//     collective's time against its standalone time
 // Every rank runs the same list with fixed iteration counts, so ranks stay
 // in step. Usage: symmpool_collectives_bench [--ranks N] [benchmark flags]
 
@@ -17,6 +20,7 @@
 #include <symmpool/nccl_registration.hpp>
 
 #include <benchmark/benchmark.h>
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -24,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -170,6 +175,106 @@ void GraphLatency(benchmark::State& state, Op op, bool nccl, std::size_t bytes) 
   release(b);
 }
 
+// Elapsed milliseconds of `work` enqueued on `stream`, by events.
+template <typename F>
+float timed(cudaStream_t stream, F work) {
+  cudaEvent_t start, stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  BENCH_CUDA(cudaEventRecord(start, stream));
+  work();
+  BENCH_CUDA(cudaEventRecord(stop, stream));
+  BENCH_CUDA(cudaEventSynchronize(stop));
+  float ms = 0;
+  BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
+}
+
+// Matmuls on one stream while the collective loops on another.
+void Contention(benchmark::State& state, Op op, bool nccl) {
+  constexpr int n = 8192, matmuls = 8;
+  constexpr std::size_t bytes = std::size_t{256} << 20;
+  cudaStream_t compute;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+  cublasHandle_t blas;
+  BENCH_CHECK(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  BENCH_CHECK(cublasSetStream(blas, compute), CUBLAS_STATUS_SUCCESS);
+  void *a, *b, *c;
+  const std::size_t matrix = std::size_t{n} * n * 2;
+  BENCH_CUDA(cudaMalloc(&a, matrix));
+  BENCH_CUDA(cudaMalloc(&b, matrix));
+  BENCH_CUDA(cudaMalloc(&c, matrix));
+  {  // random bf16 in [-1, 1): never time matmuls on zeros or constants
+    std::mt19937 rng(7u + static_cast<unsigned>(R.rank));
+    std::uniform_real_distribution<float> dist(-1.f, 1.f);
+    std::vector<std::uint16_t> host(std::size_t{n} * n);
+    for (auto& h : host) {
+      float f = dist(rng);
+      std::uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      h = static_cast<std::uint16_t>(bits >> 16);
+    }
+    BENCH_CUDA(cudaMemcpy(a, host.data(), matrix, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(b, host.data(), matrix, cudaMemcpyHostToDevice));
+  }
+  const float one = 1.f, zero = 0.f;
+  auto run_matmuls = [&] {
+    for (int i = 0; i < matmuls; ++i)
+      BENCH_CHECK(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b,
+                               CUDA_R_16BF, n, &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT),
+                  CUBLAS_STATUS_SUCCESS);
+  };
+  Buffers buf = make_buffers(op, bytes);
+  run_once(op, nccl, buf);
+  run_matmuls();
+  BENCH_CUDA(cudaDeviceSynchronize());
+
+  const float matmul_alone = timed(compute, run_matmuls);
+  const float comm_alone = timed(R.stream, [&] { run_once(op, nccl, buf); });
+  const int comms = std::max(1, static_cast<int>(matmul_alone / comm_alone));
+  double matmul_ms = 0, comm_ms = 0;
+  for (auto _ : state) {
+    cudaEvent_t go;
+    BENCH_CUDA(cudaEventCreate(&go));
+    BENCH_CUDA(cudaEventRecord(go, R.stream));
+    BENCH_CUDA(cudaStreamWaitEvent(compute, go));  // start both together
+    cudaEvent_t m0, m1, c0, c1;
+    for (cudaEvent_t* e : {&m0, &m1, &c0, &c1}) BENCH_CUDA(cudaEventCreate(e));
+    BENCH_CUDA(cudaEventRecord(c0, R.stream));
+    BENCH_CUDA(cudaEventRecord(m0, compute));
+    for (int i = 0; i < comms; ++i) run_once(op, nccl, buf);
+    BENCH_CUDA(cudaEventRecord(c1, R.stream));
+    run_matmuls();
+    BENCH_CUDA(cudaEventRecord(m1, compute));
+    BENCH_CUDA(cudaEventSynchronize(m1));
+    BENCH_CUDA(cudaEventSynchronize(c1));
+    float m = 0, co = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&m, m0, m1));
+    BENCH_CUDA(cudaEventElapsedTime(&co, c0, c1));
+    matmul_ms += m;
+    comm_ms += co / comms;
+    state.SetIterationTime(m / 1e3);
+    for (cudaEvent_t e : {go, m0, m1, c0, c1}) cudaEventDestroy(e);
+  }
+  R.comm->check_errors();
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["matmul_alone_ms"] = matmul_alone;
+  state.counters["matmul_ms"] = matmul_ms / iters;
+  state.counters["matmul_slowdown_pct"] = 100.0 * (matmul_ms / iters / matmul_alone - 1.0);
+  state.counters["comm_alone_us"] = comm_alone * 1e3;
+  state.counters["comm_us"] = comm_ms / iters * 1e3;
+  state.counters["comm_vs_alone"] = comm_ms / iters / comm_alone;
+  release(buf);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  cublasDestroy(blas);
+  cudaStreamDestroy(compute);
+}
+
 void register_all() {
   constexpr std::size_t KiB = 1024, MiB = KiB * 1024, GiB = MiB * 1024;
   auto name = [](std::size_t bytes) {
@@ -186,6 +291,13 @@ void register_all() {
         benchmark::RegisterBenchmark(n.c_str(), Bandwidth, op, nccl, bytes, reps)
             ->UseManualTime()->Iterations(iters)->Unit(benchmark::kMicrosecond);
       }
+    }
+  }
+  for (Op op : {Op::kAllGather, Op::kReduceScatter}) {
+    for (bool nccl : {false, true}) {
+      std::string n = std::string("Contention/") + (nccl ? "nccl" : "symmpool") + "/" + op_name(op) + "/256MiB";
+      benchmark::RegisterBenchmark(n.c_str(), Contention, op, nccl)
+          ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
     }
   }
   for (Op op : {Op::kAllGather, Op::kAllReduce}) {
