@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <atomic>
+#include <functional>
 #include <cstdio>
 #include <optional>
 #include <set>
@@ -38,9 +39,10 @@ std::optional<DataType> symmpool_type(at::ScalarType t) {
 SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          c10::intrusive_ptr<Options> options)
     : ProcessGroupNCCL(store, rank, size, std::move(options)),
-      collectives_enabled_(Environment::from_process().collectives_enabled),
-      collectives_always_(Environment::from_process().collectives_always),
       store_for_heap_(store) {
+  const Environment env = Environment::from_process();
+  collectives_enabled_ = env.collectives_enabled;
+  collectives_always_ = env.collectives_always;
   std::lock_guard<std::mutex> lock(live_backends_mutex);
   live_backends.insert(this);
 }
@@ -209,6 +211,23 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   return comm_.get();
 }
 
+bool SymmBackend::run_on_symmpool(const at::Device& device,
+                                  const std::function<void(Communicator&, cudaStream_t)>& enqueue) {
+  c10::cuda::CUDAGuard guard(device);
+  auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  Communicator* comm = call_translating_errors([&] { return communicator(device.index()); });
+  try {
+    enqueue(*comm, stream);
+  } catch (const symmpool::logic_error&) {
+    ++nccl_fallbacks;  // not symmetric on every rank: every rank saw the same check
+    return false;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  ++routed_collectives;
+  return true;
+}
+
 c10::intrusive_ptr<c10d::Work> SymmBackend::try_all_gather(at::Tensor& output, at::Tensor& input) {
   if (!collectives_enabled_ || !input.is_cuda() || getSize() > Communicator::kMaxRanks ||
       !input.is_contiguous() || !output.is_contiguous() ||
@@ -218,18 +237,10 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::try_all_gather(at::Tensor& output, a
   if (!collectives_always_ &&
       choose_engine(CollectiveKind::kAllGather, output.nbytes(), getSize()) == Engine::kNccl)
     return nullptr;
-  c10::cuda::CUDAGuard guard(input.device());
-  auto stream = c10::cuda::getCurrentCUDAStream(input.device().index()).stream();
-  Communicator* comm = call_translating_errors([&] { return communicator(input.device().index()); });
-  try {
-    comm->all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), stream);
-  } catch (const symmpool::logic_error&) {
-    ++nccl_fallbacks;  // not symmetric on every rank: all ranks saw the same
+  if (!run_on_symmpool(input.device(), [&](Communicator& comm, cudaStream_t stream) {
+        comm.all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), stream);
+      }))
     return nullptr;
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, e.what());
-  }
-  ++routed_collectives;
   return c10::make_intrusive<EnqueuedWork>(std::vector<at::Tensor>{output}, c10d::OpType::_ALLGATHER_BASE);
 }
 
@@ -245,22 +256,14 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::try_reduce(at::Tensor& output, at::T
   const auto kind = scatter ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
   if (!collectives_always_ && choose_engine(kind, input.nbytes(), getSize()) == Engine::kNccl)
     return nullptr;
-  c10::cuda::CUDAGuard guard(input.device());
-  auto stream = c10::cuda::getCurrentCUDAStream(input.device().index()).stream();
-  Communicator* comm = call_translating_errors([&] { return communicator(input.device().index()); });
   const ReduceOp rop = op == c10d::ReduceOp::AVG ? ReduceOp::kAvg : ReduceOp::kSum;
-  try {
-    if (scatter)
-      comm->reduce_scatter(input.data_ptr(), output.data_ptr(), output.numel(), *type, rop, stream);
-    else
-      comm->all_reduce(input.data_ptr(), output.data_ptr(), output.numel(), *type, rop, stream);
-  } catch (const symmpool::logic_error&) {
-    ++nccl_fallbacks;
+  if (!run_on_symmpool(input.device(), [&](Communicator& comm, cudaStream_t stream) {
+        if (scatter)
+          comm.reduce_scatter(input.data_ptr(), output.data_ptr(), output.numel(), *type, rop, stream);
+        else
+          comm.all_reduce(input.data_ptr(), output.data_ptr(), output.numel(), *type, rop, stream);
+      }))
     return nullptr;
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, e.what());
-  }
-  ++routed_collectives;
   return c10::make_intrusive<EnqueuedWork>(
       std::vector<at::Tensor>{output},
       scatter ? c10d::OpType::_REDUCE_SCATTER_BASE : c10d::OpType::ALLREDUCE);

@@ -9,6 +9,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -57,14 +58,18 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   // rank (decided by one exchange that every rank sees).
   Communicator* communicator(c10::DeviceIndex device);
   c10::intrusive_ptr<c10d::Work> try_all_gather(at::Tensor& output, at::Tensor& input);
+  // Enqueues on the current stream; false (counted) when the symmetry check
+  // sent the call to NCCL.
+  bool run_on_symmpool(const at::Device& device,
+                       const std::function<void(Communicator&, cudaStream_t)>& enqueue);
   c10::intrusive_ptr<c10d::Work> try_reduce(at::Tensor& output, at::Tensor& input,
                                             c10d::ReduceOp op, bool scatter);
 
   mutable std::mutex mutex_;
   std::map<c10::DeviceIndex, std::unique_ptr<NcclRegistrationHook>> hooks_;
 
-  const bool collectives_enabled_;
-  const bool collectives_always_;  // ignore the algorithm table
+  bool collectives_enabled_ = false;
+  bool collectives_always_ = false;  // ignore the algorithm table
   c10::intrusive_ptr<c10d::Store> store_for_heap_;
   std::unique_ptr<Store> heap_store_;
   std::unique_ptr<SymmetricHeap> heap_;
