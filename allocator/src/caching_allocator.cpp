@@ -187,11 +187,31 @@ CachingAllocator::Block* CachingAllocator::split(Block* block, std::size_t size,
 void CachingAllocator::deallocate(void* ptr, CUstream stream) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
+  release(take_active(ptr), stream);
+}
+
+void CachingAllocator::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == active_.end()) throw_unknown_pointer(ptr, "free");
+  SYMMPOOL_EXPECTS(it->second->requested == bytes,
+                   "free of " + format_pointer(ptr) + " with size " + std::to_string(bytes) +
+                       ", but it was allocated with size " + std::to_string(it->second->requested));
+  Block* block = it->second;
+  active_.erase(it);
+  release(block, stream);
+}
+
+CachingAllocator::Block* CachingAllocator::take_active(void* ptr) {
   auto it = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == active_.end()) throw_unknown_pointer(ptr, "free");
   Block* block = it->second;
   active_.erase(it);
+  return block;
+}
 
+void CachingAllocator::release(Block* block, CUstream stream) {
   ++stats_.frees;
   stats_.allocated_bytes.add(-static_cast<std::int64_t>(block->size));
   stats_.requested_bytes.add(-static_cast<std::int64_t>(block->requested));
@@ -221,20 +241,6 @@ void CachingAllocator::deallocate(void* ptr, CUstream stream) {
     pending_.emplace_back(event, block);
   }
   block->stream_uses.clear();
-}
-
-void CachingAllocator::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
-  if (ptr == nullptr) return;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
-    if (it == active_.end()) throw_unknown_pointer(ptr, "free");
-    SYMMPOOL_EXPECTS(it->second->requested == bytes,
-                     "free of " + format_pointer(ptr) + " with size " + std::to_string(bytes) +
-                         ", but it was allocated with size " +
-                         std::to_string(it->second->requested));
-  }
-  deallocate(ptr, stream);
 }
 
 void CachingAllocator::free_block(Block* block) {

@@ -85,6 +85,8 @@ class CachingAllocator {
   Block* find_free_block(Pool& pool, CUstream stream, std::size_t size);
   Block* new_segment_block(std::size_t size, std::size_t requested, CUstream stream, bool small);
   Block* split(Block* block, std::size_t size, Pool& pool);
+  Block* take_active(void* ptr);                // removes a live block; throws if unknown
+  void release(Block* block, CUstream stream);  // a block just taken from active_
   void free_block(Block* block);
   void process_events();
   void synchronize_events();
