@@ -1,7 +1,7 @@
 #include "symm_backend.hpp"
 
 #include "c10d_store.hpp"
-#include "completed_work.hpp"
+#include "enqueued_work.hpp"
 #include "torch_errors.hpp"
 
 #include <symmpool/device_allocators.hpp>
@@ -48,9 +48,7 @@ SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
 }
 
 SymmBackend::~SymmBackend() {
-  comm_.reset();
-  heap_.reset();
-  detach_all();
+  release_symmetric_state();
   std::lock_guard<std::mutex> lock(live_backends_mutex);
   live_backends.erase(this);
 }
@@ -102,6 +100,12 @@ void SymmBackend::register_if_ready(const at::Device& device) {
   hooks_.emplace(device.index(), std::move(hook));
 }
 
+void SymmBackend::release_symmetric_state() noexcept {
+  comm_.reset();  // before the heap it maps through
+  heap_.reset();
+  detach_all();
+}
+
 void SymmBackend::detach_all() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& [device, hook] : hooks_) {
@@ -135,59 +139,60 @@ void SymmBackend::eagerConnectSingleDevice(at::Device device) {
 
 // Each collective registers before (the communicator may exist already) and
 // after (its first collective created it).
+template <typename F>
+c10::intrusive_ptr<c10d::Work> SymmBackend::registering(const at::Device& device, F run) {
+  register_if_ready(device);
+  auto work = run();
+  register_if_ready(device);
+  return work;
+}
+
 c10::intrusive_ptr<c10d::Work> SymmBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(!tensors.empty(), "symm allreduce: no tensors");
-  register_if_ready(tensors[0].device());
-  if (tensors.size() == 1)
-    if (auto work = try_reduce(tensors[0], tensors[0], opts.reduceOp, /*scatter=*/false)) return work;
-  auto work = ProcessGroupNCCL::allreduce(tensors, opts);
-  register_if_ready(tensors[0].device());
-  return work;
+  return registering(tensors[0].device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (tensors.size() == 1)
+      if (auto work = try_reduce(tensors[0], tensors[0], opts.reduceOp, /*scatter=*/false)) return work;
+    return ProcessGroupNCCL::allreduce(tensors, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> SymmBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions& opts) {
-  register_if_ready(input.device());
-  if (auto work = try_all_gather(output, input)) return work;
-  auto work = ProcessGroupNCCL::_allgather_base(output, input, opts);
-  register_if_ready(input.device());
-  return work;
+  return registering(input.device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (auto work = try_all_gather(output, input)) return work;
+    return ProcessGroupNCCL::_allgather_base(output, input, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> SymmBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(!inputs.empty(), "symm allgather_into_tensor_coalesced: no tensors");
-  register_if_ready(inputs[0].device());
-  auto work = ProcessGroupNCCL::allgather_into_tensor_coalesced(outputs, inputs, opts);
-  register_if_ready(inputs[0].device());
-  return work;
+  return registering(inputs[0].device(), [&] {
+    return ProcessGroupNCCL::allgather_into_tensor_coalesced(outputs, inputs, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> SymmBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  register_if_ready(input.device());
-  if (auto work = try_reduce(output, input, opts.reduceOp, /*scatter=*/true)) return work;
-  auto work = ProcessGroupNCCL::_reduce_scatter_base(output, input, opts);
-  register_if_ready(input.device());
-  return work;
+  return registering(input.device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (auto work = try_reduce(output, input, opts.reduceOp, /*scatter=*/true)) return work;
+    return ProcessGroupNCCL::_reduce_scatter_base(output, input, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> SymmBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   TORCH_CHECK(!inputs.empty(), "symm reduce_scatter_tensor_coalesced: no tensors");
-  register_if_ready(inputs[0].device());
-  auto work = ProcessGroupNCCL::reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-  register_if_ready(inputs[0].device());
-  return work;
+  return registering(inputs[0].device(), [&] {
+    return ProcessGroupNCCL::reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  });
 }
 
 void SymmBackend::shutdown() {
-  comm_.reset();
-  heap_.reset();
-  detach_all();
+  release_symmetric_state();
   ProcessGroupNCCL::shutdown();
 }
 

@@ -50,7 +50,10 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
 
  private:
   void register_if_ready(const at::Device& device);
+  template <typename F>
+  c10::intrusive_ptr<c10d::Work> registering(const at::Device& device, F run);
   void detach_all() noexcept;
+  void release_symmetric_state() noexcept;  // communicator, heap, registrations
 
   // symmpool's own collectives (SYMMPOOL_COLLECTIVES=1 or always). Each returns null
   // when the call must go to NCCL: unsupported shape, dtype or op (decided
