@@ -5,6 +5,7 @@
 //                              (cuMemCreate + map + ncclCommRegister) against
 //                              ncclMemAlloc + ncclCommRegister
 
+#include "bench_checks.hpp"
 #include "bench_context.hpp"
 
 #include <symmpool/device_allocators.hpp>
@@ -27,24 +28,6 @@
 namespace {
 
 constexpr std::size_t KiB = 1024, MiB = 1024 * KiB, GiB = 1024 * MiB;
-
-#define BENCH_CUDA(call)                                                        \
-  do {                                                                          \
-    cudaError_t e_ = (call);                                                    \
-    if (e_ != cudaSuccess) {                                                    \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));   \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
-
-#define BENCH_NCCL(call)                                                        \
-  do {                                                                          \
-    ncclResult_t r_ = (call);                                                   \
-    if (r_ != ncclSuccess) {                                                    \
-      std::fprintf(stderr, "%s failed: %s\n", #call, ncclGetErrorString(r_));   \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
 
 cudaStream_t bench_stream() {
   static cudaStream_t s = [] {

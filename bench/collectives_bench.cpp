@@ -11,6 +11,7 @@
 // Every rank runs the same list with fixed iteration counts, so ranks stay
 // in step. Usage: symmpool_collectives_bench [--ranks N] [benchmark flags]
 
+#include "bench_checks.hpp"
 #include "bench_context.hpp"
 #include "process_group.hpp"
 
@@ -37,17 +38,6 @@ namespace {
 using symmpool::Communicator;
 using symmpool::DataType;
 using symmpool::ReduceOp;
-
-#define BENCH_CHECK(call, ok)                                                            \
-  do {                                                                                   \
-    auto r_ = (call);                                                                    \
-    if (r_ != (ok)) {                                                                    \
-      std::fprintf(stderr, "%s failed (%d)\n", #call, static_cast<int>(r_));             \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
-#define BENCH_CUDA(call) BENCH_CHECK(call, cudaSuccess)
-#define BENCH_NCCL(call) BENCH_CHECK(call, ncclSuccess)
 
 struct Rank {
   int rank = 0, world = 1;

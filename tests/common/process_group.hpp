@@ -14,6 +14,13 @@ namespace symmpool::test {
 // GPUs visible to a fresh process (the parent stays CUDA-free).
 int count_gpus_in_child();
 
+// In a TEST body: sets `gpus` to count_gpus_in_child(), or skips the test
+// with the reason when there are fewer than `need`.
+#define SYMMPOOL_GPUS_OR_SKIP(gpus, need)                                                    \
+  const int gpus = ::symmpool::test::count_gpus_in_child();                                  \
+  if (gpus < (need))                                                                         \
+  GTEST_SKIP() << "needs " << (need) << " or more CUDA GPUs, this machine has " << gpus
+
 // Shared with the children: the NCCL unique id rank 0 publishes.
 struct Rendezvous {
   volatile int ready;

@@ -232,15 +232,13 @@ int collectives_rank(int rank, int world, Rendezvous& rv) {
 }  // namespace
 
 TEST(Collectives, MatchNcclOnAllGpus) {
-  const int gpus = count_gpus_in_child();
-  if (gpus < 2) GTEST_SKIP() << "needs 2 or more CUDA GPUs, this machine has " << gpus;
+  SYMMPOOL_GPUS_OR_SKIP(gpus, 2);
   store_dir();
   EXPECT_EQ(run_ranks(std::min(gpus, Communicator::kMaxRanks), kTimeoutSeconds, collectives_rank), "");
 }
 
 TEST(Collectives, APeerThatStopsComingTimesOutWithAnError) {
-  const int gpus = count_gpus_in_child();
-  if (gpus < 2) GTEST_SKIP() << "needs 2 or more CUDA GPUs, this machine has " << gpus;
+  SYMMPOOL_GPUS_OR_SKIP(gpus, 2);
   store_dir();
   std::string result = run_ranks(2, 120, [](int rank, int world, Rendezvous&) {
     int failures = 0;

@@ -150,14 +150,12 @@ int registered_matches_plain(int rank, int world, Rendezvous& rv) {
 }  // namespace
 
 TEST(MultiGpuNccl, RegisteredBuffersMatchPlainBuffersOnAllGpus) {
-  const int gpus = count_gpus_in_child();
-  if (gpus < 2) GTEST_SKIP() << "needs 2 or more CUDA GPUs, this machine has " << gpus;
+  SYMMPOOL_GPUS_OR_SKIP(gpus, 2);
   EXPECT_EQ(run_ranks(gpus, kTimeoutSeconds, registered_matches_plain), "");
 }
 
 TEST(MultiGpuNccl, APeerThatNeverArrivesTimesOutInsteadOfHanging) {
-  const int gpus = count_gpus_in_child();
-  if (gpus < 2) GTEST_SKIP() << "needs 2 or more CUDA GPUs, this machine has " << gpus;
+  SYMMPOOL_GPUS_OR_SKIP(gpus, 2);
   // Rank 1 exits at once; rank 0 blocks in NCCL init waiting for it. The
   // harness must kill it at the deadline and say so.
   std::string result = run_ranks(2, 20, [](int rank, int world, Rendezvous& rv) {
