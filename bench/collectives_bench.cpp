@@ -2,9 +2,10 @@
 // one process per GPU (forked here; rank 0 reports):
 //   AllGather/<impl>/<bytes>, ReduceScatter/<impl>/<bytes>, AllReduce/<impl>/<bytes>
 //     bytes: all-gather output, reduce-scatter input, all-reduce buffer;
-//     counter busbw in GB/s as nccl-tests defines it
-//   AllGatherGraph/..., AllReduceGraph/...: per-op latency of 20 ops captured
-//     in one CUDA graph
+//     counter busbw in GB/s as nccl-tests defines it; impl: nccl, symmpool
+//     (the algorithm table's choice) or symmpool-<algorithm> (one variant)
+//   AllGatherGraph/..., ReduceScatterGraph/..., AllReduceGraph/...: per-op
+//     latency of 20 ops captured in one CUDA graph
 //   Contention/<impl>/<op>/256MiB: 8 bf16 8192^3 matmuls alone and while the
 //     collective runs back to back on another stream: matmul slowdown and the
 //     collective's time against its standalone time
@@ -35,6 +36,7 @@
 
 namespace {
 
+using symmpool::Algorithm;
 using symmpool::Communicator;
 using symmpool::DataType;
 using symmpool::ReduceOp;
@@ -52,6 +54,25 @@ enum class Op { kAllGather, kReduceScatter, kAllReduce };
 
 const char* op_name(Op op) {
   return op == Op::kAllGather ? "AllGather" : op == Op::kReduceScatter ? "ReduceScatter" : "AllReduce";
+}
+
+struct Impl {
+  const char* name;
+  bool nccl;
+  Algorithm algorithm;
+};
+constexpr Impl kNccl{"nccl", true, Algorithm::kAuto};
+constexpr Impl kSymmpool{"symmpool", false, Algorithm::kAuto};
+
+// Variants measured next to the table's choice, so the table can be checked.
+std::vector<Impl> variants(Op op) {
+  if (op == Op::kAllGather)
+    return {{"symmpool-ce-pull", false, Algorithm::kCopyEnginePull},
+            {"symmpool-ce-push", false, Algorithm::kCopyEnginePush},
+            {"symmpool-kernel", false, Algorithm::kKernel}};
+  if (op == Op::kReduceScatter)
+    return {{"symmpool-1shot", false, Algorithm::kOneShot}, {"symmpool-2step", false, Algorithm::kTwoStep}};
+  return {{"symmpool-1shot", false, Algorithm::kOneShot}, {"symmpool-2shot", false, Algorithm::kTwoShot}};
 }
 
 // nccl-tests' bus bandwidth factors.
@@ -86,16 +107,17 @@ Buffers make_buffers(Op op, std::size_t bytes) {
   return b;
 }
 
-void run_once(Op op, bool nccl, const Buffers& b) {
-  if (nccl) {
+void run_once(Op op, const Impl& impl, const Buffers& b) {
+  if (impl.nccl) {
     if (op == Op::kAllGather) BENCH_NCCL(ncclAllGather(b.in, b.out, b.count, ncclBfloat16, R.nccl, R.stream));
     if (op == Op::kReduceScatter) BENCH_NCCL(ncclReduceScatter(b.in, b.out, b.count, ncclBfloat16, ncclSum, R.nccl, R.stream));
     if (op == Op::kAllReduce) BENCH_NCCL(ncclAllReduce(b.in, b.out, b.count, ncclBfloat16, ncclSum, R.nccl, R.stream));
     return;
   }
-  if (op == Op::kAllGather) R.comm->all_gather(b.in, b.out, b.count * 2, R.stream);
-  if (op == Op::kReduceScatter) R.comm->reduce_scatter(b.in, b.out, b.count, DataType::kBFloat16, ReduceOp::kSum, R.stream);
-  if (op == Op::kAllReduce) R.comm->all_reduce(b.in, b.out, b.count, DataType::kBFloat16, ReduceOp::kSum, R.stream);
+  const Algorithm a = impl.algorithm;
+  if (op == Op::kAllGather) R.comm->all_gather(b.in, b.out, b.count * 2, R.stream, a);
+  if (op == Op::kReduceScatter) R.comm->reduce_scatter(b.in, b.out, b.count, DataType::kBFloat16, ReduceOp::kSum, R.stream, a);
+  if (op == Op::kAllReduce) R.comm->all_reduce(b.in, b.out, b.count, DataType::kBFloat16, ReduceOp::kSum, R.stream, a);
 }
 
 void release(const Buffers& b) {
@@ -105,16 +127,16 @@ void release(const Buffers& b) {
 }
 
 // Times `reps` ops between two events per iteration.
-void Bandwidth(benchmark::State& state, Op op, bool nccl, std::size_t bytes, int reps) {
+void Bandwidth(benchmark::State& state, Op op, Impl impl, std::size_t bytes, int reps) {
   Buffers b = make_buffers(op, bytes);
-  for (int i = 0; i < 3; ++i) run_once(op, nccl, b);  // warm up (and symmetry checks)
+  for (int i = 0; i < 3; ++i) run_once(op, impl, b);  // warm up (and symmetry checks)
   cudaEvent_t start, stop;
   BENCH_CUDA(cudaEventCreate(&start));
   BENCH_CUDA(cudaEventCreate(&stop));
   double seconds = 0;
   for (auto _ : state) {
     BENCH_CUDA(cudaEventRecord(start, R.stream));
-    for (int i = 0; i < reps; ++i) run_once(op, nccl, b);
+    for (int i = 0; i < reps; ++i) run_once(op, impl, b);
     BENCH_CUDA(cudaEventRecord(stop, R.stream));
     BENCH_CUDA(cudaEventSynchronize(stop));
     float ms = 0;
@@ -132,15 +154,15 @@ void Bandwidth(benchmark::State& state, Op op, bool nccl, std::size_t bytes, int
 }
 
 // Latency inside a CUDA graph of `reps` ops.
-void GraphLatency(benchmark::State& state, Op op, bool nccl, std::size_t bytes) {
+void GraphLatency(benchmark::State& state, Op op, Impl impl, std::size_t bytes) {
   constexpr int reps = 20;
   Buffers b = make_buffers(op, bytes);
-  run_once(op, nccl, b);  // symmetry checks and heap sync happen outside the capture
+  run_once(op, impl, b);  // symmetry checks and heap sync happen outside the capture
   BENCH_CUDA(cudaStreamSynchronize(R.stream));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   BENCH_CUDA(cudaStreamBeginCapture(R.stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < reps; ++i) run_once(op, nccl, b);
+  for (int i = 0; i < reps; ++i) run_once(op, impl, b);
   BENCH_CUDA(cudaStreamEndCapture(R.stream, &graph));
   BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   BENCH_CUDA(cudaGraphLaunch(exec, R.stream));  // warm up
@@ -183,7 +205,7 @@ float timed(cudaStream_t stream, F work) {
 }
 
 // Matmuls on one stream while the collective loops on another.
-void Contention(benchmark::State& state, Op op, bool nccl) {
+void Contention(benchmark::State& state, Op op, Impl impl) {
   constexpr int n = 8192, matmuls = 8;
   constexpr std::size_t bytes = std::size_t{256} << 20;
   cudaStream_t compute;
@@ -218,12 +240,12 @@ void Contention(benchmark::State& state, Op op, bool nccl) {
                   CUBLAS_STATUS_SUCCESS);
   };
   Buffers buf = make_buffers(op, bytes);
-  run_once(op, nccl, buf);
+  run_once(op, impl, buf);
   run_matmuls();
   BENCH_CUDA(cudaDeviceSynchronize());
 
   const float matmul_alone = timed(compute, run_matmuls);
-  const float comm_alone = timed(R.stream, [&] { run_once(op, nccl, buf); });
+  const float comm_alone = timed(R.stream, [&] { run_once(op, impl, buf); });
   const int comms = std::max(1, static_cast<int>(matmul_alone / comm_alone));
   double matmul_ms = 0, comm_ms = 0;
   for (auto _ : state) {
@@ -235,7 +257,7 @@ void Contention(benchmark::State& state, Op op, bool nccl) {
     for (cudaEvent_t* e : {&m0, &m1, &c0, &c1}) BENCH_CUDA(cudaEventCreate(e));
     BENCH_CUDA(cudaEventRecord(c0, R.stream));
     BENCH_CUDA(cudaEventRecord(m0, compute));
-    for (int i = 0; i < comms; ++i) run_once(op, nccl, buf);
+    for (int i = 0; i < comms; ++i) run_once(op, impl, buf);
     BENCH_CUDA(cudaEventRecord(c1, R.stream));
     run_matmuls();
     BENCH_CUDA(cudaEventRecord(m1, compute));
@@ -273,28 +295,33 @@ void register_all() {
                           : std::to_string(bytes / KiB) + "KiB";
   };
   for (Op op : {Op::kAllGather, Op::kReduceScatter, Op::kAllReduce}) {
+    std::vector<Impl> impls = {kSymmpool, kNccl};
+    for (const Impl& v : variants(op)) impls.push_back(v);
     for (std::size_t bytes = 64 * KiB; bytes <= GiB; bytes *= 4) {
       const int reps = bytes <= 16 * MiB ? 10 : 1;
       const int iters = bytes <= 16 * MiB ? 30 : 10;
-      for (bool nccl : {false, true}) {
-        std::string n = std::string(op_name(op)) + "/" + (nccl ? "nccl" : "symmpool") + "/" + name(bytes);
-        benchmark::RegisterBenchmark(n.c_str(), Bandwidth, op, nccl, bytes, reps)
+      for (const Impl& impl : impls) {
+        std::string n = std::string(op_name(op)) + "/" + impl.name + "/" + name(bytes);
+        benchmark::RegisterBenchmark(n.c_str(), Bandwidth, op, impl, bytes, reps)
             ->UseManualTime()->Iterations(iters)->Unit(benchmark::kMicrosecond);
       }
     }
   }
-  for (Op op : {Op::kAllGather, Op::kReduceScatter}) {
-    for (bool nccl : {false, true}) {
-      std::string n = std::string("Contention/") + (nccl ? "nccl" : "symmpool") + "/" + op_name(op) + "/256MiB";
-      benchmark::RegisterBenchmark(n.c_str(), Contention, op, nccl)
-          ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
-    }
+  const std::vector<std::pair<Op, Impl>> contention = {
+      {Op::kAllGather, kNccl}, {Op::kAllGather, kSymmpool},
+      {Op::kAllGather, {"symmpool-ce-push", false, Algorithm::kCopyEnginePush}},
+      {Op::kReduceScatter, kNccl}, {Op::kReduceScatter, kSymmpool},
+      {Op::kReduceScatter, {"symmpool-2step", false, Algorithm::kTwoStep}}};
+  for (const auto& [op, impl] : contention) {
+    std::string n = std::string("Contention/") + impl.name + "/" + op_name(op) + "/256MiB";
+    benchmark::RegisterBenchmark(n.c_str(), Contention, op, impl)
+        ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
   }
-  for (Op op : {Op::kAllGather, Op::kAllReduce}) {
+  for (Op op : {Op::kAllGather, Op::kReduceScatter, Op::kAllReduce}) {
     for (std::size_t bytes = 8 * KiB; bytes <= 8 * MiB; bytes *= 8) {
-      for (bool nccl : {false, true}) {
-        std::string n = std::string(op_name(op)) + "Graph/" + (nccl ? "nccl" : "symmpool") + "/" + name(bytes);
-        benchmark::RegisterBenchmark(n.c_str(), GraphLatency, op, nccl, bytes)
+      for (const Impl& impl : {kSymmpool, kNccl}) {
+        std::string n = std::string(op_name(op)) + "Graph/" + impl.name + "/" + name(bytes);
+        benchmark::RegisterBenchmark(n.c_str(), GraphLatency, op, impl, bytes)
             ->UseManualTime()->Iterations(30)->Unit(benchmark::kMicrosecond);
       }
     }

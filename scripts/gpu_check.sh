@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine: build, run every test, the main job and the benches in
-# one go, logs under $OUT. Stages: env build ctest pytest pytest2 train bench collbench (all but pytest2 by
-# default), e.g. `bash scripts/gpu_check.sh build bench`.
+# one go, logs under $OUT. Stages: env build ctest pytest pytest2 train train-own bench collbench (all
+# but pytest2 by default), e.g. `bash scripts/gpu_check.sh build bench`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 OUT=${OUT:-/tmp/symmpool-out}
 mkdir -p "$OUT"
-stages=${*:-env build ctest pytest train bench collbench}
+stages=${*:-env build ctest pytest train train-own bench collbench}
 py=python3
 jobs=$(nproc)
 status=0
@@ -39,6 +39,8 @@ for stage in $stages; do
       run pytest.log env CUDA_VISIBLE_DEVICES=0,1 $py -m pytest -v -s tests/python/test_gpu.py ;;
     train)
       run train.log bash scripts/train.sh --steps 50 --json "$OUT/train.json" ;;
+    train-own)  # the same, with the "symm" run's collectives on symmpool's own engines
+      run train.log env SYMMPOOL_COLLECTIVES=always bash scripts/train.sh --steps 50 --json "$OUT/train_own.json" ;;
     bench)
       run bench.log build/bench/symmpool_alloc_bench --benchmark_out="$OUT/alloc_bench.json" \
         --benchmark_out_format=json --benchmark_repetitions=3 --benchmark_report_aggregates_only=true ;;

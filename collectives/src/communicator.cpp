@@ -1,8 +1,8 @@
 #include "kernels.hpp"
 
+#include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
 #include <symmpool/cuda_try.hpp>
-#include <symmpool/detail/format.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -13,11 +13,22 @@ namespace symmpool {
 namespace {
 
 constexpr int kBarrierTimeoutSeconds = 30;
-constexpr std::size_t kPadWords = 2 * Communicator::kMaxRanks;  // kernel row, stream-op row
+constexpr std::size_t kPadWords = std::size_t{detail::kPadRows} * detail::kMaxRanks;
 
 bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
   auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
   return x < y + b_bytes && y < x + a_bytes;
+}
+
+const char* at(const void* p, std::size_t offset) { return static_cast<const char*>(p) + offset; }
+char* at(void* p, std::size_t offset) { return static_cast<char*>(p) + offset; }
+
+void copy(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
+  SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+}
+
+void expect_algorithm(bool ok, Algorithm a, const char* op) {
+  SYMMPOOL_EXPECTS(ok, std::string("symmpool: algorithm '") + to_string(a) + "' does not apply to " + op);
 }
 
 }  // namespace
@@ -33,15 +44,18 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator)
                    "the current device is " + std::to_string(device) + " but the heap is on device " +
                        std::to_string(allocator_.device()));
   // Every rank makes these allocations in the same order: symmetric offsets.
-  pads_ = static_cast<std::uint32_t*>(allocator_.allocate(kPadWords * sizeof(std::uint32_t), nullptr));
-  kernel_epoch_ = static_cast<std::uint32_t*>(allocator_.allocate(sizeof(std::uint32_t), nullptr));
-  SYMMPOOL_CUDA_TRY(cudaMemset(pads_, 0, kPadWords * sizeof(std::uint32_t)));
-  SYMMPOOL_CUDA_TRY(cudaMemset(kernel_epoch_, 0, sizeof(std::uint32_t)));
+  const std::size_t pad_bytes = kPadWords * sizeof(std::uint32_t);
+  const std::size_t epoch_bytes = (1 + detail::kMaxSyncBlocks) * sizeof(std::uint32_t);
+  pads_ = static_cast<std::uint32_t*>(allocator_.allocate(pad_bytes, nullptr));
+  kernel_epoch_ = static_cast<std::uint32_t*>(allocator_.allocate(epoch_bytes, nullptr));
+  block_epochs_ = kernel_epoch_ + 1;
+  SYMMPOOL_CUDA_TRY(cudaMemset(pads_, 0, pad_bytes));
+  SYMMPOOL_CUDA_TRY(cudaMemset(kernel_epoch_, 0, epoch_bytes));
   SYMMPOOL_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&error_flag_), sizeof(int), cudaHostAllocMapped));
   *error_flag_ = 0;
   SYMMPOOL_CUDA_TRY(cudaDeviceSynchronize());
   heap_.sync();  // also a barrier: no peer signals before every pad is zeroed
-  heap_.check_symmetric(pads_, kPadWords * sizeof(std::uint32_t), "signal pads");
+  heap_.check_symmetric(pads_, pad_bytes, "signal pads");
   // Fixed for the communicator's life; asking per call cost ~1 ms of host
   // time (the clock-rate query), measured on H200.
   for (int p = 0; p < world(); ++p)
@@ -68,6 +82,18 @@ void Communicator::check_errors() {
                       std::to_string(missing - 1) + " (peer dead or collectives out of order)");
 }
 
+detail::BlockSync Communicator::block_sync(bool fused) const {
+  detail::BlockSync s;
+  s.enabled = fused;
+  s.peers = peer_pads_;
+  s.my_pads = pads_;
+  s.block_epochs = block_epochs_;
+  s.rank = heap_.rank();
+  s.error_flag = error_flag_;
+  s.timeout_cycles = timeout_cycles_;
+  return s;
+}
+
 void Communicator::barrier(cudaStream_t stream, BarrierKind kind) {
   check_errors();
   const int n = world();
@@ -80,55 +106,84 @@ void Communicator::barrier(cudaStream_t stream, BarrierKind kind) {
   const DriverApi& drv = real_driver();
   const std::uint32_t epoch = ++stream_op_epoch_;
   auto cu = reinterpret_cast<CUstream>(stream);
+  constexpr int row = detail::kStreamOpBarrierRow * kMaxRanks;
   for (int p = 0; p < n; ++p) {
-    auto* slot = peer_pads_.peer[p] + kMaxRanks + rank();
+    auto* slot = peer_pads_.peer[p] + row + rank();
     SYMMPOOL_CU_TRY(drv, cuStreamWriteValue32(cu, reinterpret_cast<CUdeviceptr>(slot), epoch,
                                               CU_STREAM_WRITE_VALUE_DEFAULT));
   }
   for (int p = 0; p < n; ++p) {
-    SYMMPOOL_CU_TRY(drv, cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(pads_ + kMaxRanks + p),
+    SYMMPOOL_CU_TRY(drv, cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(pads_ + row + p),
                                              epoch, CU_STREAM_WAIT_VALUE_GEQ));
   }
 }
 
-void Communicator::require_symmetric(const void* ptr, std::size_t bytes, const char* what) {
+bool Communicator::is_symmetric(const void* ptr, std::size_t bytes) {
   if (heap_.needs_sync()) {
     heap_.sync();
     checked_.clear();
   }
-  if (checked_.count({ptr, bytes})) return;
-  heap_.check_symmetric(ptr, bytes, what);
-  checked_[{ptr, bytes}] = true;
+  auto it = checked_.find({ptr, bytes});
+  if (it != checked_.end()) return it->second;
+  bool ok = true;
+  try {
+    heap_.check_symmetric(ptr, bytes, "");  // the same verdict on every rank
+  } catch (const logic_error&) {
+    ok = false;
+  }
+  checked_[{ptr, bytes}] = ok;
+  return ok;
+}
+
+void Communicator::require_symmetric(const void* ptr, std::size_t bytes, const char* what) {
+  if (!is_symmetric(ptr, bytes)) heap_.check_symmetric(ptr, bytes, what);  // throws, naming `what`
+}
+
+float Communicator::scale(ReduceOp op) const {
+  return op == ReduceOp::kAvg ? 1.0f / static_cast<float>(world()) : 1.0f;
 }
 
 void Communicator::all_gather(const void* in, void* out, std::size_t bytes_per_rank,
-                              cudaStream_t stream, BarrierKind kind) {
+                              cudaStream_t stream, Algorithm algorithm, BarrierKind kind) {
   check_errors();
   if (bytes_per_rank == 0) return;
-  auto* dst = static_cast<char*>(out);
   const int n = world(), me = rank();
   const std::size_t total = bytes_per_rank * static_cast<std::size_t>(n);
+  if (algorithm == Algorithm::kAuto)
+    algorithm = choose_algorithm(CollectiveKind::kAllGather, total, n);
+  expect_algorithm(algorithm == Algorithm::kCopyEnginePull || algorithm == Algorithm::kCopyEnginePush ||
+                       algorithm == Algorithm::kKernel,
+                   algorithm, "all_gather");
+  auto slice = [&](int p) { return static_cast<std::size_t>(p) * bytes_per_rank; };
   // In place (FSDP2's way), each rank's input is its own slice of the output,
   // so peer p's input is its output's slice p; otherwise the inputs must be
   // symmetric themselves.
-  const bool in_place = in == dst + static_cast<std::size_t>(me) * bytes_per_rank;
-  if (in_place)
-    require_symmetric(out, total, "all_gather output (in place)");
-  else
+  const bool in_place = in == at(out, slice(me));
+  if (in_place || algorithm == Algorithm::kCopyEnginePush)
+    require_symmetric(out, total, "all_gather output");
+  if (!in_place && algorithm != Algorithm::kCopyEnginePush)
     require_symmetric(in, bytes_per_rank, "all_gather input");
-  barrier(stream, kind);  // every input is ready
-  for (int k = 1; k < n; ++k) {
-    const int p = (me + k) % n;  // spread the pulls over the peers
-    const char* src = in_place
-                          ? static_cast<const char*>(heap_.peer_ptr(out, p)) + static_cast<std::size_t>(p) * bytes_per_rank
-                          : static_cast<const char*>(heap_.peer_ptr(in, p));
-    SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(dst + static_cast<std::size_t>(p) * bytes_per_rank, src,
-                                      bytes_per_rank, cudaMemcpyDeviceToDevice, stream));
+  auto peer_input = [&](int p) {
+    return in_place ? at(heap_.peer_ptr(out, p), slice(p)) : static_cast<const char*>(heap_.peer_ptr(in, p));
+  };
+
+  if (algorithm == Algorithm::kKernel) {
+    detail::PeerPointers src{};
+    for (int p = 0; p < n; ++p) src.ptr[p] = p == me ? in : peer_input(p);
+    SYMMPOOL_CUDA_TRY(detail::launch_gather_copy(block_sync(true), src, static_cast<char*>(out),
+                                                 bytes_per_rank, n, stream));
+    return;
   }
-  if (!in_place)
-    SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(dst + static_cast<std::size_t>(me) * bytes_per_rank, in,
-                                      bytes_per_rank, cudaMemcpyDeviceToDevice, stream));
-  barrier(stream, kind);  // nobody reuses its input while a peer still reads it
+  barrier(stream, kind);  // inputs ready and outputs free everywhere
+  for (int k = 1; k < n; ++k) {
+    const int p = (me + k) % n;  // spread the copies over the links
+    if (algorithm == Algorithm::kCopyEnginePull)
+      copy(at(out, slice(p)), peer_input(p), bytes_per_rank, stream);
+    else
+      copy(at(heap_.peer_ptr(out, p), slice(me)), in, bytes_per_rank, stream);
+  }
+  if (!in_place) copy(at(out, slice(me)), in, bytes_per_rank, stream);
+  barrier(stream, kind);  // every copy landed; nobody reuses a buffer a peer still reads
 }
 
 void* Communicator::scratch(std::size_t bytes) {
@@ -142,37 +197,112 @@ void* Communicator::scratch(std::size_t bytes) {
   return scratch_;
 }
 
-void Communicator::reduce(const void* in, std::size_t in_count, void* out, std::size_t count,
-                          std::size_t src_offset, DataType type, ReduceOp op, cudaStream_t stream) {
+void Communicator::one_shot(const void* in, std::size_t in_count, void* out, std::size_t count,
+                            std::size_t src_offset, DataType type, float scale, cudaStream_t stream) {
   const std::size_t es = element_size(type);
-  const std::size_t in_bytes = in_count * es;
-  require_symmetric(in, in_bytes, "reduction input");
+  require_symmetric(in, in_count * es, "reduction input");
   detail::PeerPointers peers{};
   for (int p = 0; p < world(); ++p) peers.ptr[p] = heap_.peer_ptr(in, p);
-  // Peers read our input until the second barrier: results that would land
-  // on it go to scratch first.
-  const bool aliased = overlap(in, in_bytes, out, count * es);
-  void* dst = aliased ? scratch(count * es) : out;
-  const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(world()) : 1.0f;
-  barrier(stream, BarrierKind::kKernel);
-  SYMMPOOL_CUDA_TRY(detail::launch_reduce(peers, dst, count, src_offset, world(), type, scale, stream));
-  barrier(stream, BarrierKind::kKernel);
-  if (aliased) SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(out, dst, count * es, cudaMemcpyDeviceToDevice, stream));
+  // Peers read our input until the end: results that would land on it go to
+  // scratch first.
+  const bool aliased = overlap(in, in_count * es, out, count * es);
+  detail::OutPointers dst{};
+  dst.ptr[0] = aliased ? scratch(count * es) : out;
+  const bool fused = fused_kernel(count * es);
+  if (!fused) barrier(stream);
+  SYMMPOOL_CUDA_TRY(detail::launch_reduce(block_sync(fused), peers, src_offset, dst, 1, 0, count,
+                                          count, world(), type, scale, stream));
+  if (!fused) barrier(stream);
+  if (aliased) copy(out, dst.ptr[0], count * es, stream);
+}
+
+void Communicator::two_shot(const void* in, void* out, std::size_t count, DataType type,
+                            float scale, cudaStream_t stream) {
+  const std::size_t es = element_size(type), n = static_cast<std::size_t>(world());
+  require_symmetric(in, count * es, "all_reduce input");
+  require_symmetric(out, count * es, "all_reduce output (two-shot)");
+  // Rank r reduces chunk r and writes it into every rank's output. Chunks
+  // are whole 16-byte vectors, so every load stays aligned.
+  const std::size_t per_vector = 16 / es;
+  const std::size_t chunk = ((count + n - 1) / n + per_vector - 1) / per_vector * per_vector;
+  const std::size_t first = std::min(count, chunk * static_cast<std::size_t>(rank()));
+  const std::size_t mine = std::min(chunk, count - first);
+  detail::PeerPointers peers{};
+  detail::OutPointers outs{};
+  for (int p = 0; p < world(); ++p) {
+    peers.ptr[p] = heap_.peer_ptr(in, p);
+    outs.ptr[p] = heap_.peer_ptr(out, p);
+  }
+  const bool fused = fused_kernel(chunk * es);
+  if (!fused) barrier(stream);
+  SYMMPOOL_CUDA_TRY(detail::launch_reduce(block_sync(fused), peers, first, outs, world(), first, mine,
+                                          chunk, world(), type, scale, stream));
+  if (!fused) barrier(stream);
+}
+
+void Communicator::two_step(const void* in, void* out, std::size_t count, DataType type,
+                            float scale, cudaStream_t stream) {
+  const std::size_t es = element_size(type), bytes = count * es;
+  const int n = world(), me = rank();
+  require_symmetric(in, bytes * static_cast<std::size_t>(n), "reduce_scatter input");
+  // Copy engines bring every rank's chunk `me` here; then peers are free and
+  // an SM kernel reduces from local memory only.
+  char* staged = static_cast<char*>(scratch(bytes * static_cast<std::size_t>(n)));
+  barrier(stream);
+  for (int k = 1; k < n; ++k) {
+    const int p = (me + k) % n;
+    copy(staged + static_cast<std::size_t>(p) * bytes, at(heap_.peer_ptr(in, p), bytes * static_cast<std::size_t>(me)), bytes, stream);
+  }
+  barrier(stream);
+  detail::PeerPointers chunks{};
+  for (int p = 0; p < n; ++p) chunks.ptr[p] = staged + static_cast<std::size_t>(p) * bytes;
+  chunks.ptr[me] = at(in, bytes * static_cast<std::size_t>(me));  // read in place: same index, same thread
+  detail::OutPointers dst{};
+  dst.ptr[0] = out;
+  if (overlap(in, bytes * static_cast<std::size_t>(n), out, bytes) && out != chunks.ptr[me]) {
+    copy(staged + static_cast<std::size_t>(me) * bytes, chunks.ptr[me], bytes, stream);
+    chunks.ptr[me] = staged + static_cast<std::size_t>(me) * bytes;
+  }
+  SYMMPOOL_CUDA_TRY(detail::launch_reduce(block_sync(false), chunks, 0, dst, 1, 0, count, count, n,
+                                          type, scale, stream));
 }
 
 void Communicator::reduce_scatter(const void* in, void* out, std::size_t count, DataType type,
-                                  ReduceOp op, cudaStream_t stream) {
+                                  ReduceOp op, cudaStream_t stream, Algorithm algorithm) {
   check_errors();
   if (count == 0) return;
-  reduce(in, count * static_cast<std::size_t>(world()), out, count,
-         count * static_cast<std::size_t>(rank()), type, op, stream);
+  const std::size_t n = static_cast<std::size_t>(world());
+  if (algorithm == Algorithm::kAuto)
+    algorithm = choose_algorithm(CollectiveKind::kReduceScatter, count * n * element_size(type), world());
+  expect_algorithm(algorithm == Algorithm::kOneShot || algorithm == Algorithm::kTwoStep, algorithm,
+                   "reduce_scatter");
+  if (algorithm == Algorithm::kTwoStep)
+    two_step(in, out, count, type, scale(op), stream);
+  else
+    one_shot(in, count * n, out, count, count * static_cast<std::size_t>(rank()), type, scale(op), stream);
 }
 
 void Communicator::all_reduce(const void* in, void* out, std::size_t count, DataType type,
-                              ReduceOp op, cudaStream_t stream) {
+                              ReduceOp op, cudaStream_t stream, Algorithm algorithm) {
   check_errors();
   if (count == 0) return;
-  reduce(in, count, out, count, 0, type, op, stream);
+  const std::size_t bytes = count * element_size(type);
+  const bool explicit_choice = algorithm != Algorithm::kAuto;
+  if (!explicit_choice) algorithm = choose_algorithm(CollectiveKind::kAllReduce, bytes, world());
+  expect_algorithm(algorithm == Algorithm::kOneShot || algorithm == Algorithm::kTwoShot, algorithm,
+                   "all_reduce");
+  if (algorithm == Algorithm::kTwoShot) {
+    // Two-shot writes peers' outputs while they read our input: the buffers
+    // must be the same one or apart, and the output symmetric.
+    // Both checks run on every rank: they are collective.
+    const bool symmetric = is_symmetric(in, bytes) & is_symmetric(out, bytes);
+    const bool usable = symmetric && (in == out || !overlap(in, bytes, out, bytes));
+    SYMMPOOL_EXPECTS(usable || !explicit_choice,
+                     "symmpool: two-shot all_reduce needs symmetric input and output that are the "
+                     "same buffer or do not overlap");
+    if (usable) return two_shot(in, out, count, type, scale(op), stream);
+  }
+  one_shot(in, count, out, count, 0, type, scale(op), stream);
 }
 
 }  // namespace symmpool

@@ -3,33 +3,88 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 namespace symmpool::detail {
 
 namespace {
+
+constexpr int kThreads = 512;
+constexpr int kMaxUnsyncedBlocks = 132 * 4;  // H200 SMs x 4 resident blocks
+
+// Peer pointers are indexed with compile-time constants only (loops over
+// kMaxRanks, unrolled), so they stay in the parameter bank: a runtime index
+// made the compiler copy the whole array to the local stack.
+template <typename Array>
+__device__ __forceinline__ auto pick(const Array& a, int p) {
+  auto r = a[0];
+#pragma unroll
+  for (int i = 1; i < kMaxRanks; ++i)
+    if (i == p) r = a[i];
+  return r;
+}
+
+__device__ __forceinline__ void wait_for(const std::uint32_t* pad, std::uint32_t epoch, int peer,
+                                         int* error_flag, long long timeout_cycles) {
+  const volatile std::uint32_t* v = pad;
+  const long long start = clock64();
+  while (static_cast<int>(*v - epoch) < 0) {  // wrap-safe "pad < epoch"
+    if (clock64() - start > timeout_cycles) {
+      atomicCAS(error_flag, 0, peer + 1);
+      return;
+    }
+  }
+}
+
+// Thread t < world signals rank t on `row` and waits for rank t's signal.
+// Fences: what this block wrote before is visible to peers before the
+// signal, and what peers wrote before theirs is visible after the wait.
+__device__ __forceinline__ void signal_and_wait(const PadPointers& peers, std::uint32_t* my_pads,
+                                                int row, int rank, int world, std::uint32_t epoch,
+                                                int* error_flag, long long timeout_cycles) {
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < world) {
+    __threadfence_system();
+    *reinterpret_cast<volatile std::uint32_t*>(pick(peers.peer, t) + row * kMaxRanks + rank) = epoch;
+    wait_for(my_pads + row * kMaxRanks + t, epoch, t, error_flag, timeout_cycles);
+    __threadfence_system();
+  }
+  __syncthreads();
+}
 
 __global__ void barrier_kernel(PadPointers peers, std::uint32_t* my_pads,
                                std::uint32_t* epoch_counter, int rank, int world, int* error_flag,
                                long long timeout_cycles) {
   __shared__ std::uint32_t epoch;
-  const int t = threadIdx.x;
-  if (t == 0) epoch = *epoch_counter + 1;
-  __syncthreads();
-  if (t < world) {
-    __threadfence_system();  // what this stream wrote before is visible first
-    *reinterpret_cast<volatile std::uint32_t*>(peers.peer[t] + rank) = epoch;
-    volatile std::uint32_t* mine = my_pads + t;
-    const long long start = clock64();
-    while (static_cast<int>(*mine - epoch) < 0) {
-      if (clock64() - start > timeout_cycles) {
-        atomicCAS(error_flag, 0, t + 1);
-        break;
-      }
-    }
-    __threadfence_system();  // and what peers wrote before signalling is visible after
-  }
-  __syncthreads();
-  if (t == 0) *epoch_counter = epoch;
+  if (threadIdx.x == 0) epoch = *epoch_counter + 1;
+  signal_and_wait(peers, my_pads, kKernelBarrierRow, rank, world, epoch, error_flag, timeout_cycles);
+  if (threadIdx.x == 0) *epoch_counter = epoch;
 }
+
+// Start and end meetings of a block-synchronised kernel: each block uses
+// its own pad row and epoch, so blocks never wait for each other.
+struct BlockMeeting {
+  const BlockSync& sync;
+  int world;
+  std::uint32_t* epoch;  // shared
+
+  __device__ __forceinline__ void start() {
+    if (!sync.enabled) return;
+    if (threadIdx.x == 0) *epoch = sync.block_epochs[blockIdx.x];
+    meet(1);
+  }
+  __device__ __forceinline__ void end() {
+    if (!sync.enabled) return;
+    meet(2);
+    if (threadIdx.x == 0) sync.block_epochs[blockIdx.x] = *epoch + 2;
+  }
+  __device__ __forceinline__ void meet(std::uint32_t step) {
+    __syncthreads();  // *epoch is set
+    signal_and_wait(sync.peers, sync.my_pads, kFirstBlockRow + static_cast<int>(blockIdx.x), sync.rank,
+                    world, *epoch + step, sync.error_flag, sync.timeout_cycles);
+  }
+};
 
 template <typename T> __device__ __forceinline__ float to_float(T v);
 template <> __device__ __forceinline__ float to_float(float v) { return v; }
@@ -42,46 +97,101 @@ template <> __device__ __forceinline__ __half from_float(float v) { return __flo
 template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 
 template <typename T>
-__global__ void reduce_kernel(PeerPointers in, T* out, std::size_t count, std::size_t src_offset,
-                              int world, float scale, bool vectorized) {
+__global__ void __launch_bounds__(kThreads)
+    reduce_kernel(BlockSync sync, PeerPointers in, std::size_t src_offset, OutPointers out,
+                  int n_outs, std::size_t dst_offset, std::size_t count, int world, float scale,
+                  bool vectorized) {
+  __shared__ std::uint32_t epoch;
+  BlockMeeting meeting{sync, world, &epoch};
+  meeting.start();
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t vectors = vectorized ? count / V : 0;
   for (std::size_t v = first; v < vectors; v += stride) {
-    float acc[V] = {};
-    for (int p = 0; p < world; ++p) {
-      const uint4 raw = reinterpret_cast<const uint4*>(static_cast<const T*>(in.ptr[p]) + src_offset)[v];
-      const T* e = reinterpret_cast<const T*>(&raw);
+    uint4 raw[kMaxRanks];
 #pragma unroll
-      for (int j = 0; j < V; ++j) acc[j] += to_float(e[j]);
+    for (int p = 0; p < kMaxRanks; ++p)  // every load in flight before the first add
+      if (p < world) raw[p] = __ldcg(reinterpret_cast<const uint4*>(static_cast<const T*>(in.ptr[p]) + src_offset) + v);
+    float acc[V] = {};
+#pragma unroll
+    for (int p = 0; p < kMaxRanks; ++p) {
+      if (p < world) {
+        const T* e = reinterpret_cast<const T*>(&raw[p]);
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] += to_float(e[j]);
+      }
     }
     uint4 packed;
     T* r = reinterpret_cast<T*>(&packed);
 #pragma unroll
     for (int j = 0; j < V; ++j) r[j] = from_float<T>(acc[j] * scale);
-    reinterpret_cast<uint4*>(out)[v] = packed;
+#pragma unroll
+    for (int o = 0; o < kMaxRanks; ++o)
+      if (o < n_outs) reinterpret_cast<uint4*>(static_cast<T*>(out.ptr[o]) + dst_offset)[v] = packed;
   }
   for (std::size_t i = vectors * V + first; i < count; i += stride) {
     float acc = 0.f;
-    for (int p = 0; p < world; ++p) acc += to_float(static_cast<const T*>(in.ptr[p])[src_offset + i]);
-    out[i] = from_float<T>(acc * scale);
+#pragma unroll
+    for (int p = 0; p < kMaxRanks; ++p)
+      if (p < world) acc += to_float(__ldcg(static_cast<const T*>(in.ptr[p]) + src_offset + i));
+    const T value = from_float<T>(acc * scale);
+#pragma unroll
+    for (int o = 0; o < kMaxRanks; ++o)
+      if (o < n_outs) static_cast<T*>(out.ptr[o])[dst_offset + i] = value;
   }
+  meeting.end();
+}
+
+__global__ void __launch_bounds__(kThreads)
+    gather_copy_kernel(BlockSync sync, PeerPointers src, char* dst, std::size_t bytes, int world,
+                       bool vectorized) {
+  __shared__ std::uint32_t epoch;
+  BlockMeeting meeting{sync, world, &epoch};
+  meeting.start();
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t vectors = vectorized ? bytes / 16 : 0;
+  for (std::size_t v = first; v < vectors; v += stride) {
+    uint4 raw[kMaxRanks];
+#pragma unroll
+    for (int p = 0; p < kMaxRanks; ++p)
+      if (p < world) raw[p] = __ldcg(static_cast<const uint4*>(src.ptr[p]) + v);
+#pragma unroll
+    for (int p = 0; p < kMaxRanks; ++p)
+      if (p < world) reinterpret_cast<uint4*>(dst + p * bytes)[v] = raw[p];
+  }
+  for (std::size_t i = vectors * 16 + first; i < bytes; i += stride) {
+#pragma unroll
+    for (int p = 0; p < kMaxRanks; ++p)
+      if (p < world) dst[p * bytes + i] = static_cast<const char*>(src.ptr[p])[i];
+  }
+  meeting.end();
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0; }
 
+int grid_for(std::size_t work, bool synced) {
+  const std::size_t blocks = (work + kThreads - 1) / kThreads;
+  const std::size_t cap = synced ? kMaxSyncBlocks : kMaxUnsyncedBlocks;
+  return static_cast<int>(std::max<std::size_t>(1, std::min(blocks, cap)));
+}
+
 template <typename T>
-cudaError_t reduce_as(const PeerPointers& in, void* out, std::size_t count, std::size_t src_offset,
-                      int world, float scale, cudaStream_t stream) {
-  bool vectorized = aligned16(out);
+cudaError_t reduce_as(const BlockSync& sync, const PeerPointers& in, std::size_t src_offset,
+                      const OutPointers& out, int n_outs, std::size_t dst_offset, std::size_t count,
+                      std::size_t grid_count, int world, float scale, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  // Offsets are equal on every rank and segments are granularity-aligned,
+  // so every rank makes the same choice.
+  bool vectorized = true;
   for (int p = 0; p < world; ++p)
     vectorized = vectorized && aligned16(static_cast<const T*>(in.ptr[p]) + src_offset);
-  constexpr int threads = 256;
-  const std::size_t work = vectorized ? count / (16 / sizeof(T)) + 1 : count;
-  const int blocks = static_cast<int>(std::min<std::size_t>((work + threads - 1) / threads, 132 * 8));
-  reduce_kernel<T><<<blocks > 0 ? blocks : 1, threads, 0, stream>>>(
-      in, static_cast<T*>(out), count, src_offset, world, scale, vectorized);
+  for (int o = 0; o < n_outs; ++o)
+    vectorized = vectorized && aligned16(static_cast<T*>(out.ptr[o]) + dst_offset);
+  const int blocks = grid_for(vectorized ? grid_count / V + 1 : grid_count, sync.enabled);
+  reduce_kernel<T><<<blocks, kThreads, 0, stream>>>(sync, in, src_offset, out, n_outs, dst_offset,
+                                                   count, world, scale, vectorized);
   return cudaGetLastError();
 }
 
@@ -95,16 +205,28 @@ cudaError_t launch_barrier(const PadPointers& peers, std::uint32_t* my_pads,
   return cudaGetLastError();
 }
 
-cudaError_t launch_reduce(const PeerPointers& in, void* out, std::size_t count,
-                          std::size_t src_offset, int world, DataType type, float scale,
-                          cudaStream_t stream) {
+cudaError_t launch_reduce(const BlockSync& sync, const PeerPointers& in, std::size_t src_offset,
+                          const OutPointers& out, int n_outs, std::size_t dst_offset,
+                          std::size_t count, std::size_t grid_count, int world, DataType type,
+                          float scale, cudaStream_t stream) {
   switch (type) {
-    case DataType::kFloat32: return reduce_as<float>(in, out, count, src_offset, world, scale, stream);
-    case DataType::kFloat16: return reduce_as<__half>(in, out, count, src_offset, world, scale, stream);
+    case DataType::kFloat32:
+      return reduce_as<float>(sync, in, src_offset, out, n_outs, dst_offset, count, grid_count, world, scale, stream);
+    case DataType::kFloat16:
+      return reduce_as<__half>(sync, in, src_offset, out, n_outs, dst_offset, count, grid_count, world, scale, stream);
     case DataType::kBFloat16:
-      return reduce_as<__nv_bfloat16>(in, out, count, src_offset, world, scale, stream);
+      return reduce_as<__nv_bfloat16>(sync, in, src_offset, out, n_outs, dst_offset, count, grid_count, world, scale, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, char* dst,
+                               std::size_t bytes, int world, cudaStream_t stream) {
+  bool vectorized = aligned16(dst) && bytes % 16 == 0;
+  for (int p = 0; p < world; ++p) vectorized = vectorized && aligned16(src.ptr[p]);
+  const int blocks = grid_for(vectorized ? bytes / 16 : bytes, sync.enabled);
+  gather_copy_kernel<<<blocks, kThreads, 0, stream>>>(sync, src, dst, bytes, world, vectorized);
+  return cudaGetLastError();
 }
 
 }  // namespace symmpool::detail

@@ -62,6 +62,19 @@ std::vector<unsigned char> random_ints(std::mt19937& rng, std::size_t count, Dat
   return out;
 }
 
+struct AllGatherCase {
+  Algorithm algorithm;
+  BarrierKind barrier;
+  const char* name;
+};
+constexpr AllGatherCase kAllGatherCases[] = {
+    {Algorithm::kCopyEnginePull, BarrierKind::kKernel, "all_gather copy-engine pull"},
+    {Algorithm::kCopyEnginePull, BarrierKind::kStreamOps, "all_gather copy-engine pull (stream ops)"},
+    {Algorithm::kCopyEnginePush, BarrierKind::kKernel, "all_gather copy-engine push"},
+    {Algorithm::kCopyEnginePush, BarrierKind::kStreamOps, "all_gather copy-engine push (stream ops)"},
+    {Algorithm::kKernel, BarrierKind::kKernel, "all_gather kernel"},
+};
+
 struct Ctx {
   int rank, world;
   ncclComm_t nccl;
@@ -101,16 +114,16 @@ int correctness(Ctx& c) {
       void* ref = dev(c, total);
       RANK_CUDA(cudaMemcpyAsync(in, data.data(), bytes, cudaMemcpyHostToDevice, c.stream));
       RANK_NCCL(ncclAllGather(in, ref, n, nccl_type(t), c.nccl, c.stream));
-      for (BarrierKind kind : {BarrierKind::kKernel, BarrierKind::kStreamOps}) {
+      for (const AllGatherCase& ag : kAllGatherCases) {
         RANK_CUDA(cudaMemsetAsync(out, 0xff, total, c.stream));  // poison
-        c.comm->all_gather(in, out, bytes, c.stream, kind);
-        failures += compare(c, out, ref, total, kind == BarrierKind::kKernel ? "all_gather" : "all_gather(stream ops)", t, n);
+        c.comm->all_gather(in, out, bytes, c.stream, ag.algorithm, ag.barrier);
+        failures += compare(c, out, ref, total, ag.name, t, n);
+        RANK_CUDA(cudaMemsetAsync(out, 0xff, total, c.stream));
+        void* slice = static_cast<char*>(out) + static_cast<std::size_t>(rank) * bytes;
+        RANK_CUDA(cudaMemcpyAsync(slice, data.data(), bytes, cudaMemcpyHostToDevice, c.stream));
+        c.comm->all_gather(slice, out, bytes, c.stream, ag.algorithm, ag.barrier);
+        failures += compare(c, out, ref, total, (std::string(ag.name) + " in place").c_str(), t, n);
       }
-      RANK_CUDA(cudaMemsetAsync(out, 0xff, total, c.stream));
-      void* slice = static_cast<char*>(out) + static_cast<std::size_t>(rank) * bytes;
-      RANK_CUDA(cudaMemcpyAsync(slice, data.data(), bytes, cudaMemcpyHostToDevice, c.stream));
-      c.comm->all_gather(slice, out, bytes, c.stream);
-      failures += compare(c, out, ref, total, "all_gather in place", t, n);
       release(c, in);
       release(c, out);
       release(c, ref);
@@ -122,19 +135,32 @@ int correctness(Ctx& c) {
         void* rs_out = dev(c, bytes);
         void* rs_ref = dev(c, bytes);
         RANK_CUDA(cudaMemcpyAsync(rs_in, rs_data.data(), total, cudaMemcpyHostToDevice, c.stream));
-        RANK_CUDA(cudaMemsetAsync(rs_out, 0xff, bytes, c.stream));
-        RANK_NCCL(ncclReduceScatter(rs_in, rs_ref, n, nccl_type(t), op == ReduceOp::kSum ? ncclSum : ncclAvg, c.nccl, c.stream));
-        c.comm->reduce_scatter(rs_in, rs_out, n, t, op, c.stream);
-        failures += compare(c, rs_out, rs_ref, bytes, op == ReduceOp::kSum ? "reduce_scatter sum" : "reduce_scatter avg", t, n);
+        const ncclRedOp_t nccl_op = op == ReduceOp::kSum ? ncclSum : ncclAvg;
+        const std::string op_name = op == ReduceOp::kSum ? " sum" : " avg";
+        RANK_NCCL(ncclReduceScatter(rs_in, rs_ref, n, nccl_type(t), nccl_op, c.nccl, c.stream));
+        for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoStep}) {
+          RANK_CUDA(cudaMemsetAsync(rs_out, 0xff, bytes, c.stream));
+          c.comm->reduce_scatter(rs_in, rs_out, n, t, op, c.stream, a);
+          failures += compare(c, rs_out, rs_ref, bytes, ("reduce_scatter " + std::string(to_string(a)) + op_name).c_str(), t, n);
+        }
 
         void* ar_ref = dev(c, bytes);
         void* ar_out = dev(c, bytes);
-        RANK_NCCL(ncclAllReduce(rs_in, ar_ref, n, nccl_type(t), op == ReduceOp::kSum ? ncclSum : ncclAvg, c.nccl, c.stream));
-        RANK_CUDA(cudaMemsetAsync(ar_out, 0xff, bytes, c.stream));
-        c.comm->all_reduce(rs_in, ar_out, n, t, op, c.stream);
-        failures += compare(c, ar_out, ar_ref, bytes, "all_reduce", t, n);
-        c.comm->all_reduce(rs_in, rs_in, n, t, op, c.stream);  // in place: rs_in's head
-        failures += compare(c, rs_in, ar_ref, bytes, "all_reduce in place", t, n);
+        void* ar_in = dev(c, bytes);
+        RANK_NCCL(ncclAllReduce(rs_in, ar_ref, n, nccl_type(t), nccl_op, c.nccl, c.stream));
+        for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot}) {
+          const std::string name = "all_reduce " + std::string(to_string(a)) + op_name;
+          RANK_CUDA(cudaMemsetAsync(ar_out, 0xff, bytes, c.stream));
+          c.comm->all_reduce(rs_in, ar_out, n, t, op, c.stream, a);
+          failures += compare(c, ar_out, ar_ref, bytes, name.c_str(), t, n);
+          RANK_CUDA(cudaMemcpyAsync(ar_in, rs_in, bytes, cudaMemcpyDeviceToDevice, c.stream));
+          c.comm->all_reduce(ar_in, ar_in, n, t, op, c.stream, a);
+          failures += compare(c, ar_in, ar_ref, bytes, (name + " in place").c_str(), t, n);
+        }
+        // In place on the head of a larger buffer, as torch's allreduce does.
+        c.comm->all_reduce(rs_in, rs_in, n, t, op, c.stream);
+        failures += compare(c, rs_in, ar_ref, bytes, ("all_reduce auto in place" + op_name).c_str(), t, n);
+        release(c, ar_in);
         for (void* p : {rs_in, rs_out, rs_ref, ar_ref, ar_out}) release(c, p);
       }
     }
@@ -151,7 +177,7 @@ int back_to_back_and_graph(Ctx& c) {
   void* in = dev(c, bytes);
   void* out = dev(c, total);
   void* ref = dev(c, total);
-  void* rs_out = dev(c, n * 2 / world + 16);
+  void* rs_out = dev(c, bytes);
   for (int i = 0; i < 1000; ++i) {  // reusing buffers, fresh data every 100
     if (i % 100 == 0) {
       auto d = random_ints(rng, n, t);
@@ -162,24 +188,47 @@ int back_to_back_and_graph(Ctx& c) {
   RANK_NCCL(ncclAllGather(in, ref, n, ncclBfloat16, c.nccl, c.stream));
   failures += compare(c, out, ref, total, "1000 back-to-back all_gathers", t, n);
 
-  // Captured once, replayed with new inputs: the kernel barrier's epoch lives
-  // on the device, so replays stay in step.
+  // Captured once, replayed with new inputs: barrier epochs live on the
+  // device, so replays stay in step. Auto algorithms: a small all-gather and
+  // reduce-scatter (single kernels), a small all-reduce (one-shot) and a
+  // large one (two-shot with barrier kernels).
+  const std::size_t big = (std::size_t{4} << 20) + 3;
+  void* rs_in = dev(c, total);
+  void* rs_ref = dev(c, bytes);
+  void* ar = dev(c, big * 2);
+  void* ar_ref = dev(c, big * 2);
+  auto capture_all = [&] {
+    c.comm->all_gather(in, out, bytes, c.stream);
+    c.comm->reduce_scatter(rs_in, rs_out, n, t, ReduceOp::kSum, c.stream);
+    c.comm->all_reduce(ar, ar, big, t, ReduceOp::kSum, c.stream);
+  };
+  capture_all();  // eager first: symmetry checks and scratch happen outside the capture
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   RANK_CUDA(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
-  c.comm->all_gather(in, out, bytes, c.stream);
+  capture_all();
   RANK_CUDA(cudaStreamEndCapture(c.stream, &graph));
   RANK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 5; ++replay) {
     auto d = random_ints(rng, n, t);
+    auto rs_d = random_ints(rng, n * world, t);
+    auto ar_d = random_ints(rng, big, t);
     RANK_CUDA(cudaMemcpyAsync(in, d.data(), bytes, cudaMemcpyHostToDevice, c.stream));
+    RANK_CUDA(cudaMemcpyAsync(rs_in, rs_d.data(), total, cudaMemcpyHostToDevice, c.stream));
+    RANK_CUDA(cudaMemcpyAsync(ar, ar_d.data(), big * 2, cudaMemcpyHostToDevice, c.stream));
+    RANK_NCCL(ncclAllReduce(ar, ar_ref, big, ncclBfloat16, ncclSum, c.nccl, c.stream));
+    RANK_NCCL(ncclReduceScatter(rs_in, rs_ref, n, ncclBfloat16, ncclSum, c.nccl, c.stream));
     RANK_CUDA(cudaMemsetAsync(out, 0xff, total, c.stream));
+    RANK_CUDA(cudaMemsetAsync(rs_out, 0xff, bytes, c.stream));
     RANK_CUDA(cudaGraphLaunch(exec, c.stream));
     RANK_NCCL(ncclAllGather(in, ref, n, ncclBfloat16, c.nccl, c.stream));
     failures += compare(c, out, ref, total, "graph replay of all_gather", t, n);
+    failures += compare(c, rs_out, rs_ref, bytes, "graph replay of reduce_scatter", t, n);
+    failures += compare(c, ar, ar_ref, big * 2, "graph replay of all_reduce (two-shot)", t, big);
   }
   RANK_CUDA(cudaGraphExecDestroy(exec));
   RANK_CUDA(cudaGraphDestroy(graph));
+  for (void* p : {rs_in, rs_ref, ar, ar_ref}) release(c, p);
   for (void* p : {in, out, ref, rs_out}) release(c, p);
   return failures;
 }

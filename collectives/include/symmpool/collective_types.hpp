@@ -1,6 +1,6 @@
 #pragma once
-// Element types and reductions the symmpool collectives support; anything
-// else goes to NCCL.
+// Element types, reductions and algorithms the symmpool collectives support;
+// anything else goes to NCCL.
 
 #include <cstddef>
 #include <string>
@@ -19,5 +19,28 @@ enum class BarrierKind {
   kKernel,     // one tiny kernel; safe inside CUDA graphs (its epoch lives on the device)
   kStreamOps,  // cuStreamWriteValue32 / cuStreamWaitValue32: no SM at all; eager only
 };
+
+enum class Algorithm {
+  kAuto,             // by op, size and world size (algorithm_table.hpp): equal on every rank
+  kCopyEnginePull,   // all-gather: each rank's copy engines read the peers' inputs; no SM
+  kCopyEnginePush,   // all-gather: each rank writes its input into every peer's output; no SM
+  kKernel,           // all-gather: one kernel reads every peer, barriers inside (small messages)
+  kOneShot,          // reduce-scatter, all-reduce: one kernel reads every peer's input
+  kTwoShot,          // all-reduce: reduce our chunk, write it into every peer's output
+  kTwoStep,          // reduce-scatter: copy engines pull our chunks, then a local reduce
+};
+
+inline const char* to_string(Algorithm a) {
+  switch (a) {
+    case Algorithm::kAuto: return "auto";
+    case Algorithm::kCopyEnginePull: return "copy-engine pull";
+    case Algorithm::kCopyEnginePush: return "copy-engine push";
+    case Algorithm::kKernel: return "kernel";
+    case Algorithm::kOneShot: return "one-shot";
+    case Algorithm::kTwoShot: return "two-shot";
+    case Algorithm::kTwoStep: return "two-step";
+  }
+  return "unknown";
+}
 
 }  // namespace symmpool

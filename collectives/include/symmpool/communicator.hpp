@@ -1,11 +1,16 @@
 #pragma once
 // Zero-copy intra-node collectives on a symmetric heap. Every call is
-// collective (all ranks, same order, same sizes), runs on the caller's
-// stream, and checks that its buffers are symmetric before touching a peer.
-//   all_gather     copy engines pull each peer's input (no SM)
-//   reduce_scatter one-shot SM kernel, 16-byte loads, fp32 accumulation
-//   all_reduce     one-shot SM kernel, same
+// collective (all ranks, same order, same sizes, same algorithm), runs on
+// the caller's stream, can be captured in a CUDA graph once its buffers were
+// seen eagerly, and checks that its buffers are symmetric before touching a
+// peer. Algorithms (collective_types.hpp):
+//   all_gather     copy-engine pull or push (no SM), or one kernel for small messages
+//   reduce_scatter one-shot kernel (16-byte loads, fp32 accumulation) or
+//                  two-step (copy engines pull, local reduce)
+//   all_reduce     one-shot, or two-shot (reduce a chunk, push it everywhere)
 //   barrier        kernel or stream memory operations on signal pads
+// Kernels of small messages meet their peers inside (one launch per call);
+// larger ones are bracketed by barrier kernels.
 
 #include <symmpool/collective_types.hpp>
 #include <symmpool/detail/peer_pointers.hpp>
@@ -31,15 +36,17 @@ class Communicator {
   void barrier(cudaStream_t stream, BarrierKind kind = BarrierKind::kKernel);
 
   // out holds world * bytes_per_rank; in may be out's slice of this rank.
+  // `kind` is the barrier of the copy-engine algorithms.
   void all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
-                  BarrierKind kind = BarrierKind::kKernel);
+                  Algorithm algorithm = Algorithm::kAuto, BarrierKind kind = BarrierKind::kKernel);
   // in holds world * count elements, out count.
   void reduce_scatter(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
-                      cudaStream_t stream);
+                      cudaStream_t stream, Algorithm algorithm = Algorithm::kAuto);
+  // Two-shot needs a symmetric `out` (in place is the usual case).
   void all_reduce(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
-                  cudaStream_t stream);
+                  cudaStream_t stream, Algorithm algorithm = Algorithm::kAuto);
 
-  // Raises the error a barrier kernel recorded (a peer that never arrived).
+  // Raises the error a barrier recorded (a peer that never arrived).
   void check_errors();
 
   int rank() const { return heap_.rank(); }
@@ -47,22 +54,30 @@ class Communicator {
 
  private:
   void require_symmetric(const void* ptr, std::size_t bytes, const char* what);
-  // out[i] = op over ranks of in[src_offset + i]; in holds in_count elements.
-  void reduce(const void* in, std::size_t in_count, void* out, std::size_t count,
-              std::size_t src_offset, DataType type, ReduceOp op, cudaStream_t stream);
+  bool is_symmetric(const void* ptr, std::size_t bytes);
+  // Barriers around a kernel unless the kernel meets its peers itself.
+  detail::BlockSync block_sync(bool fused) const;
+  void one_shot(const void* in, std::size_t in_count, void* out, std::size_t count,
+                std::size_t src_offset, DataType type, float scale, cudaStream_t stream);
+  void two_shot(const void* in, void* out, std::size_t count, DataType type, float scale,
+                cudaStream_t stream);
+  void two_step(const void* in, void* out, std::size_t count, DataType type, float scale,
+                cudaStream_t stream);
   void* scratch(std::size_t bytes);
+  float scale(ReduceOp op) const;
 
   SymmetricHeap& heap_;
   CachingAllocator& allocator_;
-  std::uint32_t* pads_ = nullptr;         // [2][world]: kernel pads, stream-op pads
+  std::uint32_t* pads_ = nullptr;          // [kPadRows][kMaxRanks], symmetric
   std::uint32_t* kernel_epoch_ = nullptr;  // device-side counter of kernel barriers
+  std::uint32_t* block_epochs_ = nullptr;  // device-side counters of block meetings
   std::uint32_t stream_op_epoch_ = 0;      // host-side counter of stream-op barriers
   detail::PadPointers peer_pads_{};        // every rank's pads, mapped here
-  long long timeout_cycles_ = 0;           // barrier kernel's patience
+  long long timeout_cycles_ = 0;           // barriers' patience
   int* error_flag_ = nullptr;              // host-mapped: set by a barrier that timed out
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;
-  std::map<std::pair<const void*, std::size_t>, bool> checked_;  // buffers already checked
+  std::map<std::pair<const void*, std::size_t>, bool> checked_;  // buffers seen symmetric or not
 };
 
 }  // namespace symmpool

@@ -1,18 +1,44 @@
 #pragma once
-// Per-rank device pointers handed to kernels by value.
+// Per-rank device pointers and barrier state handed to kernels by value.
 
 #include <cstdint>
 
 namespace symmpool::detail {
 
 constexpr int kMaxRanks = 8;
+// Blocks of a kernel that synchronises with its peers block by block; each
+// block has its own row of signal pads and its own epoch.
+constexpr int kMaxSyncBlocks = 32;
 
 struct PeerPointers {
   const void* ptr[kMaxRanks];
 };
 
+struct OutPointers {
+  void* ptr[kMaxRanks];
+};
+
 struct PadPointers {
   std::uint32_t* peer[kMaxRanks];  // each rank's signal pads, as mapped here
+};
+
+// Signal pads: one row of kMaxRanks words per user, the same on every rank.
+enum PadRow : int {
+  kKernelBarrierRow = 0,
+  kStreamOpBarrierRow = 1,
+  kFirstBlockRow = 2,  // kMaxSyncBlocks rows follow
+};
+constexpr int kPadRows = kFirstBlockRow + kMaxSyncBlocks;
+
+// What a kernel needs to meet its peers at its start and its end.
+struct BlockSync {
+  bool enabled = false;            // false: the caller brackets the kernel with barriers
+  PadPointers peers{};             // pads of every rank, mapped here
+  std::uint32_t* my_pads = nullptr;
+  std::uint32_t* block_epochs = nullptr;  // [kMaxSyncBlocks], this rank's only
+  int rank = 0;
+  int* error_flag = nullptr;       // host-mapped: 1 + a rank that never signalled
+  long long timeout_cycles = 0;
 };
 
 }  // namespace symmpool::detail
