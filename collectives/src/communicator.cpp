@@ -69,7 +69,7 @@ Communicator::~Communicator() {
   cudaDeviceSynchronize();
   allocator_.deallocate(pads_, nullptr);
   allocator_.deallocate(kernel_epoch_, nullptr);
-  if (scratch_) allocator_.deallocate(scratch_, nullptr);
+  if (scratch_) cudaFree(scratch_);
   cudaFreeHost(error_flag_);
 }
 
@@ -186,13 +186,15 @@ void Communicator::all_gather(const void* in, void* out, std::size_t bytes_per_r
   barrier(stream, kind);  // every copy landed; nobody reuses a buffer a peer still reads
 }
 
+// Plain device memory: peers never read it, and taking it from the heap
+// would map segments on some ranks only (a timing-dependent reuse decides),
+// which breaks the ranks' equal layouts.
 void* Communicator::scratch(std::size_t bytes) {
   if (scratch_bytes_ >= bytes) return scratch_;
-  if (scratch_) {
-    SYMMPOOL_CUDA_TRY(cudaDeviceSynchronize());
-    allocator_.deallocate(scratch_, nullptr);
-  }
-  scratch_ = allocator_.allocate(bytes, nullptr);
+  if (scratch_) SYMMPOOL_CUDA_TRY(cudaFree(scratch_));  // synchronizes with work that uses it
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  SYMMPOOL_CUDA_TRY(cudaMalloc(&scratch_, bytes));
   scratch_bytes_ = bytes;
   return scratch_;
 }

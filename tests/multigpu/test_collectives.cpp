@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -383,8 +384,13 @@ TEST(Collectives, APeerThatStopsComingTimesOutWithAnError) {
     if (rank == 1) return 0;  // leaves after setting up
     cudaStream_t s;
     RANK_CUDA(cudaStreamCreate(&s));
+    int khz = 0;
+    RANK_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));
+    const auto start = std::chrono::steady_clock::now();
     comm.barrier(s);
     RANK_CUDA(cudaStreamSynchronize(s));  // the kernel gives up after its timeout
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("[rank 0] barrier without its peer returned after %.1f s (clock %d kHz)\n", waited, khz);
     try {
       comm.check_errors();
       RANK_EXPECT(false, "a barrier without its peer completed");
