@@ -58,6 +58,7 @@ __global__ void barrier_kernel(PadPointers peers, std::uint32_t* my_pads,
                                long long timeout_cycles) {
   __shared__ std::uint32_t epoch;
   if (threadIdx.x == 0) epoch = *epoch_counter + 1;
+  __syncthreads();  // every thread passes `epoch` by value below
   signal_and_wait(peers, my_pads, kKernelBarrierRow, rank, world, epoch, error_flag, timeout_cycles);
   if (threadIdx.x == 0) *epoch_counter = epoch;
 }
