@@ -203,8 +203,10 @@ int correctness(Ctx& c) {
         void* rs_out = dev(c, bytes);
         void* ar_in = dev(c, bytes);
         failures += upload(c, rs_in, data);
-        // NCCL's avg pre-scales by 1/world: the same bits only for powers of two.
-        if ((op == ReduceOp::kSum || (world & (world - 1)) == 0)) {
+        // NCCL's avg pre-scales by 1/world: the same bits only for powers of
+        // two. At world 1, NCCL 2.28.3's avg left elements from 2^20 on
+        // unwritten (seen on H100): not compared there.
+        if (op == ReduceOp::kSum || (world > 1 && (world & (world - 1)) == 0)) {
           const ncclRedOp_t nccl_op = op == ReduceOp::kSum ? ncclSum : ncclAvg;
           failures += poison(c, rs_out, bytes);
           RANK_NCCL(ncclReduceScatter(rs_in, rs_out, n, nccl_type(t), nccl_op, c.nccl, c.stream));
