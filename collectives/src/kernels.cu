@@ -183,14 +183,14 @@ cudaError_t reduce_as(const BlockSync& sync, const PeerPointers& in, std::size_t
                       const OutPointers& out, int n_outs, std::size_t dst_offset, std::size_t count,
                       std::size_t grid_count, int world, float scale, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
-  // Offsets are equal on every rank and segments are granularity-aligned,
-  // so every rank makes the same choice.
+  // Alignment may differ across ranks (reduce-scatter reads at rank * count),
+  // so it picks the loads but never the grid: meeting blocks must match.
   bool vectorized = true;
   for (int p = 0; p < world; ++p)
     vectorized = vectorized && aligned16(static_cast<const T*>(in.ptr[p]) + src_offset);
   for (int o = 0; o < n_outs; ++o)
     vectorized = vectorized && aligned16(static_cast<T*>(out.ptr[o]) + dst_offset);
-  const int blocks = grid_for(vectorized ? grid_count / V + 1 : grid_count, sync.enabled);
+  const int blocks = grid_for(grid_count / V + 1, sync.enabled);
   reduce_kernel<T><<<blocks, kThreads, 0, stream>>>(sync, in, src_offset, out, n_outs, dst_offset,
                                                    count, world, scale, vectorized);
   return cudaGetLastError();
@@ -225,7 +225,7 @@ cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, c
                                std::size_t bytes, int world, cudaStream_t stream) {
   bool vectorized = aligned16(dst) && bytes % 16 == 0;
   for (int p = 0; p < world; ++p) vectorized = vectorized && aligned16(src.ptr[p]);
-  const int blocks = grid_for(vectorized ? bytes / 16 : bytes, sync.enabled);
+  const int blocks = grid_for(bytes / 16 + 1, sync.enabled);  // equal on every rank
   gather_copy_kernel<<<blocks, kThreads, 0, stream>>>(sync, src, dst, bytes, world, vectorized);
   return cudaGetLastError();
 }
