@@ -11,6 +11,7 @@ symmpool statistics; exits 1 if the losses differ beyond --rtol.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -144,8 +145,17 @@ def main(argv=None) -> int:
             print("LOSSES MATCH" if ok else "LOSSES DIFFER OR SYMMPOOL UNUSED")
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump({"nccl": nccl, "symm": symm, "max_rel_diff": worst, "stats": stats,
-                               "world_size": dist.get_world_size(), "args": vars(args)}, f, indent=1)
+                    context = {
+                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                        "gpu": torch.cuda.get_device_name(),
+                        "torch": torch.__version__,
+                        "cuda": torch.version.cuda,
+                        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                        "symmpool_collectives": os.environ.get("SYMMPOOL_COLLECTIVES", ""),
+                    }
+                    json.dump({"context": context, "nccl": nccl, "symm": symm, "max_rel_diff": worst,
+                               "stats": stats, "world_size": dist.get_world_size(), "args": vars(args)},
+                              f, indent=1)
         return 0 if ok else 1
     finally:
         dist.destroy_process_group()
