@@ -1,7 +1,8 @@
 // Collectives against NCCL on the same symmetric, NCCL-registered buffers,
 // one process per GPU (forked here; rank 0 reports):
 //   AllGather/<impl>/<bytes>, ReduceScatter/<impl>/<bytes>, AllReduce/<impl>/<bytes>
-//     bytes: all-gather output, reduce-scatter input, all-reduce buffer;
+//     bytes: all-gather output, reduce-scatter input, all-reduce buffer
+//     (in place, as torch's allreduce);
 //     counter busbw in GB/s as nccl-tests defines it; impl: nccl, symmpool
 //     (the algorithm table's choice) or symmpool-<algorithm> (one variant)
 //   AllGatherGraph/..., ReduceScatterGraph/..., AllReduceGraph/...: per-op
@@ -98,10 +99,10 @@ Buffers make_buffers(Op op, std::size_t bytes) {
     b.count = elems / R.world;
     b.in = R.alloc->allocate(bytes, s);
     b.out = R.alloc->allocate(b.count * 2, s);
-  } else {
+  } else {  // in place, as torch's allreduce
     b.count = elems;
     b.in = R.alloc->allocate(bytes, s);
-    b.out = R.alloc->allocate(bytes, s);
+    b.out = b.in;
   }
   BENCH_CUDA(cudaMemsetAsync(b.in, 1, op == Op::kAllGather ? b.count * 2 : bytes, R.stream));
   return b;
@@ -123,7 +124,7 @@ void run_once(Op op, const Impl& impl, const Buffers& b) {
 void release(const Buffers& b) {
   BENCH_CUDA(cudaStreamSynchronize(R.stream));
   R.alloc->deallocate(b.in, reinterpret_cast<CUstream>(R.stream));
-  R.alloc->deallocate(b.out, reinterpret_cast<CUstream>(R.stream));
+  if (b.out != b.in) R.alloc->deallocate(b.out, reinterpret_cast<CUstream>(R.stream));
 }
 
 // Times `reps` ops between two events per iteration.
@@ -244,11 +245,13 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
   run_matmuls();
   BENCH_CUDA(cudaDeviceSynchronize());
 
-  const float matmul_alone = timed(compute, run_matmuls);
-  const float comm_alone = timed(R.stream, [&] { run_once(op, impl, buf); });
   // Fixed, not derived from this rank's timings: every rank must run the
   // same number of collectives. 24 x 256 MiB spans the 8 matmuls on H200.
   constexpr int comms = 24;
+  const float matmul_alone = timed(compute, run_matmuls);
+  const float comm_alone = timed(R.stream, [&] {
+                             for (int i = 0; i < comms; ++i) run_once(op, impl, buf);
+                           }) / comms;
   double matmul_ms = 0, comm_ms = 0;
   for (auto _ : state) {
     cudaEvent_t go;
@@ -320,8 +323,10 @@ void register_all() {
         ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
   }
   for (Op op : {Op::kAllGather, Op::kReduceScatter, Op::kAllReduce}) {
-    for (std::size_t bytes = 8 * KiB; bytes <= 8 * MiB; bytes *= 8) {
-      for (const Impl& impl : {kSymmpool, kNccl}) {
+    for (std::size_t bytes : {8 * KiB, 64 * KiB, 512 * KiB, 4 * MiB, 8 * MiB}) {
+      std::vector<Impl> impls = {kSymmpool, kNccl};
+      for (const Impl& v : variants(op)) impls.push_back(v);
+      for (const Impl& impl : impls) {
         std::string n = std::string(op_name(op)) + "Graph/" + impl.name + "/" + name(bytes);
         benchmark::RegisterBenchmark(n.c_str(), GraphLatency, op, impl, bytes)
             ->UseManualTime()->Iterations(30)->Unit(benchmark::kMicrosecond);

@@ -97,7 +97,12 @@ detail::BlockSync Communicator::block_sync(bool fused) const {
 void Communicator::barrier(cudaStream_t stream, BarrierKind kind) {
   check_errors();
   const int n = world();
-  if (kind == BarrierKind::kKernel) {
+  // Stream-op barriers carry an epoch counted on the host, which a graph
+  // would replay unchanged (every replay after the first would pass at
+  // once); captured barriers count on the device instead.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  if (kind == BarrierKind::kKernel || capture != cudaStreamCaptureStatusNone) {
     SYMMPOOL_CUDA_TRY(detail::launch_barrier(peer_pads_, pads_, kernel_epoch_, rank(), n,
                                              error_flag_, timeout_cycles_, stream));
     return;

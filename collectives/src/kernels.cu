@@ -2,6 +2,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda/atomic>
 
 #include <algorithm>
 
@@ -24,11 +25,21 @@ __device__ __forceinline__ auto pick(const Array& a, int p) {
   return r;
 }
 
-__device__ __forceinline__ void wait_for(const std::uint32_t* pad, std::uint32_t epoch, int peer,
-                                         int* error_flag, long long timeout_cycles) {
-  const volatile std::uint32_t* v = pad;
+using SystemWord = cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system>;
+
+// Memory orders follow PyTorch's symmetric-memory kernels: a signal is a
+// release only where this kernel wrote data a peer reads after it, and a
+// wait an acquire only where this kernel reads peers' data after it; what
+// earlier kernels and copies wrote is ordered by the stream itself.
+__device__ __forceinline__ void signal(std::uint32_t* pad, std::uint32_t epoch, cuda::std::memory_order order) {
+  SystemWord(*pad).store(epoch, order);
+}
+
+__device__ __forceinline__ void wait_for(std::uint32_t* pad, std::uint32_t epoch, cuda::std::memory_order order,
+                                         int peer, int* error_flag, long long timeout_cycles) {
+  SystemWord word(*pad);
   const long long start = clock64();
-  while (static_cast<int>(*v - epoch) < 0) {  // wrap-safe "pad < epoch"
+  while (static_cast<int>(word.load(order) - epoch) < 0) {  // wrap-safe "pad < epoch"
     if (clock64() - start > timeout_cycles) {
       atomicCAS(error_flag, 0, peer + 1);
       return;
@@ -37,53 +48,61 @@ __device__ __forceinline__ void wait_for(const std::uint32_t* pad, std::uint32_t
 }
 
 // Thread t < world signals rank t on `row` and waits for rank t's signal.
-// Fences: what this block wrote before is visible to peers before the
-// signal, and what peers wrote before theirs is visible after the wait.
-__device__ __forceinline__ void signal_and_wait(const PadPointers& peers, std::uint32_t* my_pads,
-                                                int row, int rank, int world, std::uint32_t epoch,
-                                                int* error_flag, long long timeout_cycles) {
-  __syncthreads();
+__device__ __forceinline__ void signal_and_wait(const PadPointers& peers, std::uint32_t* my_pads, int row,
+                                                int rank, int world, std::uint32_t epoch,
+                                                cuda::std::memory_order signal_order,
+                                                cuda::std::memory_order wait_order, int* error_flag,
+                                                long long timeout_cycles) {
   const int t = threadIdx.x;
   if (t < world) {
-    __threadfence_system();
-    *reinterpret_cast<volatile std::uint32_t*>(pick(peers.peer, t) + row * kMaxRanks + rank) = epoch;
-    wait_for(my_pads + row * kMaxRanks + t, epoch, t, error_flag, timeout_cycles);
-    __threadfence_system();
+    signal(pick(peers.peer, t) + row * kMaxRanks + rank, epoch, signal_order);
+    wait_for(my_pads + row * kMaxRanks + t, epoch, wait_order, t, error_flag, timeout_cycles);
   }
-  __syncthreads();
 }
 
+// Between copies or kernels of one collective: what came before on every
+// rank is visible to what comes after on every rank.
 __global__ void barrier_kernel(PadPointers peers, std::uint32_t* my_pads,
                                std::uint32_t* epoch_counter, int rank, int world, int* error_flag,
                                long long timeout_cycles) {
-  __shared__ std::uint32_t epoch;
-  if (threadIdx.x == 0) epoch = *epoch_counter + 1;
-  __syncthreads();  // every thread passes `epoch` by value below
-  signal_and_wait(peers, my_pads, kKernelBarrierRow, rank, world, epoch, error_flag, timeout_cycles);
+  const std::uint32_t epoch = *epoch_counter + 1;
+  __syncwarp();  // every lane read the counter before lane 0 moves it on
+  signal_and_wait(peers, my_pads, kKernelBarrierRow, rank, world, epoch, cuda::std::memory_order_release,
+                  cuda::std::memory_order_acquire, error_flag, timeout_cycles);
   if (threadIdx.x == 0) *epoch_counter = epoch;
 }
 
 // Start and end meetings of a block-synchronised kernel: each block uses
-// its own pad row and epoch, so blocks never wait for each other.
+// its own pad row and epoch, so blocks never wait for each other. Only
+// threads below `world` take part; each keeps the block's epoch itself.
 struct BlockMeeting {
   const BlockSync& sync;
   int world;
-  std::uint32_t* epoch;  // shared
+  std::uint32_t epoch = 0;
 
+  // Inputs are ready everywhere: later reads of peers see them.
   __device__ __forceinline__ void start() {
     if (!sync.enabled) return;
-    if (threadIdx.x == 0) *epoch = sync.block_epochs[blockIdx.x];
-    meet(1);
+    if (threadIdx.x < world) {
+      epoch = sync.block_epochs[blockIdx.x];
+      meet(epoch + 1, cuda::std::memory_order_relaxed, cuda::std::memory_order_acquire);
+    }
+    __syncthreads();
   }
+  // Every peer is done with this rank's buffers, and this block's writes
+  // to peers are visible to them.
   __device__ __forceinline__ void end() {
     if (!sync.enabled) return;
-    meet(2);
-    if (threadIdx.x == 0) sync.block_epochs[blockIdx.x] = *epoch + 2;
+    __syncthreads();
+    if (threadIdx.x < world) {
+      meet(epoch + 2, cuda::std::memory_order_release, cuda::std::memory_order_relaxed);
+      if (threadIdx.x == 0) sync.block_epochs[blockIdx.x] = epoch + 2;
+    }
   }
-  __device__ __forceinline__ void meet(std::uint32_t step) {
-    __syncthreads();  // *epoch is set
+  __device__ __forceinline__ void meet(std::uint32_t value, cuda::std::memory_order signal_order,
+                                       cuda::std::memory_order wait_order) {
     signal_and_wait(sync.peers, sync.my_pads, kFirstBlockRow + static_cast<int>(blockIdx.x), sync.rank,
-                    world, *epoch + step, sync.error_flag, sync.timeout_cycles);
+                    world, value, signal_order, wait_order, sync.error_flag, sync.timeout_cycles);
   }
 };
 
@@ -102,8 +121,7 @@ __global__ void __launch_bounds__(kThreads)
     reduce_kernel(BlockSync sync, PeerPointers in, std::size_t src_offset, OutPointers out,
                   int n_outs, std::size_t dst_offset, std::size_t count, int world, float scale,
                   bool vectorized) {
-  __shared__ std::uint32_t epoch;
-  BlockMeeting meeting{sync, world, &epoch};
+  BlockMeeting meeting{sync, world};
   meeting.start();
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
@@ -147,8 +165,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     gather_copy_kernel(BlockSync sync, PeerPointers src, char* dst, std::size_t bytes, int world,
                        bool vectorized) {
-  __shared__ std::uint32_t epoch;
-  BlockMeeting meeting{sync, world, &epoch};
+  BlockMeeting meeting{sync, world};
   meeting.start();
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;

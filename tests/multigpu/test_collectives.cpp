@@ -21,6 +21,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace symmpool::test {
@@ -256,14 +257,21 @@ int back_to_back_and_graph(Ctx& c) {
   // Captured once, replayed with new inputs: barrier epochs live on the
   // device, so replays stay in step. Auto algorithms: a small all-gather and
   // reduce-scatter (single kernels), a large all-reduce (two-shot with
-  // barrier kernels).
+  // barrier kernels); and the copy-engine ones, whose barriers are stream
+  // operations when not captured.
   const std::size_t big = (std::size_t{4} << 20) + 3;
   void* rs_in = dev(c, total);
   void* rs_out = dev(c, bytes);
+  void* rs_out_2step = dev(c, bytes);
+  void* out_pull = dev(c, total);
+  void* out_push = dev(c, total);
   void* ar = dev(c, big * 2);
   auto run_all = [&] {
     c.comm->all_gather(in, out, bytes, c.stream);
+    c.comm->all_gather(in, out_pull, bytes, c.stream, Algorithm::kCopyEnginePull, BarrierKind::kStreamOps);
+    c.comm->all_gather(in, out_push, bytes, c.stream, Algorithm::kCopyEnginePush);
     c.comm->reduce_scatter(rs_in, rs_out, n, t, ReduceOp::kSum, c.stream);
+    c.comm->reduce_scatter(rs_in, rs_out_2step, n, t, ReduceOp::kSum, c.stream, Algorithm::kTwoStep);
     c.comm->all_reduce(ar, ar, big, t, ReduceOp::kSum, c.stream);
   };
   run_all();  // eager first: symmetry checks and scratch happen outside the capture
@@ -275,21 +283,29 @@ int back_to_back_and_graph(Ctx& c) {
   RANK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 5; ++replay) {
     ++seed;
+    // The last rank comes late: a replayed barrier that does not wait lets
+    // the others read its stale inputs.
+    if (rank == world - 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     failures += upload(c, in, rank_data(seed, rank, n, t));
     failures += upload(c, rs_in, rank_data(seed, rank, n * world, t));
     failures += upload(c, ar, rank_data(seed, rank, big, t));
     failures += poison(c, out, total);
-    failures += poison(c, rs_out, bytes);
+    for (void* o : {out_pull, out_push}) failures += poison(c, o, total);
+    for (void* o : {rs_out, rs_out_2step}) failures += poison(c, o, bytes);
     RANK_CUDA(cudaGraphLaunch(exec, c.stream));
-    failures += check(c, out, expected_all_gather(seed, world, n, t), "graph replay of all_gather", t, n);
-    failures += check(c, rs_out, expected_reduction(seed, world, n * world, n * rank, n, t, ReduceOp::kSum),
-                      "graph replay of reduce_scatter", t, n);
+    const auto gathered = expected_all_gather(seed, world, n, t);
+    failures += check(c, out, gathered, "graph replay of all_gather", t, n);
+    failures += check(c, out_pull, gathered, "graph replay of all_gather (copy-engine pull)", t, n);
+    failures += check(c, out_push, gathered, "graph replay of all_gather (copy-engine push)", t, n);
+    const auto scattered = expected_reduction(seed, world, n * world, n * rank, n, t, ReduceOp::kSum);
+    failures += check(c, rs_out, scattered, "graph replay of reduce_scatter", t, n);
+    failures += check(c, rs_out_2step, scattered, "graph replay of reduce_scatter (two-step)", t, n);
     failures += check(c, ar, expected_reduction(seed, world, big, 0, big, t, ReduceOp::kSum),
                       "graph replay of all_reduce (two-shot)", t, big);
   }
   RANK_CUDA(cudaGraphExecDestroy(exec));
   RANK_CUDA(cudaGraphDestroy(graph));
-  for (void* p : {in, out, rs_in, rs_out, ar}) release(c, p);
+  for (void* p : {in, out, rs_in, rs_out, rs_out_2step, out_pull, out_push, ar}) release(c, p);
   return failures;
 }
 

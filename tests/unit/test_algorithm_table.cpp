@@ -7,12 +7,13 @@ namespace symmpool::test {
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
 TEST(AlgorithmTable, FollowsTheTwoGpuMeasurements) {
-  EXPECT_EQ(choose_engine(CollectiveKind::kAllGather, 16 * MiB, 2), Engine::kNccl);
-  EXPECT_EQ(choose_engine(CollectiveKind::kAllGather, 64 * MiB, 2), Engine::kSymmpool);
-  EXPECT_EQ(choose_engine(CollectiveKind::kReduceScatter, 1 * MiB, 2), Engine::kNccl);
-  EXPECT_EQ(choose_engine(CollectiveKind::kReduceScatter, 4 * MiB, 2), Engine::kSymmpool);
-  EXPECT_EQ(choose_engine(CollectiveKind::kAllReduce, 4 * MiB - 1, 2), Engine::kNccl);
-  EXPECT_EQ(choose_engine(CollectiveKind::kAllReduce, 1024 * MiB, 2), Engine::kSymmpool);
+  for (std::size_t bytes : {std::size_t{8} << 10, 64 * MiB, 1024 * MiB})
+    for (auto op : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce})
+      EXPECT_EQ(choose_engine(op, bytes, 2), Engine::kSymmpool) << bytes;
+  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllGather, 16 * MiB, 2), Algorithm::kKernel);
+  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllGather, 16 * MiB + 1, 2), Algorithm::kCopyEnginePush);
+  EXPECT_EQ(choose_algorithm(CollectiveKind::kReduceScatter, 1024 * MiB, 2), Algorithm::kOneShot);
+  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 8 << 10, 2), Algorithm::kTwoShot);
 }
 
 TEST(AlgorithmTable, UnmeasuredWorldSizesUseNccl) {

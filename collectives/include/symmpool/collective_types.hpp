@@ -17,7 +17,8 @@ inline std::string to_string(DataType t) {
 
 enum class BarrierKind {
   kKernel,     // one tiny kernel; safe inside CUDA graphs (its epoch lives on the device)
-  kStreamOps,  // cuStreamWriteValue32 / cuStreamWaitValue32: no SM at all; eager only
+  kStreamOps,  // cuStreamWriteValue32 / cuStreamWaitValue32: no SM at all; while a stream is
+               // captured into a graph, kKernel is used instead (a host epoch would replay)
 };
 
 enum class Algorithm {
