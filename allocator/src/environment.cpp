@@ -34,6 +34,7 @@ Environment Environment::from_process() {
   env.multicast_requested = is_true("SYMMPOOL_ENABLE_MULTICAST");
   env.collectives_always = lowered(std::getenv("SYMMPOOL_COLLECTIVES")) == "always";
   env.collectives_enabled = env.collectives_always || is_true("SYMMPOOL_COLLECTIVES");
+  if (const char* v = std::getenv("SYMMPOOL_MAX_BLOCKS")) env.max_blocks = v;
   return env;
 }
 

@@ -3,6 +3,7 @@
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
 #include <symmpool/cuda_try.hpp>
+#include <symmpool/environment.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -27,6 +28,25 @@ void copy(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
   SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
 }
 
+// SYMMPOOL_MAX_BLOCKS or the default, measured on 2x H200 (README, Results).
+constexpr int kDefaultMaxBlocks = 132 * 4;
+constexpr int kLargestGrid = 65535;
+
+int max_blocks_from(const std::string& text) {
+  if (text.empty()) return kDefaultMaxBlocks;
+  std::size_t used = 0;
+  long value = 0;
+  try {
+    value = std::stol(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  SYMMPOOL_EXPECTS(used == text.size() && value >= 1 && value <= kLargestGrid,
+                   "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to " + std::to_string(kLargestGrid) +
+                       ", got '" + text + "'");
+  return static_cast<int>(value);
+}
+
 void expect_algorithm(bool ok, Algorithm a, const char* op) {
   SYMMPOOL_EXPECTS(ok, std::string("symmpool: algorithm '") + to_string(a) + "' does not apply to " + op);
 }
@@ -34,7 +54,7 @@ void expect_algorithm(bool ok, Algorithm a, const char* op) {
 }  // namespace
 
 Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator)
-    : heap_(heap), allocator_(allocator) {
+    : heap_(heap), allocator_(allocator), max_blocks_(max_blocks_from(Environment::from_process().max_blocks)) {
   SYMMPOOL_EXPECTS(world() <= kMaxRanks, "symmpool collectives support up to " +
                                              std::to_string(kMaxRanks) + " ranks, got " +
                                              std::to_string(world()));
@@ -218,7 +238,7 @@ void Communicator::one_shot(const void* in, std::size_t in_count, void* out, std
   const bool fused = fused_kernel(count * es);
   if (!fused) barrier(stream);
   SYMMPOOL_CUDA_TRY(detail::launch_reduce(block_sync(fused), peers, src_offset, dst, 1, 0, count,
-                                          count, world(), type, scale, stream));
+                                          count, world(), type, scale, max_blocks_, stream));
   if (!fused) barrier(stream);
   if (aliased) copy(out, dst.ptr[0], count * es, stream);
 }
@@ -243,7 +263,7 @@ void Communicator::two_shot(const void* in, void* out, std::size_t count, DataTy
   const bool fused = fused_kernel(chunk * es);
   if (!fused) barrier(stream);
   SYMMPOOL_CUDA_TRY(detail::launch_reduce(block_sync(fused), peers, first, outs, world(), first, mine,
-                                          chunk, world(), type, scale, stream));
+                                          chunk, world(), type, scale, max_blocks_, stream));
   if (!fused) barrier(stream);
 }
 
@@ -271,7 +291,7 @@ void Communicator::two_step(const void* in, void* out, std::size_t count, DataTy
     chunks.ptr[me] = staged + static_cast<std::size_t>(me) * bytes;
   }
   SYMMPOOL_CUDA_TRY(detail::launch_reduce(block_sync(false), chunks, 0, dst, 1, 0, count, count, n,
-                                          type, scale, stream));
+                                          type, scale, max_blocks_, stream));
 }
 
 void Communicator::reduce_scatter(const void* in, void* out, std::size_t count, DataType type,

@@ -11,7 +11,6 @@ namespace symmpool::detail {
 namespace {
 
 constexpr int kThreads = 512;
-constexpr int kMaxUnsyncedBlocks = 132 * 4;  // H200 SMs x 4 resident blocks
 
 // Peer pointers are indexed with compile-time constants only (loops over
 // kMaxRanks, unrolled), so they stay in the parameter bank: a runtime index
@@ -189,16 +188,16 @@ __global__ void __launch_bounds__(kThreads)
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0; }
 
-int grid_for(std::size_t work, bool synced) {
+int grid_for(std::size_t work, std::size_t cap) {
   const std::size_t blocks = (work + kThreads - 1) / kThreads;
-  const std::size_t cap = synced ? kMaxSyncBlocks : kMaxUnsyncedBlocks;
   return static_cast<int>(std::max<std::size_t>(1, std::min(blocks, cap)));
 }
 
 template <typename T>
 cudaError_t reduce_as(const BlockSync& sync, const PeerPointers& in, std::size_t src_offset,
                       const OutPointers& out, int n_outs, std::size_t dst_offset, std::size_t count,
-                      std::size_t grid_count, int world, float scale, cudaStream_t stream) {
+                      std::size_t grid_count, int world, float scale, int max_blocks,
+                      cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
   // Alignment may differ across ranks (reduce-scatter reads at rank * count),
   // so it picks the loads but never the grid: meeting blocks must match.
@@ -207,7 +206,7 @@ cudaError_t reduce_as(const BlockSync& sync, const PeerPointers& in, std::size_t
     vectorized = vectorized && aligned16(static_cast<const T*>(in.ptr[p]) + src_offset);
   for (int o = 0; o < n_outs; ++o)
     vectorized = vectorized && aligned16(static_cast<T*>(out.ptr[o]) + dst_offset);
-  const int blocks = grid_for(grid_count / V + 1, sync.enabled);
+  const int blocks = grid_for(grid_count / V + 1, sync.enabled ? kMaxSyncBlocks : max_blocks);
   reduce_kernel<T><<<blocks, kThreads, 0, stream>>>(sync, in, src_offset, out, n_outs, dst_offset,
                                                    count, world, scale, vectorized);
   return cudaGetLastError();
@@ -226,14 +225,14 @@ cudaError_t launch_barrier(const PadPointers& peers, std::uint32_t* my_pads,
 cudaError_t launch_reduce(const BlockSync& sync, const PeerPointers& in, std::size_t src_offset,
                           const OutPointers& out, int n_outs, std::size_t dst_offset,
                           std::size_t count, std::size_t grid_count, int world, DataType type,
-                          float scale, cudaStream_t stream) {
+                          float scale, int max_blocks, cudaStream_t stream) {
   switch (type) {
     case DataType::kFloat32:
-      return reduce_as<float>(sync, in, src_offset, out, n_outs, dst_offset, count, grid_count, world, scale, stream);
+      return reduce_as<float>(sync, in, src_offset, out, n_outs, dst_offset, count, grid_count, world, scale, max_blocks, stream);
     case DataType::kFloat16:
-      return reduce_as<__half>(sync, in, src_offset, out, n_outs, dst_offset, count, grid_count, world, scale, stream);
+      return reduce_as<__half>(sync, in, src_offset, out, n_outs, dst_offset, count, grid_count, world, scale, max_blocks, stream);
     case DataType::kBFloat16:
-      return reduce_as<__nv_bfloat16>(sync, in, src_offset, out, n_outs, dst_offset, count, grid_count, world, scale, stream);
+      return reduce_as<__nv_bfloat16>(sync, in, src_offset, out, n_outs, dst_offset, count, grid_count, world, scale, max_blocks, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -242,7 +241,7 @@ cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, c
                                std::size_t bytes, int world, cudaStream_t stream) {
   bool vectorized = aligned16(dst) && bytes % 16 == 0;
   for (int p = 0; p < world; ++p) vectorized = vectorized && aligned16(src.ptr[p]);
-  const int blocks = grid_for(bytes / 16 + 1, sync.enabled);  // equal on every rank
+  const int blocks = grid_for(bytes / 16 + 1, kMaxSyncBlocks);  // equal on every rank
   gather_copy_kernel<<<blocks, kThreads, 0, stream>>>(sync, src, dst, bytes, world, vectorized);
   return cudaGetLastError();
 }

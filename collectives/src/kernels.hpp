@@ -24,10 +24,11 @@ cudaError_t launch_barrier(const PadPointers& peers, std::uint32_t* my_pads,
 //   out_o[dst_offset + i] = scale * sum_p in_p[src_offset + i], in fp32.
 // grid_count sizes the grid: with sync enabled it must be equal on every
 // rank, so two-shot passes its full chunk even where the last one is short.
+// Without sync, the grid has at most max_blocks blocks.
 cudaError_t launch_reduce(const BlockSync& sync, const PeerPointers& in, std::size_t src_offset,
                           const OutPointers& out, int n_outs, std::size_t dst_offset,
                           std::size_t count, std::size_t grid_count, int world, DataType type,
-                          float scale, cudaStream_t stream);
+                          float scale, int max_blocks, cudaStream_t stream);
 
 // dst[p * bytes, (p + 1) * bytes) = src_p[0, bytes) for every p < world.
 cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, char* dst,

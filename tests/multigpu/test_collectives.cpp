@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -337,6 +338,22 @@ int bad_input(Ctx& c) {
   return failures;
 }
 
+// A bad SYMMPOOL_MAX_BLOCKS is refused, naming itself, before the
+// communicator does any collective work.
+int bad_environment(Ctx& c, SymmetricHeap& heap) {
+  const int rank = c.rank;
+  int failures = 0;
+  ::setenv("SYMMPOOL_MAX_BLOCKS", "lots", 1);
+  try {
+    Communicator bad(heap, *c.alloc);
+    RANK_EXPECT(false, "SYMMPOOL_MAX_BLOCKS=lots was accepted");
+  } catch (const logic_error& e) {
+    RANK_EXPECT(std::strstr(e.what(), "SYMMPOOL_MAX_BLOCKS") && std::strstr(e.what(), "'lots'"), "%s", e.what());
+  }
+  ::unsetenv("SYMMPOOL_MAX_BLOCKS");
+  return failures;
+}
+
 // One rank per GPU, checked against the host reference and NCCL.
 int collectives_rank(int rank, int world, Rendezvous& rv) {
   ncclComm_t nccl = init_nccl(rank, world, rv, kTimeoutSeconds);
@@ -344,9 +361,10 @@ int collectives_rank(int rank, int world, Rendezvous& rv) {
   RANK_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
   FileStore store(store_dir());
   SymmetricHeap heap(real_driver(), *c.alloc, store, "coll" + std::to_string(world), rank, world);
+  int failures = bad_environment(c, heap);
   Communicator comm(heap, *c.alloc);
   c.comm = &comm;
-  int failures = correctness(c);
+  failures += correctness(c);
   failures += back_to_back_and_graph(c);
   if (world > 1) failures += bad_input(c);  // mismatches need two ranks
   RANK_CUDA(cudaStreamSynchronize(c.stream));

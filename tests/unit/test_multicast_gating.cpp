@@ -119,4 +119,12 @@ TEST(Environment, ReadsTheCollectivesMode) {
   ::unsetenv("SYMMPOOL_COLLECTIVES");
 }
 
+TEST(Environment, ReadsTheGridCapAsWritten) {
+  ::unsetenv("SYMMPOOL_MAX_BLOCKS");
+  EXPECT_EQ(Environment::from_process().max_blocks, "");
+  ::setenv("SYMMPOOL_MAX_BLOCKS", "64", 1);
+  EXPECT_EQ(Environment::from_process().max_blocks, "64");
+  ::unsetenv("SYMMPOOL_MAX_BLOCKS");
+}
+
 }  // namespace symmpool::test

@@ -17,6 +17,10 @@ struct Environment {
   // for every call it can take (tests). Off by default until measured on 8 GPUs.
   bool collectives_enabled = false;
   bool collectives_always = false;
+  // SYMMPOOL_MAX_BLOCKS: cap on the grid of reduction kernels too large to
+  // meet their peers inside (they hold SMs that overlapping compute wants),
+  // as NCCL_MAX_CTAS caps NCCL's; empty when unset, checked by the user.
+  std::string max_blocks;
 
   // Reads the current process environment.
   static Environment from_process();

@@ -74,6 +74,7 @@ class Communicator {
   std::uint32_t stream_op_epoch_ = 0;      // host-side counter of stream-op barriers
   detail::PadPointers peer_pads_{};        // every rank's pads, mapped here
   long long timeout_cycles_ = 0;           // barriers' patience
+  int max_blocks_ = 0;                     // grid cap of unsynchronised reductions
   int* error_flag_ = nullptr;              // host-mapped: set by a barrier that timed out
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;
