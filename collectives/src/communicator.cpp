@@ -28,8 +28,11 @@ void copy(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
   SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
 }
 
-// SYMMPOOL_MAX_BLOCKS or the default, measured on 2x H200 (README, Results).
-constexpr int kDefaultMaxBlocks = 132 * 4;
+// SYMMPOOL_MAX_BLOCKS or the default. 2x H200, 256 MiB reduce-scatter under 8
+// matmuls (bench/results/collectives_grid_cap_h200x2_2026-11-22.json):
+// 528 blocks 328 GB/s at 1 GiB alone but matmuls 24.9% slower; 64 blocks
+// 298 GB/s and 11.2% (NCCL: 260 GB/s, 12.2%); 32 blocks 166 GB/s.
+constexpr int kDefaultMaxBlocks = 64;
 constexpr int kLargestGrid = 65535;
 
 int max_blocks_from(const std::string& text) {
