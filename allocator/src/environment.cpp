@@ -35,6 +35,7 @@ Environment Environment::from_process() {
   env.collectives_always = lowered(std::getenv("SYMMPOOL_COLLECTIVES")) == "always";
   env.collectives_enabled = env.collectives_always || is_true("SYMMPOOL_COLLECTIVES");
   if (const char* v = std::getenv("SYMMPOOL_MAX_BLOCKS")) env.max_blocks = v;
+  if (const char* v = std::getenv("SYMMPOOL_COPY_STREAMS")) env.copy_streams = v;
   return env;
 }
 

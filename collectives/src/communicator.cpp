@@ -1,3 +1,4 @@
+#include "copy_streams.hpp"
 #include "kernels.hpp"
 
 #include <symmpool/algorithm_table.hpp>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace symmpool {
 
@@ -35,8 +37,11 @@ void copy(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
 constexpr int kDefaultMaxBlocks = 64;
 constexpr int kLargestGrid = 65535;
 
-int max_blocks_from(const std::string& text) {
-  if (text.empty()) return kDefaultMaxBlocks;
+constexpr int kDefaultCopyStreams = 1;
+
+// A whole number in [lowest, highest] from the environment variable `name`.
+int setting(const std::string& text, const char* name, int fallback, int lowest, int highest) {
+  if (text.empty()) return fallback;
   std::size_t used = 0;
   long value = 0;
   try {
@@ -44,9 +49,9 @@ int max_blocks_from(const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  SYMMPOOL_EXPECTS(used == text.size() && value >= 1 && value <= kLargestGrid,
-                   "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to " + std::to_string(kLargestGrid) +
-                       ", got '" + text + "'");
+  SYMMPOOL_EXPECTS(used == text.size() && value >= lowest && value <= highest,
+                   std::string(name) + " must be a whole number from " + std::to_string(lowest) + " to " +
+                       std::to_string(highest) + ", got '" + text + "'");
   return static_cast<int>(value);
 }
 
@@ -57,7 +62,10 @@ void expect_algorithm(bool ok, Algorithm a, const char* op) {
 }  // namespace
 
 Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator)
-    : heap_(heap), allocator_(allocator), max_blocks_(max_blocks_from(Environment::from_process().max_blocks)) {
+    : heap_(heap), allocator_(allocator) {
+  const Environment env = Environment::from_process();
+  max_blocks_ = setting(env.max_blocks, "SYMMPOOL_MAX_BLOCKS", kDefaultMaxBlocks, 1, kLargestGrid);
+  const int copy_streams = setting(env.copy_streams, "SYMMPOOL_COPY_STREAMS", kDefaultCopyStreams, 1, 8);
   SYMMPOOL_EXPECTS(world() <= kMaxRanks, "symmpool collectives support up to " +
                                              std::to_string(kMaxRanks) + " ranks, got " +
                                              std::to_string(world()));
@@ -86,6 +94,7 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator)
   int khz = 0;
   SYMMPOOL_CUDA_TRY(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, allocator_.device()));
   timeout_cycles_ = static_cast<long long>(khz) * 1000LL * kBarrierTimeoutSeconds;
+  copies_ = std::make_unique<detail::CopyStreams>(copy_streams);
 }
 
 Communicator::~Communicator() {
@@ -202,15 +211,17 @@ void Communicator::all_gather(const void* in, void* out, std::size_t bytes_per_r
                                                  bytes_per_rank, n, stream));
     return;
   }
-  barrier(stream, kind);  // inputs ready and outputs free everywhere
+  std::vector<detail::Copy> copies;
   for (int k = 1; k < n; ++k) {
     const int p = (me + k) % n;  // spread the copies over the links
     if (algorithm == Algorithm::kCopyEnginePull)
-      copy(at(out, slice(p)), peer_input(p), bytes_per_rank, stream);
+      copies.push_back({at(out, slice(p)), peer_input(p), bytes_per_rank});
     else
-      copy(at(heap_.peer_ptr(out, p), slice(me)), in, bytes_per_rank, stream);
+      copies.push_back({at(heap_.peer_ptr(out, p), slice(me)), in, bytes_per_rank});
   }
-  if (!in_place) copy(at(out, slice(me)), in, bytes_per_rank, stream);
+  if (!in_place) copies.push_back({at(out, slice(me)), in, bytes_per_rank});
+  barrier(stream, kind);  // inputs ready and outputs free everywhere
+  copies_->issue(copies, stream);
   barrier(stream, kind);  // every copy landed; nobody reuses a buffer a peer still reads
 }
 
@@ -278,11 +289,14 @@ void Communicator::two_step(const void* in, void* out, std::size_t count, DataTy
   // Copy engines bring every rank's chunk `me` here; then peers are free and
   // an SM kernel reduces from local memory only.
   char* staged = static_cast<char*>(scratch(bytes * static_cast<std::size_t>(n)));
-  barrier(stream);
+  std::vector<detail::Copy> copies;
   for (int k = 1; k < n; ++k) {
     const int p = (me + k) % n;
-    copy(staged + static_cast<std::size_t>(p) * bytes, at(heap_.peer_ptr(in, p), bytes * static_cast<std::size_t>(me)), bytes, stream);
+    copies.push_back({staged + static_cast<std::size_t>(p) * bytes,
+                      at(heap_.peer_ptr(in, p), bytes * static_cast<std::size_t>(me)), bytes});
   }
+  barrier(stream);
+  copies_->issue(copies, stream);
   barrier(stream);
   detail::PeerPointers chunks{};
   for (int p = 0; p < n; ++p) chunks.ptr[p] = staged + static_cast<std::size_t>(p) * bytes;

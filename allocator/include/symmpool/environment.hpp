@@ -21,6 +21,8 @@ struct Environment {
   // meet their peers inside (they hold SMs that overlapping compute wants),
   // as NCCL_MAX_CTAS caps NCCL's; empty when unset, checked by the user.
   std::string max_blocks;
+  // SYMMPOOL_COPY_STREAMS: streams that share each copy-engine copy (1..8).
+  std::string copy_streams;
 
   // Reads the current process environment.
   static Environment from_process();

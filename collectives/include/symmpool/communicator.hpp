@@ -19,9 +19,14 @@
 #include <cuda_runtime_api.h>
 
 #include <map>
+#include <memory>
 #include <utility>
 
 namespace symmpool {
+
+namespace detail {
+class CopyStreams;
+}
 
 class Communicator {
  public:
@@ -75,6 +80,7 @@ class Communicator {
   detail::PadPointers peer_pads_{};        // every rank's pads, mapped here
   long long timeout_cycles_ = 0;           // barriers' patience
   int max_blocks_ = 0;                     // grid cap of unsynchronised reductions
+  std::unique_ptr<detail::CopyStreams> copies_;  // where copy-engine copies are issued
   int* error_flag_ = nullptr;              // host-mapped: set by a barrier that timed out
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;

@@ -1,0 +1,38 @@
+#pragma once
+// Device-to-device copies of one collective, issued on the caller's stream
+// alone or split over it and side streams (so more copy engines move one
+// peer's data), joined back before the caller's stream goes on. Forks and
+// joins are events, so the copies can be captured in a CUDA graph.
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace symmpool::detail {
+
+struct Copy {
+  void* dst;
+  const void* src;
+  std::size_t bytes;
+};
+
+class CopyStreams {
+ public:
+  // `streams` in [1, 8]: 1 issues every copy on the caller's stream.
+  // Creates its side streams on the current device.
+  explicit CopyStreams(int streams);
+  ~CopyStreams();
+  CopyStreams(const CopyStreams&) = delete;
+  CopyStreams& operator=(const CopyStreams&) = delete;
+
+  // Each copy is cut into one part per stream, in order.
+  void issue(const std::vector<Copy>& copies, cudaStream_t stream);
+
+ private:
+  std::vector<cudaStream_t> side_;
+  std::vector<cudaEvent_t> joins_;
+  cudaEvent_t fork_ = nullptr;
+};
+
+}  // namespace symmpool::detail
