@@ -10,7 +10,9 @@
 //   all_reduce     one-shot, or two-shot (reduce a chunk, push it everywhere)
 //   barrier        kernel or stream memory operations on signal pads
 // Kernels of small messages meet their peers inside (one launch per call);
-// larger ones are bracketed by barrier kernels.
+// larger ones are bracketed by barrier kernels. SYMMPOOL_MAX_BLOCKS and
+// SYMMPOOL_COPY_STREAMS, read at construction, cap the grid of the larger
+// reductions and split copy-engine copies over streams (README, Collectives).
 
 #include <symmpool/collective_types.hpp>
 #include <symmpool/detail/peer_pointers.hpp>
