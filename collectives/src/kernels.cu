@@ -115,29 +115,27 @@ template <> __device__ __forceinline__ float from_float(float v) { return v; }
 template <> __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 
-// Reduces the 16-byte vectors v, v + stride, ..., v + (U - 1) * stride:
-// all U * world loads are in flight before the first add, so fewer blocks
-// keep the links busy.
-template <int U, typename T>
-__device__ __forceinline__ void reduce_vectors(const PeerPointers& in, std::size_t src_offset,
-                                               const OutPointers& out, int n_outs,
-                                               std::size_t dst_offset, std::size_t v,
-                                               std::size_t stride, int world, float scale) {
-  constexpr int V = 16 / sizeof(T);  // elements per vector
-  uint4 raw[U][kMaxRanks];
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    reduce_kernel(BlockSync sync, PeerPointers in, std::size_t src_offset, OutPointers out,
+                  int n_outs, std::size_t dst_offset, std::size_t count, int world, float scale,
+                  bool vectorized) {
+  BlockMeeting meeting{sync, world};
+  meeting.start();
+  constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t vectors = vectorized ? count / V : 0;
+  for (std::size_t v = first; v < vectors; v += stride) {
+    uint4 raw[kMaxRanks];
 #pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int p = 0; p < kMaxRanks; ++p)
-      if (p < world)
-        raw[u][p] = __ldcg(reinterpret_cast<const uint4*>(static_cast<const T*>(in.ptr[p]) + src_offset) + v + u * stride);
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
+    for (int p = 0; p < kMaxRanks; ++p)  // every load in flight before the first add
+      if (p < world) raw[p] = __ldcg(reinterpret_cast<const uint4*>(static_cast<const T*>(in.ptr[p]) + src_offset) + v);
     float acc[V] = {};
 #pragma unroll
     for (int p = 0; p < kMaxRanks; ++p) {
       if (p < world) {
-        const T* e = reinterpret_cast<const T*>(&raw[u][p]);
+        const T* e = reinterpret_cast<const T*>(&raw[p]);
 #pragma unroll
         for (int j = 0; j < V; ++j) acc[j] += to_float(e[j]);
       }
@@ -148,27 +146,8 @@ __device__ __forceinline__ void reduce_vectors(const PeerPointers& in, std::size
     for (int j = 0; j < V; ++j) r[j] = from_float<T>(acc[j] * scale);
 #pragma unroll
     for (int o = 0; o < kMaxRanks; ++o)
-      if (o < n_outs) reinterpret_cast<uint4*>(static_cast<T*>(out.ptr[o]) + dst_offset)[v + u * stride] = packed;
+      if (o < n_outs) reinterpret_cast<uint4*>(static_cast<T*>(out.ptr[o]) + dst_offset)[v] = packed;
   }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    reduce_kernel(BlockSync sync, PeerPointers in, std::size_t src_offset, OutPointers out,
-                  int n_outs, std::size_t dst_offset, std::size_t count, int world, float scale,
-                  bool vectorized) {
-  BlockMeeting meeting{sync, world};
-  meeting.start();
-  constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
-  constexpr int kUnroll = 2;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::size_t vectors = vectorized ? count / V : 0;
-  std::size_t v = first;
-  for (; v + (kUnroll - 1) * stride < vectors; v += kUnroll * stride)
-    reduce_vectors<kUnroll, T>(in, src_offset, out, n_outs, dst_offset, v, stride, world, scale);
-  for (; v < vectors; v += stride)
-    reduce_vectors<1, T>(in, src_offset, out, n_outs, dst_offset, v, stride, world, scale);
   for (std::size_t i = vectors * V + first; i < count; i += stride) {
     float acc = 0.f;
 #pragma unroll
