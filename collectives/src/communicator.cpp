@@ -26,10 +26,6 @@ bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_by
 const char* at(const void* p, std::size_t offset) { return static_cast<const char*>(p) + offset; }
 char* at(void* p, std::size_t offset) { return static_cast<char*>(p) + offset; }
 
-void copy(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
-  SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-}
-
 // SYMMPOOL_MAX_BLOCKS or the default. 2x H200, 256 MiB reduce-scatter under 8
 // matmuls (bench/results/collectives_grid_cap_h200x2_2026-11-22.json):
 // 528 blocks 328 GB/s at 1 GiB alone but matmuls 24.9% slower; 64 blocks
@@ -254,7 +250,7 @@ void Communicator::one_shot(const void* in, std::size_t in_count, void* out, std
   SYMMPOOL_CUDA_TRY(detail::launch_reduce(block_sync(fused), peers, src_offset, dst, 1, 0, count,
                                           count, world(), type, scale, max_blocks_, stream));
   if (!fused) barrier(stream);
-  if (aliased) copy(out, dst.ptr[0], count * es, stream);
+  if (aliased) detail::copy_on(stream, out, dst.ptr[0], count * es);
 }
 
 void Communicator::two_shot(const void* in, void* out, std::size_t count, DataType type,
@@ -304,7 +300,7 @@ void Communicator::two_step(const void* in, void* out, std::size_t count, DataTy
   detail::OutPointers dst{};
   dst.ptr[0] = out;
   if (overlap(in, bytes * static_cast<std::size_t>(n), out, bytes) && out != chunks.ptr[me]) {
-    copy(staged + static_cast<std::size_t>(me) * bytes, chunks.ptr[me], bytes, stream);
+    detail::copy_on(stream, staged + static_cast<std::size_t>(me) * bytes, chunks.ptr[me], bytes);
     chunks.ptr[me] = staged + static_cast<std::size_t>(me) * bytes;
   }
   SYMMPOOL_CUDA_TRY(detail::launch_reduce(block_sync(false), chunks, 0, dst, 1, 0, count, count, n,

@@ -6,6 +6,10 @@
 
 namespace symmpool::detail {
 
+void copy_on(cudaStream_t stream, void* dst, const void* src, std::size_t bytes) {
+  SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+}
+
 CopyStreams::CopyStreams(int streams) {
   SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   for (int i = 1; i < streams; ++i) {
@@ -26,9 +30,7 @@ CopyStreams::~CopyStreams() {
 
 void CopyStreams::issue(const std::vector<Copy>& copies, cudaStream_t stream) {
   auto copy = [](const Copy& c, std::size_t from, std::size_t bytes, cudaStream_t s) {
-    if (bytes == 0) return;
-    SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(static_cast<char*>(c.dst) + from, static_cast<const char*>(c.src) + from,
-                                      bytes, cudaMemcpyDeviceToDevice, s));
+    if (bytes > 0) copy_on(s, static_cast<char*>(c.dst) + from, static_cast<const char*>(c.src) + from, bytes);
   };
   if (side_.empty()) {
     for (const Copy& c : copies) copy(c, 0, c.bytes, stream);

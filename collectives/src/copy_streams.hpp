@@ -17,6 +17,9 @@ struct Copy {
   std::size_t bytes;
 };
 
+// One device-to-device copy on `stream`.
+void copy_on(cudaStream_t stream, void* dst, const void* src, std::size_t bytes);
+
 class CopyStreams {
  public:
   // `streams` in [1, 8]: 1 issues every copy on the caller's stream.
