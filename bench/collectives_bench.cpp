@@ -20,6 +20,7 @@
 #include <symmpool/communicator.hpp>
 #include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/device_allocators.hpp>
+#include <symmpool/driver_api.hpp>
 #include <symmpool/nccl_registration.hpp>
 
 #include <benchmark/benchmark.h>
@@ -27,6 +28,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -188,23 +190,6 @@ void GraphLatency(benchmark::State& state, Op op, Impl impl, std::size_t bytes) 
   release(b);
 }
 
-// Elapsed milliseconds of `work` enqueued on `stream`, by events.
-template <typename F>
-float timed(cudaStream_t stream, F work) {
-  cudaEvent_t start, stop;
-  BENCH_CUDA(cudaEventCreate(&start));
-  BENCH_CUDA(cudaEventCreate(&stop));
-  BENCH_CUDA(cudaEventRecord(start, stream));
-  work();
-  BENCH_CUDA(cudaEventRecord(stop, stream));
-  BENCH_CUDA(cudaEventSynchronize(stop));
-  float ms = 0;
-  BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms;
-}
-
 // Matmuls on one stream while the collective loops on another.
 void Contention(benchmark::State& state, Op op, Impl impl) {
   constexpr int n = 8192, matmuls = 8;
@@ -248,38 +233,61 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
   // Fixed, not derived from this rank's timings: every rank must run the
   // same number of collectives. 24 x 256 MiB spans the 8 matmuls on H200.
   constexpr int comms = 24;
-  const float matmul_alone = timed(compute, run_matmuls);
+  // Each timed run holds its streams on one device word until all of its
+  // work is enqueued: the host's time to enqueue 24 collectives must not
+  // count as matmul time, nor the matmuls' launch gap as idle.
+  cudaStream_t opener;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&opener, cudaStreamNonBlocking));
+  std::uint32_t* gate = nullptr;
+  BENCH_CUDA(cudaMalloc(&gate, sizeof(std::uint32_t)));
+  BENCH_CUDA(cudaMemset(gate, 0, sizeof(std::uint32_t)));
+  const symmpool::DriverApi& drv = symmpool::real_driver();
+  std::uint32_t epoch = 0;
+  struct Times {
+    float matmul_ms = 0, comm_ms = 0;
+  };
+  auto run_gated = [&](bool with_matmuls, bool with_comms) {
+    ++epoch;
+    cudaEvent_t m0, m1, c0, c1;
+    for (cudaEvent_t* e : {&m0, &m1, &c0, &c1}) BENCH_CUDA(cudaEventCreate(e));
+    for (cudaStream_t s : {R.stream, compute})
+      BENCH_CHECK(drv.cuStreamWaitValue32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(gate),
+                                          epoch, CU_STREAM_WAIT_VALUE_GEQ),
+                  CUDA_SUCCESS);
+    BENCH_CUDA(cudaEventRecord(c0, R.stream));
+    BENCH_CUDA(cudaEventRecord(m0, compute));
+    if (with_comms)
+      for (int i = 0; i < comms; ++i) run_once(op, impl, buf);
+    if (with_matmuls) run_matmuls();
+    BENCH_CUDA(cudaEventRecord(c1, R.stream));
+    BENCH_CUDA(cudaEventRecord(m1, compute));
+    BENCH_CHECK(drv.cuStreamWriteValue32(reinterpret_cast<CUstream>(opener), reinterpret_cast<CUdeviceptr>(gate),
+                                         epoch, CU_STREAM_WRITE_VALUE_DEFAULT),
+                CUDA_SUCCESS);
+    BENCH_CUDA(cudaEventSynchronize(m1));
+    BENCH_CUDA(cudaEventSynchronize(c1));
+    Times t;
+    BENCH_CUDA(cudaEventElapsedTime(&t.matmul_ms, m0, m1));
+    BENCH_CUDA(cudaEventElapsedTime(&t.comm_ms, c0, c1));
+    t.comm_ms /= comms;
+    for (cudaEvent_t e : {m0, m1, c0, c1}) cudaEventDestroy(e);
+    return t;
+  };
+  const float matmul_alone = run_gated(true, false).matmul_ms;
   // The peers' matmuls may still run: meet them first, or the standalone
   // time would include waiting for them.
   run_once(op, impl, buf);
   BENCH_CUDA(cudaStreamSynchronize(R.stream));
-  const float comm_alone = timed(R.stream, [&] {
-                             for (int i = 0; i < comms; ++i) run_once(op, impl, buf);
-                           }) / comms;
+  const float comm_alone = run_gated(false, true).comm_ms;
   double matmul_ms = 0, comm_ms = 0;
   for (auto _ : state) {
-    cudaEvent_t go;
-    BENCH_CUDA(cudaEventCreate(&go));
-    BENCH_CUDA(cudaEventRecord(go, R.stream));
-    BENCH_CUDA(cudaStreamWaitEvent(compute, go));  // start both together
-    cudaEvent_t m0, m1, c0, c1;
-    for (cudaEvent_t* e : {&m0, &m1, &c0, &c1}) BENCH_CUDA(cudaEventCreate(e));
-    BENCH_CUDA(cudaEventRecord(c0, R.stream));
-    BENCH_CUDA(cudaEventRecord(m0, compute));
-    for (int i = 0; i < comms; ++i) run_once(op, impl, buf);
-    BENCH_CUDA(cudaEventRecord(c1, R.stream));
-    run_matmuls();
-    BENCH_CUDA(cudaEventRecord(m1, compute));
-    BENCH_CUDA(cudaEventSynchronize(m1));
-    BENCH_CUDA(cudaEventSynchronize(c1));
-    float m = 0, co = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&m, m0, m1));
-    BENCH_CUDA(cudaEventElapsedTime(&co, c0, c1));
-    matmul_ms += m;
-    comm_ms += co / comms;
-    state.SetIterationTime(m / 1e3);
-    for (cudaEvent_t e : {go, m0, m1, c0, c1}) cudaEventDestroy(e);
+    const Times t = run_gated(true, true);
+    matmul_ms += t.matmul_ms;
+    comm_ms += t.comm_ms;
+    state.SetIterationTime(t.matmul_ms / 1e3);
   }
+  BENCH_CUDA(cudaFree(gate));
+  BENCH_CUDA(cudaStreamDestroy(opener));
   R.comm->check_errors();
   const double iters = static_cast<double>(state.iterations());
   state.counters["matmul_alone_ms"] = matmul_alone;
@@ -319,6 +327,7 @@ void register_all() {
   const std::vector<std::pair<Op, Impl>> contention = {
       {Op::kAllGather, kNccl}, {Op::kAllGather, kSymmpool},
       {Op::kAllGather, {"symmpool-ce-push", false, Algorithm::kCopyEnginePush}},
+      {Op::kAllGather, {"symmpool-ce-pull", false, Algorithm::kCopyEnginePull}},
       {Op::kReduceScatter, kNccl}, {Op::kReduceScatter, kSymmpool},
       {Op::kReduceScatter, {"symmpool-2step", false, Algorithm::kTwoStep}}};
   for (const auto& [op, impl] : contention) {

@@ -8,18 +8,32 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 
 TEST(AlgorithmTable, FollowsTheTwoGpuMeasurements) {
   for (std::size_t bytes : {std::size_t{8} << 10, 64 * MiB, 1024 * MiB})
-    for (auto op : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce})
+    for (auto op : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter})
       EXPECT_EQ(choose_engine(op, bytes, 2), Engine::kSymmpool) << bytes;
+  EXPECT_EQ(choose_engine(CollectiveKind::kAllReduce, 256 * MiB, 2), Engine::kSymmpool);
+  EXPECT_EQ(choose_engine(CollectiveKind::kAllReduce, 256 * MiB + 2, 2), Engine::kNccl);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllGather, 16 * MiB, 2), Algorithm::kKernel);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllGather, 16 * MiB + 1, 2), Algorithm::kCopyEnginePush);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kReduceScatter, 1024 * MiB, 2), Algorithm::kOneShot);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 8 << 10, 2), Algorithm::kTwoShot);
 }
 
+TEST(AlgorithmTable, FollowsTheFourGpuMeasurements) {
+  for (std::size_t bytes : {std::size_t{8} << 10, 64 * MiB, 1024 * MiB})
+    for (auto op : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter})
+      EXPECT_EQ(choose_engine(op, bytes, 4), Engine::kSymmpool) << bytes;
+  EXPECT_EQ(choose_engine(CollectiveKind::kAllReduce, 8 << 10, 4), Engine::kSymmpool);
+  EXPECT_EQ(choose_engine(CollectiveKind::kAllReduce, 16 * MiB, 4), Engine::kSymmpool);
+  EXPECT_EQ(choose_engine(CollectiveKind::kAllReduce, 64 * MiB, 4), Engine::kNccl);
+  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllGather, 64 << 10, 4), Algorithm::kKernel);
+  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllGather, 256 * MiB, 4), Algorithm::kCopyEnginePush);
+}
+
 TEST(AlgorithmTable, UnmeasuredWorldSizesUseNccl) {
-  for (int world : {1, 4, 8})
+  for (int world : {1, 3, 8})
     for (auto op : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce})
-      EXPECT_EQ(choose_engine(op, 1024 * MiB, world), Engine::kNccl) << world;
+      for (std::size_t bytes : {std::size_t{8} << 10, 1024 * MiB})
+        EXPECT_EQ(choose_engine(op, bytes, world), Engine::kNccl) << world << " " << bytes;
 }
 
 }  // namespace symmpool::test

@@ -1,17 +1,16 @@
 #pragma once
 // Which engine runs a collective the "symm" backend could run itself, and
-// which symmpool algorithm runs it. Entries come from measurements
-// (bench/results/collectives_h200x2_2026-11-22d.json, 2x H200, bf16): at 2
-// ranks symmpool beat NCCL at every size measured (64 KiB..1 GiB eager,
-// 8 KiB..8 MiB in graphs) but the 1 GiB all-reduce (321 vs 329 GB/s, with
-// the default 64-block cap); world sizes not measured yet go to NCCL.
-// "(run c)": from collectives_h200x2_2026-11-22c.json, before that cap.
+// which symmpool algorithm runs it. Entries come from measurements (bf16,
+// eager 64 KiB..1 GiB and 8 KiB..8 MiB in CUDA graphs, NCCL on the same
+// buffers); world sizes not measured go to NCCL. "(run c)": from
+// collectives_h200x2_2026-11-22c.json, before the 64-block cap.
 // Choices depend only on the op, the size and the world size, so every rank
 // makes the same.
 
 #include <symmpool/collective_types.hpp>
 
 #include <cstddef>
+#include <limits>
 
 namespace symmpool {
 
@@ -19,26 +18,51 @@ enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce };
 enum class Engine { kSymmpool, kNccl };
 
 inline constexpr std::size_t kMiB = std::size_t{1} << 20;
+inline constexpr std::size_t kAnySize = std::numeric_limits<std::size_t>::max();
+
+// The largest size of each op that symmpool runs at one world size.
+struct SymmpoolLimits {
+  int world;
+  std::size_t all_gather, reduce_scatter, all_reduce;
+};
+
+inline constexpr SymmpoolLimits kMeasuredLimits[] = {
+    // collectives_h200x2_2026-11-22d.json, symmpool / NCCL: AG 64 KiB
+    // 7.1/9.7 us, 1 GiB 323/315 GB/s; RS 64 KiB 7.3/10.1 us, 1 GiB 297/258;
+    // AR 256 MiB 313/296 but 1 GiB 321/329.
+    {2, kAnySize, kAnySize, 256 * kMiB},
+    // collectives_h200x4_2026-11-22.json, symmpool / NCCL: AG 64 KiB
+    // 7.7/20.5 us, 1 GiB 2236/2340 us; RS 64 KiB 7.6/11.1 us, 1 GiB 2524/2523
+    // (even); AR 16 MiB 92.9/96.9 us but 64 MiB 339/332, 1 GiB 5037/4577.
+    {4, kAnySize, kAnySize, 16 * kMiB},
+};
 
 // `bytes`: all-gather output, reduce-scatter input, all-reduce buffer.
 constexpr Engine choose_engine(CollectiveKind op, std::size_t bytes, int world) {
-  (void)op;
-  (void)bytes;
-  // 2 ranks, symmpool / NCCL: AG 64 KiB 7.1/9.7 us, 1 GiB 323/315 GB/s;
-  // RS 64 KiB 7.3/10.1 us, 1 GiB 297/258 GB/s; AR in place 64 KiB 7.5/9.8 us,
-  // 256 MiB 313/296 GB/s, 1 GiB 321/329 GB/s.
-  return world == 2 ? Engine::kSymmpool : Engine::kNccl;
+  for (const SymmpoolLimits& l : kMeasuredLimits) {
+    if (l.world != world) continue;
+    const std::size_t limit = op == CollectiveKind::kAllGather       ? l.all_gather
+                              : op == CollectiveKind::kReduceScatter ? l.reduce_scatter
+                                                                     : l.all_reduce;
+    return bytes <= limit ? Engine::kSymmpool : Engine::kNccl;
+  }
+  return Engine::kNccl;
 }
 
 // Same `bytes` as choose_engine.
 constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int world) {
   (void)world;
   switch (op) {
-    case CollectiveKind::kAllGather:  // kernel 202 vs push 178 GB/s at 16 MiB; push 252 vs kernel 221 at 64 MiB (run c)
+    // 2 ranks: kernel 202 vs push 178 GB/s at 16 MiB, push 252 vs kernel 221
+    // at 64 MiB (run c); 4 ranks: kernel 46.8 vs push 65.1 us at 16 MiB, push
+    // 598 vs kernel 647 us at 256 MiB.
+    case CollectiveKind::kAllGather:
       return bytes <= 16 * kMiB ? Algorithm::kKernel : Algorithm::kCopyEnginePush;
-    case CollectiveKind::kReduceScatter:  // one-shot 297 vs two-step 216 GB/s at 1 GiB
+    case CollectiveKind::kReduceScatter:  // one-shot beat two-step at every size, 2 and 4 ranks
       return Algorithm::kOneShot;
-    case CollectiveKind::kAllReduce:  // in place, two-shot 5.7 vs one-shot 6.7 us at 8 KiB (run c), 321 vs 281 GB/s at 1 GiB
+    // In place, 2 ranks: two-shot 5.7 vs one-shot 6.7 us at 8 KiB (run c),
+    // 321 vs 281 GB/s at 1 GiB; 4 ranks: two-shot won at every size.
+    case CollectiveKind::kAllReduce:
       return Algorithm::kTwoShot;     // (all_reduce falls back to one-shot where two-shot cannot run)
   }
   return Algorithm::kOneShot;
