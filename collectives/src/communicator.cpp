@@ -1,4 +1,5 @@
 #include "copy_streams.hpp"
+#include "issue_order.hpp"
 #include "kernels.hpp"
 
 #include <symmpool/algorithm_table.hpp>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -91,6 +93,7 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator)
   SYMMPOOL_CUDA_TRY(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, allocator_.device()));
   timeout_cycles_ = static_cast<long long>(khz) * 1000LL * kBarrierTimeoutSeconds;
   copies_ = std::make_unique<detail::CopyStreams>(copy_streams);
+  order_ = std::make_unique<detail::IssueOrder>();
 }
 
 Communicator::~Communicator() {
@@ -110,6 +113,12 @@ void Communicator::check_errors() {
                       std::to_string(missing - 1) + " (peer dead or collectives out of order)");
 }
 
+void Communicator::in_order(cudaStream_t stream, const std::function<void()>& enqueue) {
+  order_->begin(stream);
+  enqueue();  // a throw (say, a buffer that is not symmetric) leaves the order as it was
+  order_->end(stream);
+}
+
 detail::BlockSync Communicator::block_sync(bool fused) const {
   detail::BlockSync s;
   s.enabled = fused;
@@ -124,6 +133,10 @@ detail::BlockSync Communicator::block_sync(bool fused) const {
 
 void Communicator::barrier(cudaStream_t stream, BarrierKind kind) {
   check_errors();
+  in_order(stream, [&] { enqueue_barrier(stream, kind); });
+}
+
+void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   const int n = world();
   // Stream-op barriers carry an epoch counted on the host, which a graph
   // would replay unchanged (every replay after the first would pass at
@@ -180,6 +193,11 @@ void Communicator::all_gather(const void* in, void* out, std::size_t bytes_per_r
                               cudaStream_t stream, Algorithm algorithm, BarrierKind kind) {
   check_errors();
   if (bytes_per_rank == 0) return;
+  in_order(stream, [&] { enqueue_all_gather(in, out, bytes_per_rank, stream, algorithm, kind); });
+}
+
+void Communicator::enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank,
+                                      cudaStream_t stream, Algorithm algorithm, BarrierKind kind) {
   const int n = world(), me = rank();
   const std::size_t total = bytes_per_rank * static_cast<std::size_t>(n);
   if (algorithm == Algorithm::kAuto)
@@ -216,9 +234,9 @@ void Communicator::all_gather(const void* in, void* out, std::size_t bytes_per_r
       copies.push_back({at(heap_.peer_ptr(out, p), slice(me)), in, bytes_per_rank});
   }
   if (!in_place) copies.push_back({at(out, slice(me)), in, bytes_per_rank});
-  barrier(stream, kind);  // inputs ready and outputs free everywhere
+  enqueue_barrier(stream, kind);  // inputs ready and outputs free everywhere
   copies_->issue(copies, stream);
-  barrier(stream, kind);  // every copy landed; nobody reuses a buffer a peer still reads
+  enqueue_barrier(stream, kind);  // every copy landed; nobody reuses a buffer a peer still reads
 }
 
 // Plain device memory: peers never read it, and taking it from the heap
@@ -246,10 +264,10 @@ void Communicator::one_shot(const void* in, std::size_t in_count, void* out, std
   detail::OutPointers dst{};
   dst.ptr[0] = aliased ? scratch(count * es) : out;
   const bool fused = fused_kernel(count * es);
-  if (!fused) barrier(stream);
+  if (!fused) enqueue_barrier(stream, BarrierKind::kKernel);
   SYMMPOOL_CUDA_TRY(detail::launch_reduce(block_sync(fused), peers, src_offset, dst, 1, 0, count,
                                           count, world(), type, scale, max_blocks_, stream));
-  if (!fused) barrier(stream);
+  if (!fused) enqueue_barrier(stream, BarrierKind::kKernel);
   if (aliased) detail::copy_on(stream, out, dst.ptr[0], count * es);
 }
 
@@ -271,10 +289,10 @@ void Communicator::two_shot(const void* in, void* out, std::size_t count, DataTy
     outs.ptr[p] = heap_.peer_ptr(out, p);
   }
   const bool fused = fused_kernel(chunk * es);
-  if (!fused) barrier(stream);
+  if (!fused) enqueue_barrier(stream, BarrierKind::kKernel);
   SYMMPOOL_CUDA_TRY(detail::launch_reduce(block_sync(fused), peers, first, outs, world(), first, mine,
                                           chunk, world(), type, scale, max_blocks_, stream));
-  if (!fused) barrier(stream);
+  if (!fused) enqueue_barrier(stream, BarrierKind::kKernel);
 }
 
 void Communicator::two_step(const void* in, void* out, std::size_t count, DataType type,
@@ -291,9 +309,9 @@ void Communicator::two_step(const void* in, void* out, std::size_t count, DataTy
     copies.push_back({staged + static_cast<std::size_t>(p) * bytes,
                       at(heap_.peer_ptr(in, p), bytes * static_cast<std::size_t>(me)), bytes});
   }
-  barrier(stream);
+  enqueue_barrier(stream, BarrierKind::kKernel);
   copies_->issue(copies, stream);
-  barrier(stream);
+  enqueue_barrier(stream, BarrierKind::kKernel);
   detail::PeerPointers chunks{};
   for (int p = 0; p < n; ++p) chunks.ptr[p] = staged + static_cast<std::size_t>(p) * bytes;
   chunks.ptr[me] = at(in, bytes * static_cast<std::size_t>(me));  // read in place: same index, same thread
@@ -311,6 +329,11 @@ void Communicator::reduce_scatter(const void* in, void* out, std::size_t count, 
                                   ReduceOp op, cudaStream_t stream, Algorithm algorithm) {
   check_errors();
   if (count == 0) return;
+  in_order(stream, [&] { enqueue_reduce_scatter(in, out, count, type, op, stream, algorithm); });
+}
+
+void Communicator::enqueue_reduce_scatter(const void* in, void* out, std::size_t count, DataType type,
+                                          ReduceOp op, cudaStream_t stream, Algorithm algorithm) {
   const std::size_t n = static_cast<std::size_t>(world());
   if (algorithm == Algorithm::kAuto)
     algorithm = choose_algorithm(CollectiveKind::kReduceScatter, count * n * element_size(type), world());
@@ -326,6 +349,11 @@ void Communicator::all_reduce(const void* in, void* out, std::size_t count, Data
                               ReduceOp op, cudaStream_t stream, Algorithm algorithm) {
   check_errors();
   if (count == 0) return;
+  in_order(stream, [&] { enqueue_all_reduce(in, out, count, type, op, stream, algorithm); });
+}
+
+void Communicator::enqueue_all_reduce(const void* in, void* out, std::size_t count, DataType type,
+                                      ReduceOp op, cudaStream_t stream, Algorithm algorithm) {
   const std::size_t bytes = count * element_size(type);
   const bool explicit_choice = algorithm != Algorithm::kAuto;
   if (!explicit_choice) algorithm = choose_algorithm(CollectiveKind::kAllReduce, bytes, world());

@@ -1,7 +1,7 @@
 // symmpool's collectives against a host reference and against NCCL, one
 // process per rank: random data, every dtype, odd sizes, every algorithm in
 // and out of place, both barrier kinds, many back-to-back runs, inside a
-// CUDA graph, and the errors for bad input. NCCL is checked against the
+// CUDA graph, issued on two streams, and the errors for bad input. NCCL is checked against the
 // same host reference, so symmpool and NCCL agree bit for bit.
 
 #include "process_group.hpp"
@@ -310,6 +310,62 @@ int back_to_back_and_graph(Ctx& c) {
   return failures;
 }
 
+// FSDP2 issues all-gathers on one stream and reduce-scatters on another.
+// The communicator runs its collectives in the order issued, whatever the
+// stream: here each reduction reads what the all-gather just before it
+// wrote, on another stream held back by 20 ms of host work. Without that
+// order the reductions would read the poisoned outputs (or the ranks'
+// barriers would pair different collectives).
+int collectives_on_two_streams(Ctx& c) {
+  const int rank = c.rank, world = c.world;
+  int failures = 0;
+  const DataType t = DataType::kBFloat16;
+  const std::size_t n = 32768 + 5, bytes = n * 2, total = bytes * world;
+  cudaStream_t gather_stream, reduce_stream;
+  RANK_CUDA(cudaStreamCreateWithFlags(&gather_stream, cudaStreamNonBlocking));
+  RANK_CUDA(cudaStreamCreateWithFlags(&reduce_stream, cudaStreamNonBlocking));
+  void* in = dev(c, bytes);
+  void* small = dev(c, total);
+  void* large = dev(c, total);
+  void* small_sum = dev(c, bytes);
+  void* large_sum = dev(c, bytes);
+  for (int round = 0; round < 4; ++round) {
+    const unsigned seed = 7000 + static_cast<unsigned>(round);
+    failures += upload(c, in, rank_data(seed, rank, n, t));
+    for (void* o : {small, large}) failures += poison(c, o, total);
+    for (void* o : {small_sum, large_sum}) failures += poison(c, o, bytes);
+    RANK_CUDA(cudaStreamSynchronize(c.stream));
+    RANK_CUDA(cudaLaunchHostFunc(
+        gather_stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }, nullptr));
+    c.comm->all_gather(in, small, bytes, gather_stream, Algorithm::kKernel);
+    c.comm->reduce_scatter(small, small_sum, n, t, ReduceOp::kSum, reduce_stream, Algorithm::kOneShot);
+    c.comm->all_gather(in, large, bytes, gather_stream, Algorithm::kCopyEnginePush, BarrierKind::kStreamOps);
+    c.comm->reduce_scatter(large, large_sum, n, t, ReduceOp::kSum, reduce_stream, Algorithm::kTwoStep);
+    RANK_CUDA(cudaStreamSynchronize(gather_stream));
+    RANK_CUDA(cudaStreamSynchronize(reduce_stream));
+    try {
+      c.comm->check_errors();
+    } catch (const timeout_error& e) {
+      RANK_EXPECT(false, "collectives on two streams: %s", e.what());
+    }
+    // Every rank gathered the same vector g, so rank r's sum is world * g's chunk r.
+    const Bytes gathered = expected_all_gather(seed, world, n, t);
+    Bytes summed(bytes);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t from = static_cast<std::size_t>(rank) * n + i;
+      store(summed, i, t, static_cast<float>(world) * load(gathered, from, t));
+    }
+    failures += check(c, small, gathered, "all_gather (kernel) on a second stream", t, n);
+    failures += check(c, large, gathered, "all_gather (copy-engine push) on a second stream", t, n);
+    failures += check(c, small_sum, summed, "reduce_scatter (one-shot) of the all_gather before it", t, n);
+    failures += check(c, large_sum, summed, "reduce_scatter (two-step) of the all_gather before it", t, n);
+  }
+  for (void* p : {in, small, large, small_sum, large_sum}) release(c, p);
+  RANK_CUDA(cudaStreamDestroy(gather_stream));
+  RANK_CUDA(cudaStreamDestroy(reduce_stream));
+  return failures;
+}
+
 int bad_input(Ctx& c) {
   const int rank = c.rank;
   int failures = 0;
@@ -373,6 +429,7 @@ int collectives_rank(int rank, int world, Rendezvous& rv) {
   c.comm = &comm;
   failures += correctness(c);
   failures += back_to_back_and_graph(c);
+  failures += collectives_on_two_streams(c);
   if (world > 1) failures += bad_input(c);  // mismatches need two ranks
   RANK_CUDA(cudaStreamSynchronize(c.stream));
   std::printf("[rank %d of %d] %d failures\n", rank, world, failures);

@@ -1,7 +1,8 @@
 #pragma once
 // Zero-copy intra-node collectives on a symmetric heap. Every call is
 // collective (all ranks, same order, same sizes, same algorithm), runs on
-// the caller's stream, can be captured in a CUDA graph once its buffers were
+// the caller's stream after the communicator's previous call, whatever that
+// call's stream (as NCCL orders one communicator's work), can be captured in a CUDA graph once its buffers were
 // seen eagerly, and checks that its buffers are symmetric before touching a
 // peer. Algorithms (collective_types.hpp):
 //   all_gather     copy-engine pull or push (no SM), or one kernel for small messages
@@ -20,6 +21,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <utility>
@@ -28,6 +30,7 @@ namespace symmpool {
 
 namespace detail {
 class CopyStreams;
+class IssueOrder;
 }
 
 class Communicator {
@@ -60,6 +63,15 @@ class Communicator {
   int world() const { return heap_.world(); }
 
  private:
+  // Enqueues on `stream` after the previous collective (IssueOrder).
+  void in_order(cudaStream_t stream, const std::function<void()>& enqueue);
+  void enqueue_barrier(cudaStream_t stream, BarrierKind kind);
+  void enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
+                          Algorithm algorithm, BarrierKind kind);
+  void enqueue_reduce_scatter(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
+                              cudaStream_t stream, Algorithm algorithm);
+  void enqueue_all_reduce(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
+                          cudaStream_t stream, Algorithm algorithm);
   void require_symmetric(const void* ptr, std::size_t bytes, const char* what);
   bool is_symmetric(const void* ptr, std::size_t bytes);
   // Barriers around a kernel unless the kernel meets its peers itself.
@@ -83,6 +95,7 @@ class Communicator {
   long long timeout_cycles_ = 0;           // barriers' patience
   int max_blocks_ = 0;                     // grid cap of unsynchronised reductions
   std::unique_ptr<detail::CopyStreams> copies_;  // where copy-engine copies are issued
+  std::unique_ptr<detail::IssueOrder> order_;    // collectives run in the order issued
   int* error_flag_ = nullptr;              // host-mapped: set by a barrier that timed out
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;

@@ -1,0 +1,36 @@
+#pragma once
+// Runs one communicator's collectives on the GPU in the order they were
+// issued, whatever streams they were issued on, as NCCL does for one
+// communicator. FSDP2 issues all-gathers and reduce-scatters on two
+// streams; without this, ranks could run them in different orders, or at
+// once, and their barriers on the shared signal pads would pair the wrong
+// collectives or wait forever.
+//
+// Inside a CUDA graph capture the order holds between collectives of the
+// same capture; ordering a graph against eager work is the caller's, as it
+// is with NCCL.
+
+#include <cuda_runtime_api.h>
+
+namespace symmpool::detail {
+
+class IssueOrder {
+ public:
+  IssueOrder();  // events on the current device
+  ~IssueOrder();
+  IssueOrder(const IssueOrder&) = delete;
+  IssueOrder& operator=(const IssueOrder&) = delete;
+
+  // Makes `stream` wait for the collective issued before.
+  void begin(cudaStream_t stream);
+  // Marks the end of the collective just enqueued on `stream`.
+  void end(cudaStream_t stream);
+
+ private:
+  cudaEvent_t eager_ = nullptr;     // end of the last collective issued outside captures
+  bool eager_recorded_ = false;
+  cudaEvent_t captured_ = nullptr;  // end of the last collective issued in capture `capture_id_`
+  unsigned long long capture_id_ = 0;
+};
+
+}  // namespace symmpool::detail
