@@ -40,6 +40,7 @@
 namespace {
 
 using symmpool::Algorithm;
+using symmpool::BarrierKind;
 using symmpool::Communicator;
 using symmpool::DataType;
 using symmpool::ReduceOp;
@@ -63,6 +64,7 @@ struct Impl {
   const char* name;
   bool nccl;
   Algorithm algorithm;
+  BarrierKind barrier = BarrierKind::kKernel;  // of the copy-engine all-gathers
 };
 constexpr Impl kNccl{"nccl", true, Algorithm::kAuto};
 constexpr Impl kSymmpool{"symmpool", false, Algorithm::kAuto};
@@ -72,6 +74,7 @@ std::vector<Impl> variants(Op op) {
   if (op == Op::kAllGather)
     return {{"symmpool-ce-pull", false, Algorithm::kCopyEnginePull},
             {"symmpool-ce-push", false, Algorithm::kCopyEnginePush},
+            {"symmpool-ce-push-streamops", false, Algorithm::kCopyEnginePush, BarrierKind::kStreamOps},
             {"symmpool-kernel", false, Algorithm::kKernel}};
   if (op == Op::kReduceScatter)
     return {{"symmpool-1shot", false, Algorithm::kOneShot}, {"symmpool-2step", false, Algorithm::kTwoStep}};
@@ -118,7 +121,7 @@ void run_once(Op op, const Impl& impl, const Buffers& b) {
     return;
   }
   const Algorithm a = impl.algorithm;
-  if (op == Op::kAllGather) R.comm->all_gather(b.in, b.out, b.count * 2, R.stream, a);
+  if (op == Op::kAllGather) R.comm->all_gather(b.in, b.out, b.count * 2, R.stream, a, impl.barrier);
   if (op == Op::kReduceScatter) R.comm->reduce_scatter(b.in, b.out, b.count, DataType::kBFloat16, ReduceOp::kSum, R.stream, a);
   if (op == Op::kAllReduce) R.comm->all_reduce(b.in, b.out, b.count, DataType::kBFloat16, ReduceOp::kSum, R.stream, a);
 }
@@ -327,6 +330,7 @@ void register_all() {
   const std::vector<std::pair<Op, Impl>> contention = {
       {Op::kAllGather, kNccl}, {Op::kAllGather, kSymmpool},
       {Op::kAllGather, {"symmpool-ce-push", false, Algorithm::kCopyEnginePush}},
+      {Op::kAllGather, {"symmpool-ce-push-streamops", false, Algorithm::kCopyEnginePush, BarrierKind::kStreamOps}},
       {Op::kAllGather, {"symmpool-ce-pull", false, Algorithm::kCopyEnginePull}},
       {Op::kReduceScatter, kNccl}, {Op::kReduceScatter, kSymmpool},
       {Op::kReduceScatter, {"symmpool-2step", false, Algorithm::kTwoStep}}};
