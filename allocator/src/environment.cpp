@@ -36,6 +36,7 @@ Environment Environment::from_process() {
   env.collectives_enabled = env.collectives_always || is_true("SYMMPOOL_COLLECTIVES");
   if (const char* v = std::getenv("SYMMPOOL_MAX_BLOCKS")) env.max_blocks = v;
   if (const char* v = std::getenv("SYMMPOOL_COPY_STREAMS")) env.copy_streams = v;
+  if (const char* v = std::getenv("SYMMPOOL_BARRIER_TIMEOUT")) env.barrier_timeout = v;
   return env;
 }
 

@@ -1,5 +1,6 @@
 #include "copy_streams.hpp"
 #include "issue_order.hpp"
+#include "stream_op_watchdog.hpp"
 #include "kernels.hpp"
 
 #include <symmpool/algorithm_table.hpp>
@@ -17,7 +18,11 @@ namespace symmpool {
 
 namespace {
 
-constexpr int kBarrierTimeoutSeconds = 30;
+// c10d's default timeout for NCCL: a peer may legitimately be late (a
+// checkpoint being written), so give up late; SYMMPOOL_BARRIER_TIMEOUT
+// shortens it (the dead-peer tests do).
+constexpr int kDefaultBarrierTimeoutSeconds = 600;
+constexpr int kLongestBarrierTimeoutSeconds = 86400;
 constexpr std::size_t kPadWords = std::size_t{detail::kPadRows} * detail::kMaxRanks;
 
 bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
@@ -64,6 +69,8 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator)
   const Environment env = Environment::from_process();
   max_blocks_ = setting(env.max_blocks, "SYMMPOOL_MAX_BLOCKS", kDefaultMaxBlocks, 1, kLargestGrid);
   const int copy_streams = setting(env.copy_streams, "SYMMPOOL_COPY_STREAMS", kDefaultCopyStreams, 1, 8);
+  timeout_seconds_ = setting(env.barrier_timeout, "SYMMPOOL_BARRIER_TIMEOUT", kDefaultBarrierTimeoutSeconds,
+                             1, kLongestBarrierTimeoutSeconds);
   SYMMPOOL_EXPECTS(world() <= kMaxRanks, "symmpool collectives support up to " +
                                              std::to_string(kMaxRanks) + " ranks, got " +
                                              std::to_string(world()));
@@ -91,13 +98,14 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator)
     peer_pads_.peer[p] = static_cast<std::uint32_t*>(heap_.peer_ptr(pads_, p));
   int khz = 0;
   SYMMPOOL_CUDA_TRY(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, allocator_.device()));
-  timeout_cycles_ = static_cast<long long>(khz) * 1000LL * kBarrierTimeoutSeconds;
+  timeout_cycles_ = static_cast<long long>(khz) * 1000LL * timeout_seconds_;
   copies_ = std::make_unique<detail::CopyStreams>(copy_streams);
   order_ = std::make_unique<detail::IssueOrder>();
 }
 
 Communicator::~Communicator() {
-  cudaDeviceSynchronize();
+  cudaDeviceSynchronize();  // the watchdog, still running, frees streams stuck on a dead peer
+  watchdog_.reset();
   allocator_.deallocate(pads_, nullptr);
   allocator_.deallocate(kernel_epoch_, nullptr);
   if (scratch_) cudaFree(scratch_);
@@ -109,7 +117,7 @@ void Communicator::check_errors() {
   if (missing == 0) return;
   *error_flag_ = 0;
   throw timeout_error("symmpool: rank " + std::to_string(rank()) + " waited more than " +
-                      std::to_string(kBarrierTimeoutSeconds) + " s in a barrier for rank " +
+                      std::to_string(timeout_seconds_) + " s in a barrier for rank " +
                       std::to_string(missing - 1) + " (peer dead or collectives out of order)");
 }
 
@@ -162,6 +170,10 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
     SYMMPOOL_CU_TRY(drv, cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(pads_ + row + p),
                                              epoch, CU_STREAM_WAIT_VALUE_GEQ));
   }
+  if (!watchdog_)
+    watchdog_ = std::make_unique<detail::StreamOpWatchdog>(drv, allocator_.device(), pads_ + row, n,
+                                                           error_flag_, std::chrono::seconds(timeout_seconds_));
+  watchdog_->enqueue_passed(cu, epoch);
 }
 
 bool Communicator::is_symmetric(const void* ptr, std::size_t bytes) {

@@ -447,9 +447,14 @@ TEST(Collectives, MatchNcclOnAllGpus) {
   EXPECT_EQ(run_ranks(std::min(gpus, Communicator::kMaxRanks), kTimeoutSeconds, collectives_rank), "");
 }
 
+// Both barrier kinds give up on a peer that left, after
+// SYMMPOOL_BARRIER_TIMEOUT: the kernel by itself, the stream-memop one
+// (cuStreamWaitValue32 waits forever) through the communicator's watchdog.
 TEST(Collectives, APeerThatStopsComingTimesOutWithAnError) {
   SYMMPOOL_GPUS_OR_SKIP(gpus, 1);
   store_dir();
+  constexpr int kTimeout = 10;
+  ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(kTimeout).c_str(), 1);
   std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
     const int device = rank % gpus;
@@ -460,21 +465,24 @@ TEST(Collectives, APeerThatStopsComingTimesOutWithAnError) {
     if (rank == 1) return 0;  // leaves after setting up
     cudaStream_t s;
     RANK_CUDA(cudaStreamCreate(&s));
-    int khz = 0;
-    RANK_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));
-    const auto start = std::chrono::steady_clock::now();
-    comm.barrier(s);
-    RANK_CUDA(cudaStreamSynchronize(s));  // the kernel gives up after its timeout
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("[rank 0] barrier without its peer returned after %.1f s (clock %d kHz)\n", waited, khz);
-    try {
-      comm.check_errors();
-      RANK_EXPECT(false, "a barrier without its peer completed");
-    } catch (const timeout_error& e) {
-      RANK_EXPECT(std::strstr(e.what(), "for rank 1"), "%s", e.what());
+    for (BarrierKind kind : {BarrierKind::kKernel, BarrierKind::kStreamOps}) {
+      const char* name = kind == BarrierKind::kKernel ? "kernel" : "stream-op";
+      const auto start = std::chrono::steady_clock::now();
+      comm.barrier(s, kind);
+      RANK_CUDA(cudaStreamSynchronize(s));  // returns once the barrier gave up
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::printf("[rank 0] %s barrier without its peer returned after %.1f s\n", name, waited);
+      RANK_EXPECT(waited >= kTimeout - 1 && waited < 3 * kTimeout, "%s barrier returned after %.1f s", name, waited);
+      try {
+        comm.check_errors();
+        RANK_EXPECT(false, "a %s barrier without its peer completed", name);
+      } catch (const timeout_error& e) {
+        RANK_EXPECT(std::strstr(e.what(), "for rank 1") && std::strstr(e.what(), "10 s"), "%s", e.what());
+      }
     }
     return failures;
   });
+  ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
   EXPECT_EQ(result, "");
 }
 

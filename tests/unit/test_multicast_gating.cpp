@@ -127,4 +127,12 @@ TEST(Environment, ReadsTheGridCapAsWritten) {
   ::unsetenv("SYMMPOOL_MAX_BLOCKS");
 }
 
+TEST(Environment, ReadsTheBarrierTimeoutAsWritten) {
+  ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
+  EXPECT_EQ(Environment::from_process().barrier_timeout, "");
+  ::setenv("SYMMPOOL_BARRIER_TIMEOUT", "12", 1);
+  EXPECT_EQ(Environment::from_process().barrier_timeout, "12");
+  ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
+}
+
 }  // namespace symmpool::test

@@ -23,6 +23,9 @@ struct Environment {
   std::string max_blocks;
   // SYMMPOOL_COPY_STREAMS: streams that share each copy-engine copy (1..8).
   std::string copy_streams;
+  // SYMMPOOL_BARRIER_TIMEOUT: seconds a barrier waits for a peer before it
+  // gives up with an error (default 600, c10d's default for NCCL).
+  std::string barrier_timeout;
 
   // Reads the current process environment.
   static Environment from_process();

@@ -13,7 +13,9 @@
 // Kernels of small messages meet their peers inside (one launch per call);
 // larger ones are bracketed by barrier kernels. SYMMPOOL_MAX_BLOCKS and
 // SYMMPOOL_COPY_STREAMS, read at construction, cap the grid of the larger
-// reductions and split copy-engine copies over streams (README, Collectives).
+// reductions and split copy-engine copies over streams (README, Collectives);
+// SYMMPOOL_BARRIER_TIMEOUT (seconds, default 600) is how long any barrier
+// waits for a peer before it gives up and the next call raises timeout_error.
 
 #include <symmpool/collective_types.hpp>
 #include <symmpool/detail/peer_pointers.hpp>
@@ -31,6 +33,7 @@ namespace symmpool {
 namespace detail {
 class CopyStreams;
 class IssueOrder;
+class StreamOpWatchdog;
 }
 
 class Communicator {
@@ -92,10 +95,12 @@ class Communicator {
   std::uint32_t* block_epochs_ = nullptr;  // device-side counters of block meetings
   std::uint32_t stream_op_epoch_ = 0;      // host-side counter of stream-op barriers
   detail::PadPointers peer_pads_{};        // every rank's pads, mapped here
-  long long timeout_cycles_ = 0;           // barriers' patience
+  int timeout_seconds_ = 0;                // barriers' patience (SYMMPOOL_BARRIER_TIMEOUT)
+  long long timeout_cycles_ = 0;           // the same in clock cycles, for the kernels
   int max_blocks_ = 0;                     // grid cap of unsynchronised reductions
   std::unique_ptr<detail::CopyStreams> copies_;  // where copy-engine copies are issued
   std::unique_ptr<detail::IssueOrder> order_;    // collectives run in the order issued
+  std::unique_ptr<detail::StreamOpWatchdog> watchdog_;  // times out stream-op barriers
   int* error_flag_ = nullptr;              // host-mapped: set by a barrier that timed out
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;

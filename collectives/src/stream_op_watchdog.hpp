@@ -1,0 +1,55 @@
+#pragma once
+// Gives stream-memop barriers the timeout the barrier kernel has.
+// cuStreamWaitValue32 waits forever, so a dead peer would hang the stream
+// (and cudaDeviceSynchronize, and the process's exit). This thread watches
+// the barriers: when some were issued, none passed for `timeout`, it records
+// the first missing peer in the communicator's error flag, as the kernel
+// does, and writes the awaited epoch into the missing peers' slots of our
+// pad row so the stream goes on. The next collective raises the error.
+
+#include <symmpool/driver_api.hpp>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+namespace symmpool::detail {
+
+class StreamOpWatchdog {
+ public:
+  // `row`: our pad slots of stream-op barriers, one per rank (device memory);
+  // `error_flag`: host-mapped, rank + 1 of the missing peer.
+  StreamOpWatchdog(const DriverApi& drv, int device, std::uint32_t* row, int world, int* error_flag,
+                   std::chrono::seconds timeout);
+  ~StreamOpWatchdog();
+  StreamOpWatchdog(const StreamOpWatchdog&) = delete;
+  StreamOpWatchdog& operator=(const StreamOpWatchdog&) = delete;
+
+  // After the barrier `epoch`'s waits on `stream`: notes on the device that it passed.
+  void enqueue_passed(CUstream stream, std::uint32_t epoch);
+
+ private:
+  void watch();
+  void release_stalled_barriers(cudaStream_t side);
+
+  const DriverApi& drv_;
+  const int device_;
+  std::uint32_t* const row_;
+  const int world_;
+  int* const error_flag_;
+  const std::chrono::seconds timeout_;
+  std::uint32_t* passed_ = nullptr;  // host-mapped: the last barrier that passed
+  std::atomic<std::uint32_t> issued_{0};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace symmpool::detail
