@@ -119,20 +119,21 @@ TEST(Environment, ReadsTheCollectivesMode) {
   ::unsetenv("SYMMPOOL_COLLECTIVES");
 }
 
-TEST(Environment, ReadsTheGridCapAsWritten) {
-  ::unsetenv("SYMMPOOL_MAX_BLOCKS");
-  EXPECT_EQ(Environment::from_process().max_blocks, "");
-  ::setenv("SYMMPOOL_MAX_BLOCKS", "64", 1);
-  EXPECT_EQ(Environment::from_process().max_blocks, "64");
-  ::unsetenv("SYMMPOOL_MAX_BLOCKS");
-}
-
-TEST(Environment, ReadsTheBarrierTimeoutAsWritten) {
-  ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
-  EXPECT_EQ(Environment::from_process().barrier_timeout, "");
-  ::setenv("SYMMPOOL_BARRIER_TIMEOUT", "12", 1);
-  EXPECT_EQ(Environment::from_process().barrier_timeout, "12");
-  ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
+// The collectives' knobs are read as written; the communicator checks them.
+TEST(Environment, ReadsTheCollectivesKnobsAsWritten) {
+  const struct {
+    const char* variable;
+    std::string Environment::*field;
+  } knobs[] = {{"SYMMPOOL_MAX_BLOCKS", &Environment::max_blocks},
+               {"SYMMPOOL_COPY_STREAMS", &Environment::copy_streams},
+               {"SYMMPOOL_BARRIER_TIMEOUT", &Environment::barrier_timeout}};
+  for (const auto& knob : knobs) {
+    ::unsetenv(knob.variable);
+    EXPECT_EQ(Environment::from_process().*knob.field, "") << knob.variable;
+    ::setenv(knob.variable, "12", 1);
+    EXPECT_EQ(Environment::from_process().*knob.field, "12") << knob.variable;
+    ::unsetenv(knob.variable);
+  }
 }
 
 }  // namespace symmpool::test
