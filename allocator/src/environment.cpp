@@ -33,7 +33,7 @@ Environment Environment::from_process() {
   env.symmpool_multicast_disabled = is_true("SYMMPOOL_DISABLE_MULTICAST");
   env.multicast_requested = is_true("SYMMPOOL_ENABLE_MULTICAST");
   env.collectives_always = lowered(std::getenv("SYMMPOOL_COLLECTIVES")) == "always";
-  env.collectives_enabled = env.collectives_always || is_true("SYMMPOOL_COLLECTIVES");
+  env.collectives_enabled = !is_false("SYMMPOOL_COLLECTIVES");
   if (const char* v = std::getenv("SYMMPOOL_MAX_BLOCKS")) env.max_blocks = v;
   if (const char* v = std::getenv("SYMMPOOL_COPY_STREAMS")) env.copy_streams = v;
   if (const char* v = std::getenv("SYMMPOOL_BARRIER_TIMEOUT")) env.barrier_timeout = v;

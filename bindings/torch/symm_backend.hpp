@@ -55,7 +55,7 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   void detach_all() noexcept;
   void release_symmetric_state() noexcept;  // communicator, heap, registrations
 
-  // symmpool's own collectives (SYMMPOOL_COLLECTIVES=1 or always). Each returns null
+  // symmpool's own collectives (unless SYMMPOOL_COLLECTIVES=0). Each returns null
   // when the call must go to NCCL: unsupported shape, dtype or op (decided
   // the same way on every rank), or buffers that are not symmetric on every
   // rank (decided by one exchange that every rank sees).

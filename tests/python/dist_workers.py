@@ -22,8 +22,20 @@ def _poisoned(backend, n: int, dtype, device):
     return t
 
 
-def symm_backend_matches_nccl(rank: int, world: int, own_collectives: bool = False) -> None:
-    os.environ["SYMMPOOL_COLLECTIVES"] = "always" if own_collectives else "0"
+# SYMMPOOL_COLLECTIVES for a test's `collectives` mode: "table" is the default (unset).
+def _set_collectives_mode(collectives: str) -> None:
+    if collectives == "table":
+        os.environ.pop("SYMMPOOL_COLLECTIVES", None)
+    else:
+        os.environ["SYMMPOOL_COLLECTIVES"] = collectives
+
+
+# World sizes the algorithm table has measurements for (algorithm_table.hpp).
+TABLE_WORLD_SIZES = (2, 4)
+
+
+def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
+    _set_collectives_mode(collectives)
     import symmpool
 
     device = _init(rank, world, "cpu:gloo,cuda:symm")
@@ -89,16 +101,16 @@ def symm_backend_matches_nccl(rank: int, world: int, own_collectives: bool = Fal
     assert final == after_first, f"registrations grew from {after_first} to {final} over 100 steps"
     print(f"[rank {rank}] registrations flat at {final} over 100 steps", flush=True)
     stats = symmpool.memory_stats(device)
-    if own_collectives:
+    if collectives == "always" or (collectives == "table" and world in TABLE_WORLD_SIZES):
         # symm buffers ran on symmpool; plain ones went to NCCL after the check
         assert stats["symm_collectives"] > 0 and stats["nccl_fallbacks"] > 0, stats
-    else:
-        assert stats["symm_collectives"] == 0, stats
+    elif collectives == "0":
+        assert stats["symm_collectives"] == 0 and stats["nccl_fallbacks"] == 0, stats
     dist.destroy_process_group()
 
 
-def fsdp2_loss_parity(rank: int, world: int, steps: int, own_collectives: bool = False) -> None:
-    os.environ["SYMMPOOL_COLLECTIVES"] = "always" if own_collectives else "0"
+def fsdp2_loss_parity(rank: int, world: int, steps: int, collectives: str) -> None:
+    _set_collectives_mode(collectives)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
     import fsdp2_train
 

@@ -40,12 +40,12 @@ def test_multicast_is_off_on_this_host():
 
 
 @needs_two
-@pytest.mark.parametrize("own_collectives", [False, True], ids=["nccl", "symmpool"])
-def test_symm_backend_collectives_match_nccl_on_all_gpus(own_collectives):
-    run_workers(dist_workers.symm_backend_matches_nccl, gpu_count(), own_collectives, timeout=400)
+@pytest.mark.parametrize("collectives", ["0", "table", "always"])
+def test_symm_backend_collectives_match_nccl_on_all_gpus(collectives):
+    run_workers(dist_workers.symm_backend_matches_nccl, gpu_count(), collectives, timeout=400)
 
 
 @needs_two
-@pytest.mark.parametrize("own_collectives", [False, True], ids=["nccl", "symmpool"])
-def test_fsdp2_losses_match_with_symm_allocation(own_collectives):
-    run_workers(dist_workers.fsdp2_loss_parity, gpu_count(), 20, own_collectives, timeout=400)
+@pytest.mark.parametrize("collectives", ["0", "table", "always"])
+def test_fsdp2_losses_match_with_symm_allocation(collectives):
+    run_workers(dist_workers.fsdp2_loss_parity, gpu_count(), 20, collectives, timeout=400)

@@ -109,6 +109,9 @@ namespace symmpool::test {
 
 TEST(Environment, ReadsTheCollectivesMode) {
   ::unsetenv("SYMMPOOL_COLLECTIVES");
+  EXPECT_TRUE(Environment::from_process().collectives_enabled);  // where the table says so
+  EXPECT_FALSE(Environment::from_process().collectives_always);
+  ::setenv("SYMMPOOL_COLLECTIVES", "0", 1);
   EXPECT_FALSE(Environment::from_process().collectives_enabled);
   ::setenv("SYMMPOOL_COLLECTIVES", "1", 1);
   EXPECT_TRUE(Environment::from_process().collectives_enabled);

@@ -12,10 +12,11 @@ struct Environment {
   bool torch_symm_multicast_disabled = false;  // TORCH_SYMM_MEM_DISABLE_MULTICAST=1
   bool symmpool_multicast_disabled = false;    // SYMMPOOL_DISABLE_MULTICAST=1
   bool multicast_requested = false;            // SYMMPOOL_ENABLE_MULTICAST=1
-  // The "symm" backend runs its own collectives on symmetric buffers:
-  // SYMMPOOL_COLLECTIVES=1 where the algorithm table prefers them, =always
-  // for every call it can take (tests). Off by default until measured on 8 GPUs.
-  bool collectives_enabled = false;
+  // The "symm" backend runs its own collectives on symmetric buffers where
+  // the algorithm table prefers them (the default; world sizes it has no
+  // measurements for stay on NCCL), on every call it can take with
+  // SYMMPOOL_COLLECTIVES=always (tests), and never with SYMMPOOL_COLLECTIVES=0.
+  bool collectives_enabled = true;
   bool collectives_always = false;
   // SYMMPOOL_MAX_BLOCKS: cap on the grid of reduction kernels too large to
   // meet their peers inside (they hold SMs that overlapping compute wants),
