@@ -10,7 +10,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <cstdio>
 #include <optional>
@@ -208,10 +211,14 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
     return comm_.get();
   }
   // Collective: every rank reaches its first routed collective together.
+  // Every wait on a peer (store keys, barriers) gets the group's timeout, as
+  // NCCL's collectives do; whole seconds, at least one.
+  const auto group_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(getOptions()->timeout);
+  const std::chrono::seconds timeout(std::clamp<std::int64_t>((group_timeout.count() + 999) / 1000, 1, 86400));
   heap_store_ = std::make_unique<C10dStore>(store_for_heap_);
   heap_ = std::make_unique<SymmetricHeap>(real_driver(), device_allocator(device), *heap_store_,
-                                          "heap", getRank(), getSize());
-  comm_ = std::make_unique<Communicator>(*heap_, device_allocator(device));
+                                          "heap", getRank(), getSize(), HeapOptions{timeout});
+  comm_ = std::make_unique<Communicator>(*heap_, device_allocator(device), timeout);
   heap_device_ = device;
   return comm_.get();
 }

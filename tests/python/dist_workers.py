@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 
 
-def _init(rank: int, world: int, backend: str):
+def _init(rank: int, world: int, backend: str, **kwargs):
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
-    dist.init_process_group(backend, rank=rank, world_size=world, device_id=device)
+    dist.init_process_group(backend, rank=rank, world_size=world, device_id=device, **kwargs)
     return device
 
 
@@ -117,3 +119,36 @@ def fsdp2_loss_parity(rank: int, world: int, steps: int, collectives: str) -> No
     torch.cuda.set_device(rank)
     rc = fsdp2_train.main(["--steps", str(steps), "--layers", "2", "--dim", "256"])
     assert rc == 0, "FSDP2 on symm did not match stock NCCL (see the table above)"
+
+
+def late_peer_times_out_with_the_group_timeout(rank: int, world: int) -> None:
+    """Rank 0 enters a collective that the others join only after the group's
+    5 s timeout: its barrier gives up after 5 s (not SYMMPOOL's default 600)
+    and the next call raises an error naming the late rank."""
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+    os.environ.pop("SYMMPOOL_BARRIER_TIMEOUT", None)
+    import symmpool  # noqa: F401  (registers the backend)
+
+    device = _init(rank, world, "cpu:gloo,cuda:symm", timeout=datetime.timedelta(seconds=5))
+    backend = dist.group.WORLD._get_backend(device)
+    inp = backend.allocate_tensor(1024, dtype=torch.float32, device=device)
+    out = backend.allocate_tensor(1024 * world, dtype=torch.float32, device=device)
+    dist.all_gather_into_tensor(out, inp)  # every rank: heap and communicator
+    torch.cuda.synchronize()
+    dist.barrier()
+    if rank == 0:
+        start = time.monotonic()
+        dist.all_gather_into_tensor(out, inp)
+        torch.cuda.synchronize()  # returns once the barrier gave up
+        waited = time.monotonic() - start
+        print(f"[rank 0] all-gather without its peers returned after {waited:.1f} s", flush=True)
+        assert 4.0 <= waited < 30.0, f"the barrier gave up after {waited:.1f} s, expected about 5 s"
+        try:
+            dist.all_gather_into_tensor(out, inp)
+        except RuntimeError as e:
+            assert "waited more than 5 s" in str(e) and "for rank " in str(e), str(e)
+        else:
+            raise AssertionError("a collective after a timed-out barrier raised nothing")
+    else:
+        time.sleep(12)  # late past the timeout; teardown is not collective
+    dist.destroy_process_group()

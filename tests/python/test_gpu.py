@@ -49,3 +49,8 @@ def test_symm_backend_collectives_match_nccl_on_all_gpus(collectives):
 @pytest.mark.parametrize("collectives", ["0", "table", "always"])
 def test_fsdp2_losses_match_with_symm_allocation(collectives):
     run_workers(dist_workers.fsdp2_loss_parity, gpu_count(), 20, collectives, timeout=400)
+
+
+@needs_two
+def test_a_late_peer_times_out_with_the_group_timeout():
+    run_workers(dist_workers.late_peer_times_out_with_the_group_timeout, gpu_count(), timeout=120)

@@ -14,8 +14,8 @@
 // larger ones are bracketed by barrier kernels. SYMMPOOL_MAX_BLOCKS and
 // SYMMPOOL_COPY_STREAMS, read at construction, cap the grid of the larger
 // reductions and split copy-engine copies over streams (README, Collectives);
-// SYMMPOOL_BARRIER_TIMEOUT (seconds, default 600) is how long any barrier
-// waits for a peer before it gives up and the next call raises timeout_error.
+// SYMMPOOL_BARRIER_TIMEOUT (seconds) overrides how long any barrier waits
+// for a peer before it gives up and the next call raises timeout_error.
 
 #include <symmpool/collective_types.hpp>
 #include <symmpool/detail/peer_pointers.hpp>
@@ -23,6 +23,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -40,8 +41,15 @@ class Communicator {
  public:
   static constexpr int kMaxRanks = detail::kMaxRanks;
 
+  // c10d's default timeout for NCCL: a peer may be late for a good reason
+  // (a checkpoint being written), so barriers give up late.
+  static constexpr std::chrono::seconds kDefaultBarrierTimeout{600};
+
   // Collective: allocates and zeroes the signal pads, then syncs the heap.
-  Communicator(SymmetricHeap& heap, CachingAllocator& allocator);
+  // Barriers wait `barrier_timeout` for a peer (the "symm" backend passes its
+  // process group's timeout); SYMMPOOL_BARRIER_TIMEOUT overrides it.
+  Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
+               std::chrono::seconds barrier_timeout = kDefaultBarrierTimeout);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
