@@ -151,7 +151,8 @@ def main(argv=None) -> int:
                         "torch": torch.__version__,
                         "cuda": torch.version.cuda,
                         "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                        "symmpool_collectives": os.environ.get("SYMMPOOL_COLLECTIVES", ""),
+                        # unset: the algorithm table decides (the default since 2026-11-22)
+                        "symmpool_collectives": os.environ.get("SYMMPOOL_COLLECTIVES") or "table",
                     }
                     json.dump({"context": context, "nccl": nccl, "symm": symm, "max_rel_diff": worst,
                                "stats": stats, "world_size": dist.get_world_size(), "args": vars(args)},
