@@ -14,8 +14,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <set>
 
@@ -214,7 +214,8 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   // Every wait on a peer (store keys, barriers) gets the group's timeout, as
   // NCCL's collectives do; whole seconds, at least one.
   const auto group_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(getOptions()->timeout);
-  const std::chrono::seconds timeout(std::clamp<std::int64_t>((group_timeout.count() + 999) / 1000, 1, 86400));
+  const std::chrono::seconds timeout(std::clamp<std::int64_t>((group_timeout.count() + 999) / 1000, 1,
+                                                               Communicator::kLongestBarrierTimeout.count()));
   heap_store_ = std::make_unique<C10dStore>(store_for_heap_);
   heap_ = std::make_unique<SymmetricHeap>(real_driver(), device_allocator(device), *heap_store_,
                                           "heap", getRank(), getSize(), HeapOptions{timeout});

@@ -18,7 +18,6 @@ namespace symmpool {
 
 namespace {
 
-constexpr int kLongestBarrierTimeoutSeconds = 86400;
 constexpr std::size_t kPadWords = std::size_t{detail::kPadRows} * detail::kMaxRanks;
 
 bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
@@ -63,14 +62,15 @@ void expect_algorithm(bool ok, Algorithm a, const char* op) {
 Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
                            std::chrono::seconds barrier_timeout)
     : heap_(heap), allocator_(allocator) {
-  SYMMPOOL_EXPECTS(barrier_timeout.count() >= 1 && barrier_timeout.count() <= kLongestBarrierTimeoutSeconds,
-                   "symmpool: the barrier timeout must be 1 to " + std::to_string(kLongestBarrierTimeoutSeconds) +
+  const int longest = static_cast<int>(kLongestBarrierTimeout.count());
+  SYMMPOOL_EXPECTS(barrier_timeout.count() >= 1 && barrier_timeout.count() <= longest,
+                   "symmpool: the barrier timeout must be 1 to " + std::to_string(longest) +
                        " s, got " + std::to_string(barrier_timeout.count()) + " s");
   const Environment env = Environment::from_process();
   max_blocks_ = setting(env.max_blocks, "SYMMPOOL_MAX_BLOCKS", kDefaultMaxBlocks, 1, kLargestGrid);
   const int copy_streams = setting(env.copy_streams, "SYMMPOOL_COPY_STREAMS", kDefaultCopyStreams, 1, 8);
   timeout_seconds_ = setting(env.barrier_timeout, "SYMMPOOL_BARRIER_TIMEOUT",
-                             static_cast<int>(barrier_timeout.count()), 1, kLongestBarrierTimeoutSeconds);
+                             static_cast<int>(barrier_timeout.count()), 1, longest);
   SYMMPOOL_EXPECTS(world() <= kMaxRanks, "symmpool collectives support up to " +
                                              std::to_string(kMaxRanks) + " ranks, got " +
                                              std::to_string(world()));

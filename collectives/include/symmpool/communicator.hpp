@@ -44,6 +44,7 @@ class Communicator {
   // c10d's default timeout for NCCL: a peer may be late for a good reason
   // (a checkpoint being written), so barriers give up late.
   static constexpr std::chrono::seconds kDefaultBarrierTimeout{600};
+  static constexpr std::chrono::seconds kLongestBarrierTimeout{86400};
 
   // Collective: allocates and zeroes the signal pads, then syncs the heap.
   // Barriers wait `barrier_timeout` for a peer (the "symm" backend passes its
