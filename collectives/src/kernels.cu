@@ -34,14 +34,27 @@ __device__ __forceinline__ void signal(std::uint32_t* pad, std::uint32_t epoch, 
   SystemWord(*pad).store(epoch, order);
 }
 
+// Cycles a wait spins before it also reads the error flag (host memory, so
+// never on the fast path): about 1 ms.
+constexpr long long kFlagLookCycles = 2'000'000;
+
+// Gives up after `timeout_cycles`, or as soon as another wait of this
+// communicator gave up (the flag is set): collectives queued behind a failed
+// one then drain instead of each waiting out its own timeout.
 __device__ __forceinline__ void wait_for(std::uint32_t* pad, std::uint32_t epoch, cuda::std::memory_order order,
                                          int peer, int* error_flag, long long timeout_cycles) {
   SystemWord word(*pad);
   const long long start = clock64();
+  long long next_look = start + kFlagLookCycles;
   while (static_cast<int>(word.load(order) - epoch) < 0) {  // wrap-safe "pad < epoch"
-    if (clock64() - start > timeout_cycles) {
+    const long long now = clock64();
+    if (now - start > timeout_cycles) {
       atomicCAS(error_flag, 0, peer + 1);
       return;
+    }
+    if (now > next_look) {
+      if (*static_cast<volatile int*>(error_flag) != 0) return;
+      next_look = now + kFlagLookCycles;
     }
   }
 }
