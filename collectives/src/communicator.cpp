@@ -122,9 +122,9 @@ void Communicator::check_errors() {
 }
 
 void Communicator::in_order(cudaStream_t stream, const std::function<void()>& enqueue) {
-  order_->begin(stream);
+  const unsigned long long capture = order_->begin(stream);
   enqueue();  // a throw (say, a buffer that is not symmetric) leaves the order as it was
-  order_->end(stream);
+  order_->end(stream, capture);
 }
 
 detail::BlockSync Communicator::block_sync(bool fused) const {

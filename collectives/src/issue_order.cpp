@@ -26,14 +26,14 @@ IssueOrder::~IssueOrder() {
   cudaEventDestroy(captured_);
 }
 
-void IssueOrder::begin(cudaStream_t stream) {
+unsigned long long IssueOrder::begin(cudaStream_t stream) {
   const unsigned long long capture = capture_of(stream);
   if (capture == 0 && eager_recorded_) SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, eager_, 0));
   if (capture != 0 && capture == capture_id_) SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, captured_, 0));
+  return capture;
 }
 
-void IssueOrder::end(cudaStream_t stream) {
-  const unsigned long long capture = capture_of(stream);
+void IssueOrder::end(cudaStream_t stream, unsigned long long capture) {
   if (capture == 0) {
     SYMMPOOL_CUDA_TRY(cudaEventRecord(eager_, stream));
     eager_recorded_ = true;

@@ -21,10 +21,11 @@ class IssueOrder {
   IssueOrder(const IssueOrder&) = delete;
   IssueOrder& operator=(const IssueOrder&) = delete;
 
-  // Makes `stream` wait for the collective issued before.
-  void begin(cudaStream_t stream);
+  // Makes `stream` wait for the collective issued before; returns the
+  // capture `stream` is in (0: none), for end().
+  unsigned long long begin(cudaStream_t stream);
   // Marks the end of the collective just enqueued on `stream`.
-  void end(cudaStream_t stream);
+  void end(cudaStream_t stream, unsigned long long capture);
 
  private:
   cudaEvent_t eager_ = nullptr;     // end of the last collective issued outside captures
