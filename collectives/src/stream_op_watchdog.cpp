@@ -13,6 +13,9 @@ StreamOpWatchdog::StreamOpWatchdog(const DriverApi& drv, int device, std::uint32
     : drv_(drv), device_(device), row_(row), world_(world), error_flag_(error_flag), timeout_(timeout) {
   SYMMPOOL_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&passed_), sizeof(std::uint32_t), cudaHostAllocMapped));
   *passed_ = 0;
+  void* device_view = nullptr;
+  SYMMPOOL_CUDA_TRY(cudaHostGetDevicePointer(&device_view, passed_, 0));
+  passed_on_device_ = reinterpret_cast<CUdeviceptr>(device_view);
   thread_ = std::thread([this] { watch(); });
 }
 
@@ -28,10 +31,7 @@ StreamOpWatchdog::~StreamOpWatchdog() {
 
 void StreamOpWatchdog::enqueue_passed(CUstream stream, std::uint32_t epoch) {
   issued_.store(epoch);
-  void* device_view = nullptr;
-  SYMMPOOL_CUDA_TRY(cudaHostGetDevicePointer(&device_view, passed_, 0));
-  SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(stream, reinterpret_cast<CUdeviceptr>(device_view), epoch,
-                                             CU_STREAM_WRITE_VALUE_DEFAULT));
+  SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(stream, passed_on_device_, epoch, CU_STREAM_WRITE_VALUE_DEFAULT));
 }
 
 void StreamOpWatchdog::watch() {

@@ -45,6 +45,7 @@ class StreamOpWatchdog {
   int* const error_flag_;
   const std::chrono::seconds timeout_;
   std::uint32_t* passed_ = nullptr;  // host-mapped: the last barrier that passed
+  CUdeviceptr passed_on_device_ = 0; // the same word, as the device sees it
   std::atomic<std::uint32_t> issued_{0};
   std::mutex mutex_;
   std::condition_variable wake_;
