@@ -33,6 +33,24 @@ std::vector<std::string> SymmetricHeap::exchange(const std::string& what, const 
   return all;
 }
 
+namespace {
+
+// The GPU's PCI address, "domain:bus:device" as nvidia-smi prints it: the
+// same on every process that uses that GPU, whatever CUDA_VISIBLE_DEVICES says.
+std::string pci_address(const DriverApi& drv, int ordinal) {
+  CUdevice dev = 0;
+  SYMMPOOL_CU_TRY(drv, cuDeviceGet(&dev, ordinal));
+  int domain = 0, bus = 0, device = 0;
+  SYMMPOOL_CU_TRY(drv, cuDeviceGetAttribute(&domain, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, dev));
+  SYMMPOOL_CU_TRY(drv, cuDeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev));
+  SYMMPOOL_CU_TRY(drv, cuDeviceGetAttribute(&device, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, dev));
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%08x:%02x:%02x.0", domain, bus, device);
+  return buf;
+}
+
+}  // namespace
+
 SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, Store& store,
                              std::string group, int rank, int world, HeapOptions options)
     : drv_(drv), allocator_(allocator), store_(store), group_(std::move(group)), rank_(rank),
@@ -47,13 +65,28 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
 
   // Plain strings, no iostreams: an iostream here crashed inside a torch
   // process (seen on H200, torch 2.11).
-  auto all = exchange("hello", std::to_string(allocator_.va_reserved_bytes()) + " " + socket);
+  // "<va bytes> <pci address> <socket>"; socket names have no spaces.
+  const std::string gpu = pci_address(drv_, allocator_.device());
+  auto all = exchange("hello", std::to_string(allocator_.va_reserved_bytes()) + " " + gpu + " " + socket);
   peer_socket_.resize(static_cast<std::size_t>(world_));
+  std::map<std::string, int> rank_of_gpu;
   for (int r = 0; r < world_; ++r) {
     const std::string& hello = all[static_cast<std::size_t>(r)];
-    const std::size_t space = hello.find(' ');
+    const std::size_t first = hello.find(' ');
+    const std::size_t second = first == std::string::npos ? first : hello.find(' ', first + 1);
+    SYMMPOOL_EXPECTS(second != std::string::npos,
+                     "symmetric heap '" + group_ + "': rank " + std::to_string(r) +
+                         " sent a malformed hello '" + hello + "' (another symmpool version?)");
     const std::size_t va = std::strtoull(hello.c_str(), nullptr, 10);
-    peer_socket_[static_cast<std::size_t>(r)] = space == std::string::npos ? "" : hello.substr(space + 1);
+    const std::string peer_gpu = hello.substr(first + 1, second - first - 1);
+    peer_socket_[static_cast<std::size_t>(r)] = hello.substr(second + 1);
+    // Like NCCL, one GPU per rank: two ranks on one GPU would import their
+    // own memory through each other and NCCL's fallback path refuses them.
+    const auto [it, first_on_gpu] = rank_of_gpu.emplace(peer_gpu, r);
+    SYMMPOOL_EXPECTS(first_on_gpu, "symmetric heap '" + group_ + "': ranks " +
+                                       std::to_string(it->second) + " and " + std::to_string(r) +
+                                       " both use the GPU at PCI " + peer_gpu +
+                                       "; symmpool needs one GPU per rank");
     SYMMPOOL_EXPECTS(va == allocator_.va_reserved_bytes(),
                      "symmetric heap '" + group_ + "': rank " + std::to_string(r) + " reserved " +
                          std::to_string(va) + " bytes of address space, rank " +

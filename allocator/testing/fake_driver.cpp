@@ -117,6 +117,7 @@ CUresult fake_cuDeviceGetAttribute(int* value, CUdevice_attribute attr, CUdevice
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: *value = 1; break;
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: *value = s.config.fabric_supported; break;
     case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: *value = s.config.multicast_supported; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *value = static_cast<int>(dev) + 1; break;  // one fake GPU per ordinal
     default: *value = 0;
   }
   return CUDA_SUCCESS;

@@ -452,13 +452,13 @@ TEST(Collectives, MatchNcclOnAllGpus) {
 // (cuStreamWaitValue32 waits forever) through the communicator's watchdog.
 // Barriers queued behind the failed one drain without their own timeout.
 TEST(Collectives, APeerThatStopsComingTimesOutWithAnError) {
-  SYMMPOOL_GPUS_OR_SKIP(gpus, 1);
+  SYMMPOOL_GPUS_OR_SKIP(gpus, 2);
   store_dir();
   constexpr int kTimeout = 10;
   ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(kTimeout).c_str(), 1);
   std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
-    const int device = rank % gpus;
+    const int device = rank;
     RANK_CUDA(cudaSetDevice(device));
     FileStore store(store_dir());
     SymmetricHeap heap(real_driver(), device_allocator(device), store, "dies", rank, world);
@@ -484,6 +484,29 @@ TEST(Collectives, APeerThatStopsComingTimesOutWithAnError) {
     return failures;
   });
   ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
+  EXPECT_EQ(result, "");
+}
+
+// Like NCCL, one GPU per rank: a group whose ranks share a GPU is refused
+// when its heap forms, on every rank, naming the ranks and the GPU.
+TEST(Collectives, TwoRanksOnOneGpuAreRefusedByName) {
+  SYMMPOOL_GPUS_OR_SKIP(gpus, 1);
+  store_dir();
+  std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
+    int failures = 0;
+    RANK_CUDA(cudaSetDevice(0));
+    FileStore store(store_dir());
+    try {
+      SymmetricHeap heap(real_driver(), device_allocator(0), store, "crowded", rank, world);
+      RANK_EXPECT(false, "two ranks on GPU 0 formed a heap");
+    } catch (const logic_error& e) {
+      std::printf("[rank %d] %s\n", rank, e.what());
+      RANK_EXPECT(std::strstr(e.what(), "ranks 0 and 1 both use the GPU at PCI ") &&
+                      std::strstr(e.what(), "symmpool needs one GPU per rank"),
+                  "%s", e.what());
+    }
+    return failures;
+  });
   EXPECT_EQ(result, "");
 }
 

@@ -23,7 +23,7 @@ std::string temp_dir() {
 }
 
 std::unique_ptr<CachingAllocator> fake_allocator(int device) {
-  FakeDriver::instance().reset(2);  // this process's own fake driver
+  FakeDriver::instance().reset(3);  // this process's own fake driver
   AllocatorOptions options;
   options.arena.env = Environment{};
   return std::make_unique<CachingAllocator>(FakeDriver::instance().api(), device, options);
@@ -46,7 +46,7 @@ TEST(SymmetricHeapFake, RanksReadEachOthersBuffersAndReleasesPropagate) {
   for (int world : {2, 3}) {
     const std::string group = "read" + std::to_string(world);
     std::string result = run_ranks(world, 60, [&](int rank, int w, Rendezvous&) {
-      auto alloc = fake_allocator(rank % 2);
+      auto alloc = fake_allocator(rank);
       FileStore store(dir);
       SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, group, rank, w,
                          HeapOptions{std::chrono::seconds(20)});
@@ -106,6 +106,24 @@ TEST(SymmetricHeapFake, AsymmetricBuffersAreReportedWithRanksAndSizes) {
     } catch (const logic_error&) {
     }
     alloc->deallocate(c, stream(1));
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
+TEST(SymmetricHeapFake, TwoRanksOnOneGpuAreRefusedByName) {
+  const std::string dir = temp_dir();
+  std::string result = run_ranks(3, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank == 2 ? 0 : rank);  // ranks 0 and 2 on fake GPU 0
+    FileStore store(dir);
+    try {
+      SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "crowded", rank, w,
+                         HeapOptions{std::chrono::seconds(20)});
+      RANK_CHECK(false, "two ranks shared a GPU unnoticed");
+    } catch (const logic_error& e) {
+      RANK_CHECK(std::strstr(e.what(), "ranks 0 and 2 both use the GPU at PCI 00000000:01:00.0; symmpool needs one GPU per rank"),
+                 "%s", e.what());
+    }
     return 0;
   });
   EXPECT_EQ(result, "");
