@@ -16,19 +16,37 @@ std::string SymmetricHeap::key(const std::string& what, int r) const {
   return "symmpool/" + group_ + "/" + what + "/" + std::to_string(r);
 }
 
-// Publishes `mine` for this round and returns every rank's value.
+// Publishes `mine` for this round and returns every rank's value. Every
+// exchange of a round shares one key, tagged with `what`, so ranks that reach
+// different collective points (their allocations diverged) fail at once,
+// naming both points, instead of each waiting for a key nobody writes.
 std::vector<std::string> SymmetricHeap::exchange(const std::string& what, const std::string& mine) {
-  const std::string name = what + "/" + std::to_string(round_++);
-  store_.set(key(name, rank_), mine);
+  const std::string name = "round/" + std::to_string(round_++);
+  store_.set(key(name, rank_), what + "\n" + mine);
   std::vector<std::string> all(static_cast<std::size_t>(world_));
   for (int r = 0; r < world_; ++r) {
+    if (r == rank_) {
+      all[static_cast<std::size_t>(r)] = mine;
+      continue;
+    }
+    std::string value;
     try {
-      all[static_cast<std::size_t>(r)] = r == rank_ ? mine : store_.get(key(name, r), options_.timeout);
+      value = store_.get(key(name, r), options_.timeout);
     } catch (const timeout_error& e) {
       throw timeout_error("symmpool heap '" + group_ + "' rank " + std::to_string(rank_) +
                           ": rank " + std::to_string(r) + " never arrived at '" + what + "' (" +
                           e.what() + ")");
     }
+    const std::size_t newline = value.find('\n');
+    const std::string theirs = value.substr(0, newline);
+    // Not a logic_error: callers that take a failed check_symmetric as
+    // "use NCCL" must not swallow it.
+    if (theirs != what)
+      throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
+                             " is at '" + theirs + "' where rank " + std::to_string(rank_) +
+                             " is at '" + what + "' (heap call " + std::to_string(round_ - 1) +
+                             "): the ranks' allocations or collective calls differ");
+    all[static_cast<std::size_t>(r)] = value.substr(newline + 1);
   }
   return all;
 }

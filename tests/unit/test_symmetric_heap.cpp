@@ -8,6 +8,7 @@
 #include <symmpool/error.hpp>
 #include <symmpool/symmetric_heap.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -124,6 +125,40 @@ TEST(SymmetricHeapFake, TwoRanksOnOneGpuAreRefusedByName) {
       RANK_CHECK(std::strstr(e.what(), "ranks 0 and 2 both use the GPU at PCI 00000000:01:00.0; symmpool needs one GPU per rank"),
                  "%s", e.what());
     }
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
+// Rank 0 maps a segment rank 1 does not, so rank 0 syncs where rank 1 checks
+// a buffer: both fail at once, naming both calls, instead of waiting out the
+// timeout for a key the other never writes.
+TEST(SymmetricHeapFake, RanksAtDifferentCollectivePointsFailAtOnce) {
+  const std::string dir = temp_dir();
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir);
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "diverge", rank, w,
+                       HeapOptions{std::chrono::seconds(20)});
+    void* a = alloc->allocate(4096, stream(1));
+    heap.sync();
+    void* extra = rank == 0 ? alloc->allocate(30 * MiB, stream(1)) : nullptr;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      if (rank == 0)
+        heap.sync();
+      else
+        heap.check_symmetric(a, 4096, "a");
+      RANK_CHECK(false, "ranks at different collective points went on");
+    } catch (const divergence_error& e) {
+      RANK_CHECK(std::strstr(e.what(), rank == 0 ? "rank 1 is at 'check' where rank 0 is at 'segments'"
+                                                 : "rank 0 is at 'segments' where rank 1 is at 'check'"),
+                 "%s", e.what());
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    RANK_CHECK(waited < 5, "noticed after %.1f s", waited);
+    if (extra) alloc->deallocate(extra, stream(1));
+    alloc->deallocate(a, stream(1));
     return 0;
   });
   EXPECT_EQ(result, "");

@@ -13,6 +13,12 @@ struct timeout_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The ranks of a group reached different collective points (their
+// allocations or calls diverged): every rank that notices throws it.
+struct divergence_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 class Store {
  public:
   virtual ~Store() = default;

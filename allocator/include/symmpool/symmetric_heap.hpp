@@ -34,6 +34,9 @@ class SymmetricHeap final : public SegmentObserver {
   SymmetricHeap(const SymmetricHeap&) = delete;
   SymmetricHeap& operator=(const SymmetricHeap&) = delete;
 
+  // Collective calls (sync, check_symmetric) throw divergence_error, naming
+  // both calls, when a peer made a different one at the same point.
+
   // Collective: every rank publishes its segments and maps the peers' new
   // ones (and unmaps the ones they released).
   void sync();
