@@ -46,6 +46,13 @@ def test_symm_backend_collectives_match_nccl_on_all_gpus(collectives):
 
 
 @needs_two
+@pytest.mark.parametrize("collectives", ["0", "always"])
+def test_symm_collectives_replay_in_a_cuda_graph(collectives):
+    run_workers(dist_workers.symm_collectives_replay_in_a_cuda_graph, gpu_count(), collectives,
+                timeout=300)
+
+
+@needs_two
 @pytest.mark.parametrize("collectives", ["0", "table", "always"])
 def test_fsdp2_losses_match_with_symm_allocation(collectives):
     run_workers(dist_workers.fsdp2_loss_parity, gpu_count(), 20, collectives, timeout=400)
