@@ -7,6 +7,7 @@
 #include <symmpool/device_allocators.hpp>
 
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -216,6 +217,10 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   const auto group_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(getOptions()->timeout);
   const std::chrono::seconds timeout(std::clamp<std::int64_t>((group_timeout.count() + 999) / 1000, 1,
                                                                Communicator::kLongestBarrierTimeout.count()));
+  // The first routed collective may come inside torch.cuda.graph: setup
+  // (address reservations, mappings, host allocations) touches no captured
+  // stream, so let it run, as ProcessGroupNCCL does for NCCL's setup.
+  c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
   heap_store_ = std::make_unique<C10dStore>(store_for_heap_);
   heap_ = std::make_unique<SymmetricHeap>(real_driver(), device_allocator(device), *heap_store_,
                                           "heap", getRank(), getSize(), HeapOptions{timeout});

@@ -2,10 +2,12 @@
 #include "issue_order.hpp"
 #include "stream_op_watchdog.hpp"
 #include "kernels.hpp"
+#include "relaxed_capture.hpp"
 
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
 #include <symmpool/cuda_try.hpp>
+#include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/environment.hpp>
 
 #include <algorithm>
@@ -79,17 +81,25 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   SYMMPOOL_EXPECTS(device == allocator_.device(),
                    "the current device is " + std::to_string(device) + " but the heap is on device " +
                        std::to_string(allocator_.device()));
+  // A group's first collective may come inside a graph capture (torch.cuda.graph
+  // around a model's first step): setup must not touch any stream being captured.
+  detail::RelaxedCaptureMode relaxed;
   // Every rank makes these allocations in the same order: symmetric offsets.
   const std::size_t pad_bytes = kPadWords * sizeof(std::uint32_t);
   const std::size_t epoch_bytes = (1 + detail::kMaxSyncBlocks) * sizeof(std::uint32_t);
   pads_ = static_cast<std::uint32_t*>(allocator_.allocate(pad_bytes, nullptr));
   kernel_epoch_ = static_cast<std::uint32_t*>(allocator_.allocate(epoch_bytes, nullptr));
   block_epochs_ = kernel_epoch_ + 1;
-  SYMMPOOL_CUDA_TRY(cudaMemset(pads_, 0, pad_bytes));
-  SYMMPOOL_CUDA_TRY(cudaMemset(kernel_epoch_, 0, epoch_bytes));
+  {
+    cudaStream_t setup = nullptr;  // private: a device-wide sync would break a capture
+    SYMMPOOL_CUDA_TRY(cudaStreamCreateWithFlags(&setup, cudaStreamNonBlocking));
+    detail::ScopeExit destroy([setup] { cudaStreamDestroy(setup); });
+    SYMMPOOL_CUDA_TRY(cudaMemsetAsync(pads_, 0, pad_bytes, setup));
+    SYMMPOOL_CUDA_TRY(cudaMemsetAsync(kernel_epoch_, 0, epoch_bytes, setup));
+    SYMMPOOL_CUDA_TRY(cudaStreamSynchronize(setup));
+  }
   SYMMPOOL_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&error_flag_), sizeof(int), cudaHostAllocMapped));
   *error_flag_ = 0;
-  SYMMPOOL_CUDA_TRY(cudaDeviceSynchronize());
   heap_.sync();  // also a barrier: no peer signals before every pad is zeroed
   heap_.check_symmetric(pads_, pad_bytes, "signal pads");
   // Fixed for the communicator's life; asking per call cost ~1 ms of host
@@ -178,6 +188,7 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
 
 bool Communicator::is_symmetric(const void* ptr, std::size_t bytes) {
   if (heap_.needs_sync()) {
+    detail::RelaxedCaptureMode relaxed;  // maps peer segments: allowed under capture
     heap_.sync();
     checked_.clear();
   }
@@ -256,6 +267,7 @@ void Communicator::enqueue_all_gather(const void* in, void* out, std::size_t byt
 // which breaks the ranks' equal layouts.
 void* Communicator::scratch(std::size_t bytes) {
   if (scratch_bytes_ >= bytes) return scratch_;
+  detail::RelaxedCaptureMode relaxed;
   if (scratch_) SYMMPOOL_CUDA_TRY(cudaFree(scratch_));  // synchronizes with work that uses it
   scratch_ = nullptr;
   scratch_bytes_ = 0;

@@ -111,10 +111,12 @@ def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
     dist.destroy_process_group()
 
 
-def symm_collectives_replay_in_a_cuda_graph(rank: int, world: int, collectives: str) -> None:
+def symm_collectives_replay_in_a_cuda_graph(rank: int, world: int, collectives: str,
+                                           warm_up: bool) -> None:
     """All-gather, reduce-scatter and all-reduce on symm tensors, captured once
     with torch.cuda.graph and replayed on fresh random data: every replay
-    matches NCCL on plain tensors and overwrites the poisoned outputs."""
+    matches NCCL on plain tensors and overwrites the poisoned outputs. Without
+    `warm_up` the capture is the buffers' first use."""
     _set_collectives_mode(collectives)
     import symmpool
 
@@ -137,12 +139,12 @@ def symm_collectives_replay_in_a_cuda_graph(rank: int, world: int, collectives: 
         dist.reduce_scatter_tensor(rs_out, rs_in)
         dist.all_reduce(ar)
 
-    # Warm up outside the capture: symmetry checks and heap syncs happen here.
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        collectives_step()
-    torch.cuda.current_stream().wait_stream(side)
+    if warm_up:  # outside the capture: symmetry checks and heap syncs happen here
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            collectives_step()
+        torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     routed_before = symmpool.memory_stats(device)["symm_collectives"]
     graph = torch.cuda.CUDAGraph()

@@ -46,10 +46,10 @@ def test_symm_backend_collectives_match_nccl_on_all_gpus(collectives):
 
 
 @needs_two
-@pytest.mark.parametrize("collectives", ["0", "always"])
-def test_symm_collectives_replay_in_a_cuda_graph(collectives):
+@pytest.mark.parametrize("collectives,warm_up", [("0", True), ("always", True), ("0", False), ("always", False)])
+def test_symm_collectives_replay_in_a_cuda_graph(collectives, warm_up):
     run_workers(dist_workers.symm_collectives_replay_in_a_cuda_graph, gpu_count(), collectives,
-                timeout=300)
+                warm_up, timeout=300)
 
 
 @needs_two
