@@ -37,6 +37,7 @@ Environment Environment::from_process() {
   if (const char* v = std::getenv("SYMMPOOL_MAX_BLOCKS")) env.max_blocks = v;
   if (const char* v = std::getenv("SYMMPOOL_COPY_STREAMS")) env.copy_streams = v;
   if (const char* v = std::getenv("SYMMPOOL_BARRIER_TIMEOUT")) env.barrier_timeout = v;
+  if (const char* v = std::getenv("SYMMPOOL_HOST_ID")) env.host_id = v;
   return env;
 }
 

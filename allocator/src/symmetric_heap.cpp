@@ -1,9 +1,11 @@
 #include <symmpool/detail/format.hpp>
 #include <symmpool/error.hpp>
+#include <symmpool/node_identity.hpp>
 #include <symmpool/symmetric_heap.hpp>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -67,6 +69,17 @@ std::string pci_address(const DriverApi& drv, int ordinal) {
   return buf;
 }
 
+std::vector<std::string> split_words(const std::string& text) {
+  std::vector<std::string> words;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const std::size_t end = std::min(text.find(' ', start), text.size());
+    if (end > start) words.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return words;
+}
+
 }  // namespace
 
 SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, Store& store,
@@ -83,21 +96,32 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
 
   // Plain strings, no iostreams: an iostream here crashed inside a torch
   // process (seen on H200, torch 2.11).
-  // "<va bytes> <pci address> <socket>"; socket names have no spaces.
+  // "<node> <va bytes> <pci address> <socket>"; none has spaces.
   const std::string gpu = pci_address(drv_, allocator_.device());
-  auto all = exchange("hello", std::to_string(allocator_.va_reserved_bytes()) + " " + gpu + " " + socket);
+  auto all = exchange("hello", node_identity() + " " + std::to_string(allocator_.va_reserved_bytes()) +
+                                   " " + gpu + " " + socket);
+  std::vector<std::vector<std::string>> hellos;
+  for (int r = 0; r < world_; ++r) {
+    hellos.push_back(split_words(all[static_cast<std::size_t>(r)]));
+    SYMMPOOL_EXPECTS(hellos.back().size() == 4,
+                     "symmetric heap '" + group_ + "': rank " + std::to_string(r) +
+                         " sent a malformed hello '" + all[static_cast<std::size_t>(r)] +
+                         "' (another symmpool version?)");
+  }
+  // Nodes first: PCI addresses repeat across nodes.
+  for (int r = 1; r < world_; ++r)
+    if (hellos[static_cast<std::size_t>(r)][0] != hellos[0][0])
+      throw multi_node_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
+                             " is on node " + hellos[static_cast<std::size_t>(r)][0] +
+                             " and rank 0 on node " + hellos[0][0] +
+                             "; a symmetric heap needs every rank on one node");
   peer_socket_.resize(static_cast<std::size_t>(world_));
   std::map<std::string, int> rank_of_gpu;
   for (int r = 0; r < world_; ++r) {
-    const std::string& hello = all[static_cast<std::size_t>(r)];
-    const std::size_t first = hello.find(' ');
-    const std::size_t second = first == std::string::npos ? first : hello.find(' ', first + 1);
-    SYMMPOOL_EXPECTS(second != std::string::npos,
-                     "symmetric heap '" + group_ + "': rank " + std::to_string(r) +
-                         " sent a malformed hello '" + hello + "' (another symmpool version?)");
-    const std::size_t va = std::strtoull(hello.c_str(), nullptr, 10);
-    const std::string peer_gpu = hello.substr(first + 1, second - first - 1);
-    peer_socket_[static_cast<std::size_t>(r)] = hello.substr(second + 1);
+    const std::vector<std::string>& hello = hellos[static_cast<std::size_t>(r)];
+    const std::size_t va = std::strtoull(hello[1].c_str(), nullptr, 10);
+    const std::string& peer_gpu = hello[2];
+    peer_socket_[static_cast<std::size_t>(r)] = hello[3];
     // Like NCCL, one GPU per rank: two ranks on one GPU would import their
     // own memory through each other and NCCL's fallback path refuses them.
     const auto [it, first_on_gpu] = rank_of_gpu.emplace(peer_gpu, r);

@@ -206,6 +206,7 @@ void SymmBackend::abort() {
 }
 
 Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
+  if (spans_nodes_) return nullptr;
   if (comm_) {
     TORCH_CHECK(device == heap_device_, "symm collectives use one device per process group: this "
                 "group's heap is on cuda:", int(heap_device_), ", got cuda:", int(device));
@@ -222,8 +223,15 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   // stream, so let it run, as ProcessGroupNCCL does for NCCL's setup.
   c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
   heap_store_ = std::make_unique<C10dStore>(store_for_heap_);
-  heap_ = std::make_unique<SymmetricHeap>(real_driver(), device_allocator(device), *heap_store_,
-                                          "heap", getRank(), getSize(), HeapOptions{timeout});
+  try {
+    heap_ = std::make_unique<SymmetricHeap>(real_driver(), device_allocator(device), *heap_store_,
+                                            "heap", getRank(), getSize(), HeapOptions{timeout});
+  } catch (const multi_node_error& e) {
+    // Every rank saw the same hellos, so every rank gives up here together.
+    TORCH_WARN_ONCE("symm: ", e.what(), "; this group's collectives run on NCCL");
+    spans_nodes_ = true;
+    return nullptr;
+  }
   comm_ = std::make_unique<Communicator>(*heap_, device_allocator(device), timeout);
   heap_device_ = device;
   return comm_.get();
@@ -234,6 +242,10 @@ bool SymmBackend::run_on_symmpool(const at::Device& device,
   c10::cuda::CUDAGuard guard(device);
   auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   Communicator* comm = call_translating_errors([&] { return communicator(device.index()); });
+  if (!comm) {
+    ++nccl_fallbacks;  // the group spans nodes
+    return false;
+  }
   try {
     enqueue(*comm, stream);
   } catch (const symmpool::logic_error&) {

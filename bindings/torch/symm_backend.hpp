@@ -58,11 +58,12 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   // symmpool's own collectives (unless SYMMPOOL_COLLECTIVES=0). Each returns null
   // when the call must go to NCCL: unsupported shape, dtype or op (decided
   // the same way on every rank), or buffers that are not symmetric on every
-  // rank (decided by one exchange that every rank sees).
+  // rank (decided by one exchange that every rank sees). communicator() is
+  // null, on every rank, when the group spans nodes.
   Communicator* communicator(c10::DeviceIndex device);
   c10::intrusive_ptr<c10d::Work> try_all_gather(at::Tensor& output, at::Tensor& input);
   // Enqueues on the current stream; false (counted) when the symmetry check
-  // sent the call to NCCL.
+  // or a group spanning nodes sent the call to NCCL.
   bool run_on_symmpool(const at::Device& device,
                        const std::function<void(Communicator&, cudaStream_t)>& enqueue);
   c10::intrusive_ptr<c10d::Work> try_reduce(at::Tensor& output, at::Tensor& input,
@@ -78,6 +79,7 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   std::unique_ptr<SymmetricHeap> heap_;
   std::unique_ptr<Communicator> comm_;
   c10::DeviceIndex heap_device_ = -1;
+  bool spans_nodes_ = false;  // found when the heap formed: every call goes to NCCL
 };
 
 // Collectives the symm backends of this process ran themselves, and calls

@@ -180,6 +180,35 @@ def symm_collectives_replay_in_a_cuda_graph(rank: int, world: int, collectives: 
     dist.destroy_process_group()
 
 
+def a_group_spanning_nodes_runs_on_nccl(rank: int, world: int) -> None:
+    """SYMMPOOL_HOST_ID makes every rank look like its own node: the group's
+    heap cannot form, so every collective, even on symm tensors with
+    SYMMPOOL_COLLECTIVES=always, runs on NCCL, correctly, with no error."""
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+    os.environ["SYMMPOOL_HOST_ID"] = f"node-{rank}"
+    import symmpool
+
+    device = _init(rank, world, "cpu:gloo,cuda:symm")
+    backend = dist.group.WORLD._get_backend(device)
+    n, dtype = 4099, torch.float32
+    x = torch.arange(n, dtype=dtype, device=device) + rank
+    for _ in range(3):
+        ag_in = backend.allocate_tensor(n, dtype=dtype, device=device)
+        ag_in.copy_(x)
+        ag_out = _poisoned(backend, n * world, dtype, device)
+        dist.all_gather_into_tensor(ag_out, ag_in)
+        expected = torch.cat([torch.arange(n, dtype=dtype, device=device) + r for r in range(world)])
+        assert torch.equal(ag_out, expected), f"all-gather differs on rank {rank}"
+        ar = backend.allocate_tensor(n, dtype=dtype, device=device)
+        ar.copy_(x)
+        dist.all_reduce(ar)
+        assert torch.equal(ar, sum(torch.arange(n, dtype=dtype, device=device) + r for r in range(world)))
+    stats = symmpool.memory_stats(device)
+    assert stats["symm_collectives"] == 0 and stats["nccl_fallbacks"] == 6, stats
+    print(f"[rank {rank}] spanning 'nodes': 6 collectives on NCCL, 0 on symmpool", flush=True)
+    dist.destroy_process_group()
+
+
 def fsdp2_loss_parity(rank: int, world: int, steps: int, collectives: str) -> None:
     _set_collectives_mode(collectives)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))

@@ -59,5 +59,10 @@ def test_fsdp2_losses_match_with_symm_allocation(collectives):
 
 
 @needs_two
+def test_a_group_spanning_nodes_runs_on_nccl():
+    run_workers(dist_workers.a_group_spanning_nodes_runs_on_nccl, gpu_count(), timeout=200)
+
+
+@needs_two
 def test_a_late_peer_times_out_with_the_group_timeout():
     run_workers(dist_workers.late_peer_times_out_with_the_group_timeout, gpu_count(), timeout=120)

@@ -1,6 +1,12 @@
 #include "fake_fixture.hpp"
 
+#include <symmpool/node_identity.hpp>
+
+#include <unistd.h>
+
 #include <cstdlib>
+#include <cstring>
+#include <string>
 
 namespace symmpool::test {
 
@@ -129,7 +135,8 @@ TEST(Environment, ReadsTheCollectivesKnobsAsWritten) {
     std::string Environment::*field;
   } knobs[] = {{"SYMMPOOL_MAX_BLOCKS", &Environment::max_blocks},
                {"SYMMPOOL_COPY_STREAMS", &Environment::copy_streams},
-               {"SYMMPOOL_BARRIER_TIMEOUT", &Environment::barrier_timeout}};
+               {"SYMMPOOL_BARRIER_TIMEOUT", &Environment::barrier_timeout},
+               {"SYMMPOOL_HOST_ID", &Environment::host_id}};
   for (const auto& knob : knobs) {
     ::unsetenv(knob.variable);
     EXPECT_EQ(Environment::from_process().*knob.field, "") << knob.variable;
@@ -137,6 +144,20 @@ TEST(Environment, ReadsTheCollectivesKnobsAsWritten) {
     EXPECT_EQ(Environment::from_process().*knob.field, "12") << knob.variable;
     ::unsetenv(knob.variable);
   }
+}
+
+// Like NCCL's host hash: hostname and boot id, or SYMMPOOL_HOST_ID.
+TEST(NodeIdentity, IsHostnameAndBootIdUnlessOverridden) {
+  Environment env;
+  const std::string id = node_identity(env);
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  EXPECT_EQ(id.rfind(std::string(host) + "/", 0), 0u) << id;
+  EXPECT_GT(id.size(), std::strlen(host) + 1) << "no boot id in " << id;
+  EXPECT_EQ(id.find_first_of(" \t\n"), std::string::npos) << id;
+  EXPECT_EQ(node_identity(env), id);  // stable
+  env.host_id = "rack 3\tnode";
+  EXPECT_EQ(node_identity(env), "rack_3_node");
 }
 
 }  // namespace symmpool::test

@@ -130,6 +130,27 @@ TEST(SymmetricHeapFake, TwoRanksOnOneGpuAreRefusedByName) {
   EXPECT_EQ(result, "");
 }
 
+// SYMMPOOL_HOST_ID makes the two ranks look like two nodes: every rank
+// throws multi_node_error (the "symm" backend then uses NCCL), naming both.
+TEST(SymmetricHeapFake, RanksOnDifferentNodesAreToldApart) {
+  const std::string dir = temp_dir();
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    ::setenv("SYMMPOOL_HOST_ID", rank == 0 ? "node-a" : "node b", 1);  // spaces become '_'
+    auto alloc = fake_allocator(0);  // the same PCI address on both "nodes"
+    FileStore store(dir);
+    try {
+      SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "nodes", rank, w,
+                         HeapOptions{std::chrono::seconds(20)});
+      RANK_CHECK(false, "a heap spanned two nodes");
+    } catch (const multi_node_error& e) {
+      RANK_CHECK(std::strstr(e.what(), "rank 1 is on node node_b and rank 0 on node node-a; a symmetric heap needs every rank on one node"),
+                 "%s", e.what());
+    }
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
 // Rank 0 maps a segment rank 1 does not, so rank 0 syncs where rank 1 checks
 // a buffer: both fail at once, naming both calls, instead of waiting out the
 // timeout for a key the other never writes.

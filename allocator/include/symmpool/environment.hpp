@@ -27,6 +27,10 @@ struct Environment {
   // SYMMPOOL_BARRIER_TIMEOUT: seconds a barrier waits for a peer before it
   // gives up with an error (default 600, c10d's default for NCCL).
   std::string barrier_timeout;
+  // SYMMPOOL_HOST_ID: this node's identity, like NCCL_HOSTID, where hostname
+  // and boot id cannot tell nodes apart (tests use it to make one machine
+  // look like several nodes); empty when unset.
+  std::string host_id;
 
   // Reads the current process environment.
   static Environment from_process();

@@ -8,6 +8,7 @@
 // Symmetry is checked, never assumed (check_symmetric).
 
 #include <symmpool/caching_allocator.hpp>
+#include <symmpool/error.hpp>
 #include <symmpool/fd_channel.hpp>
 #include <symmpool/store.hpp>
 
@@ -20,6 +21,13 @@
 
 namespace symmpool {
 
+// The group's ranks are not all on one node: a heap cannot span nodes (its
+// peers map each other's memory). Every rank throws it, so callers can agree
+// to use NCCL instead.
+struct multi_node_error : logic_error {
+  using logic_error::logic_error;
+};
+
 struct HeapOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};  // for every wait on a peer
 };
@@ -27,7 +35,9 @@ struct HeapOptions {
 class SymmetricHeap final : public SegmentObserver {
  public:
   // Collective over the `world` ranks of `group`; throws timeout_error when a
-  // peer never arrives and logic_error when the ranks' heaps cannot match.
+  // peer never arrives, multi_node_error when the ranks are on different
+  // nodes and logic_error when their heaps cannot match (two ranks on one
+  // GPU, devices of different sizes).
   SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, Store& store, std::string group,
                 int rank, int world, HeapOptions options = {});
   ~SymmetricHeap() override;
