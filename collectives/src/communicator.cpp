@@ -386,9 +386,10 @@ void Communicator::enqueue_all_reduce(const void* in, void* out, std::size_t cou
   if (algorithm == Algorithm::kTwoShot) {
     // Two-shot writes peers' outputs while they read our input: the buffers
     // must be the same one or apart, and the output symmetric.
-    // Both checks run on every rank: they are collective.
-    const bool symmetric = is_symmetric(in, bytes) & is_symmetric(out, bytes);
-    const bool usable = symmetric && (in == out || !overlap(in, bytes, out, bytes));
+    // Both checks run on every rank (they are collective): no short circuit.
+    const bool in_symmetric = is_symmetric(in, bytes);
+    const bool out_symmetric = is_symmetric(out, bytes);
+    const bool usable = in_symmetric && out_symmetric && (in == out || !overlap(in, bytes, out, bytes));
     SYMMPOOL_EXPECTS(usable || !explicit_choice,
                      "symmpool: two-shot all_reduce needs symmetric input and output that are the "
                      "same buffer or do not overlap");
