@@ -4,7 +4,8 @@
 //     bytes: all-gather output, reduce-scatter input, all-reduce buffer
 //     (in place, as torch's allreduce);
 //     counter busbw in GB/s as nccl-tests defines it; impl: nccl, symmpool
-//     (the algorithm table's choice) or symmpool-<algorithm> (one variant)
+//     (the algorithm table's choice) or symmpool-<algorithm> (one variant),
+//     bf16; nccl-fp32 and symmpool-fp32: the same reductions on fp32
 //   AllGatherGraph/..., ReduceScatterGraph/..., AllReduceGraph/...: per-op
 //     latency of 20 ops captured in one CUDA graph
 //   Contention/<impl>/<op>/256MiB: 8 bf16 8192^3 matmuls alone and while the
@@ -65,7 +66,12 @@ struct Impl {
   bool nccl;
   Algorithm algorithm;
   BarrierKind barrier = BarrierKind::kKernel;  // of the copy-engine all-gathers
+  DataType type = DataType::kBFloat16;
 };
+
+ncclDataType_t nccl_type(DataType t) {
+  return t == DataType::kFloat32 ? ncclFloat32 : t == DataType::kFloat16 ? ncclFloat16 : ncclBfloat16;
+}
 constexpr Impl kNccl{"nccl", true, Algorithm::kAuto};
 constexpr Impl kSymmpool{"symmpool", false, Algorithm::kAuto};
 
@@ -77,8 +83,12 @@ std::vector<Impl> variants(Op op) {
             {"symmpool-ce-push-streamops", false, Algorithm::kCopyEnginePush, BarrierKind::kStreamOps},
             {"symmpool-kernel", false, Algorithm::kKernel}};
   if (op == Op::kReduceScatter)
-    return {{"symmpool-1shot", false, Algorithm::kOneShot}, {"symmpool-2step", false, Algorithm::kTwoStep}};
-  return {{"symmpool-1shot", false, Algorithm::kOneShot}, {"symmpool-2shot", false, Algorithm::kTwoShot}};
+    return {{"symmpool-1shot", false, Algorithm::kOneShot}, {"symmpool-2step", false, Algorithm::kTwoStep},
+            {"nccl-fp32", true, Algorithm::kAuto, BarrierKind::kKernel, DataType::kFloat32},
+            {"symmpool-fp32", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kFloat32}};
+  return {{"symmpool-1shot", false, Algorithm::kOneShot}, {"symmpool-2shot", false, Algorithm::kTwoShot},
+          {"nccl-fp32", true, Algorithm::kAuto, BarrierKind::kKernel, DataType::kFloat32},
+          {"symmpool-fp32", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kFloat32}};
 }
 
 // nccl-tests' bus bandwidth factors.
@@ -89,41 +99,43 @@ double bus_factor(Op op, int n) {
 struct Buffers {
   void* in;
   void* out;
-  std::size_t count;  // bf16 elements per rank (AG, RS) or in total (AR)
+  std::size_t count;  // elements per rank (AG, RS) or in total (AR)
 };
 
-Buffers make_buffers(Op op, std::size_t bytes) {
-  const std::size_t elems = bytes / 2;
+Buffers make_buffers(Op op, std::size_t bytes, std::size_t es) {
+  const std::size_t elems = bytes / es;
   Buffers b{};
   auto s = reinterpret_cast<CUstream>(R.stream);
   if (op == Op::kAllGather) {
     b.count = elems / R.world;
-    b.in = R.alloc->allocate(b.count * 2, s);
+    b.in = R.alloc->allocate(b.count * es, s);
     b.out = R.alloc->allocate(bytes, s);
   } else if (op == Op::kReduceScatter) {
     b.count = elems / R.world;
     b.in = R.alloc->allocate(bytes, s);
-    b.out = R.alloc->allocate(b.count * 2, s);
+    b.out = R.alloc->allocate(b.count * es, s);
   } else {  // in place, as torch's allreduce
     b.count = elems;
     b.in = R.alloc->allocate(bytes, s);
     b.out = b.in;
   }
-  BENCH_CUDA(cudaMemsetAsync(b.in, 1, op == Op::kAllGather ? b.count * 2 : bytes, R.stream));
+  BENCH_CUDA(cudaMemsetAsync(b.in, 1, op == Op::kAllGather ? b.count * es : bytes, R.stream));
   return b;
 }
 
 void run_once(Op op, const Impl& impl, const Buffers& b) {
   if (impl.nccl) {
-    if (op == Op::kAllGather) BENCH_NCCL(ncclAllGather(b.in, b.out, b.count, ncclBfloat16, R.nccl, R.stream));
-    if (op == Op::kReduceScatter) BENCH_NCCL(ncclReduceScatter(b.in, b.out, b.count, ncclBfloat16, ncclSum, R.nccl, R.stream));
-    if (op == Op::kAllReduce) BENCH_NCCL(ncclAllReduce(b.in, b.out, b.count, ncclBfloat16, ncclSum, R.nccl, R.stream));
+    const ncclDataType_t t = nccl_type(impl.type);
+    if (op == Op::kAllGather) BENCH_NCCL(ncclAllGather(b.in, b.out, b.count, t, R.nccl, R.stream));
+    if (op == Op::kReduceScatter) BENCH_NCCL(ncclReduceScatter(b.in, b.out, b.count, t, ncclSum, R.nccl, R.stream));
+    if (op == Op::kAllReduce) BENCH_NCCL(ncclAllReduce(b.in, b.out, b.count, t, ncclSum, R.nccl, R.stream));
     return;
   }
   const Algorithm a = impl.algorithm;
-  if (op == Op::kAllGather) R.comm->all_gather(b.in, b.out, b.count * 2, R.stream, a, impl.barrier);
-  if (op == Op::kReduceScatter) R.comm->reduce_scatter(b.in, b.out, b.count, DataType::kBFloat16, ReduceOp::kSum, R.stream, a);
-  if (op == Op::kAllReduce) R.comm->all_reduce(b.in, b.out, b.count, DataType::kBFloat16, ReduceOp::kSum, R.stream, a);
+  const std::size_t es = symmpool::element_size(impl.type);
+  if (op == Op::kAllGather) R.comm->all_gather(b.in, b.out, b.count * es, R.stream, a, impl.barrier);
+  if (op == Op::kReduceScatter) R.comm->reduce_scatter(b.in, b.out, b.count, impl.type, ReduceOp::kSum, R.stream, a);
+  if (op == Op::kAllReduce) R.comm->all_reduce(b.in, b.out, b.count, impl.type, ReduceOp::kSum, R.stream, a);
 }
 
 void release(const Buffers& b) {
@@ -134,7 +146,7 @@ void release(const Buffers& b) {
 
 // Times `reps` ops between two events per iteration.
 void Bandwidth(benchmark::State& state, Op op, Impl impl, std::size_t bytes, int reps) {
-  Buffers b = make_buffers(op, bytes);
+  Buffers b = make_buffers(op, bytes, symmpool::element_size(impl.type));
   for (int i = 0; i < 3; ++i) run_once(op, impl, b);  // warm up (and symmetry checks)
   cudaEvent_t start, stop;
   BENCH_CUDA(cudaEventCreate(&start));
@@ -162,7 +174,7 @@ void Bandwidth(benchmark::State& state, Op op, Impl impl, std::size_t bytes, int
 // Latency inside a CUDA graph of `reps` ops.
 void GraphLatency(benchmark::State& state, Op op, Impl impl, std::size_t bytes) {
   constexpr int reps = 20;
-  Buffers b = make_buffers(op, bytes);
+  Buffers b = make_buffers(op, bytes, symmpool::element_size(impl.type));
   run_once(op, impl, b);  // symmetry checks and heap sync happen outside the capture
   BENCH_CUDA(cudaStreamSynchronize(R.stream));
   cudaGraph_t graph;
@@ -228,7 +240,7 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
                                CUBLAS_GEMM_DEFAULT),
                   CUBLAS_STATUS_SUCCESS);
   };
-  Buffers buf = make_buffers(op, bytes);
+  Buffers buf = make_buffers(op, bytes, symmpool::element_size(impl.type));
   run_once(op, impl, buf);
   run_matmuls();
   BENCH_CUDA(cudaDeviceSynchronize());

@@ -5,7 +5,9 @@
 // buffers); world sizes not measured go to NCCL. "(run c)": from
 // collectives_h200x2_2026-11-22c.json, before the 64-block cap.
 // Choices depend only on the op, the size and the world size, so every rank
-// makes the same.
+// makes the same. Not on the dtype: at 2 ranks fp32 reductions win and lose
+// at the same sizes as bf16 (collectives_dtype_h200x2_2026-11-22.json), and
+// fp16 runs bf16's kernels.
 
 #include <symmpool/collective_types.hpp>
 
