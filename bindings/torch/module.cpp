@@ -3,9 +3,13 @@
 #include "symm_backend.hpp"
 #include "torch_errors.hpp"
 
+#include <symmpool/algorithm_table.hpp>
 #include <symmpool/device_allocators.hpp>
 
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
+
+#include <vector>
 
 namespace py = pybind11;
 using symmpool::torch_ext::call_translating_errors;
@@ -95,4 +99,12 @@ PYBIND11_MODULE(_C, m) {
         return py::make_tuple(mc.enabled, mc.reason);
       },
       py::arg("device"));
+  m.def(
+      "table_world_sizes",
+      [] {
+        std::vector<int> worlds;
+        for (const symmpool::SymmpoolLimits& l : symmpool::kMeasuredLimits) worlds.push_back(l.world);
+        return worlds;
+      },
+      "World sizes the algorithm table has measurements for; others run on NCCL by default.");
 }

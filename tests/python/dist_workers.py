@@ -32,10 +32,6 @@ def _set_collectives_mode(collectives: str) -> None:
         os.environ["SYMMPOOL_COLLECTIVES"] = collectives
 
 
-# World sizes the algorithm table has measurements for (algorithm_table.hpp).
-TABLE_WORLD_SIZES = (2, 4)
-
-
 def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
     _set_collectives_mode(collectives)
     import symmpool
@@ -103,7 +99,7 @@ def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
     assert final == after_first, f"registrations grew from {after_first} to {final} over 100 steps"
     print(f"[rank {rank}] registrations flat at {final} over 100 steps", flush=True)
     stats = symmpool.memory_stats(device)
-    if collectives == "always" or (collectives == "table" and world in TABLE_WORLD_SIZES):
+    if collectives == "always" or (collectives == "table" and world in symmpool._C.table_world_sizes()):
         # symm buffers ran on symmpool; plain ones went to NCCL after the check
         assert stats["symm_collectives"] > 0 and stats["nccl_fallbacks"] > 0, stats
     elif collectives == "0":

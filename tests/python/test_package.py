@@ -44,3 +44,9 @@ def test_fsdp_helper_needs_fsdp_modules():
 
 def test_extension_built_against_this_torch():
     assert torch.__version__.startswith("2.11"), torch.__version__
+
+
+def test_table_world_sizes_come_from_the_cpp_table():
+    sizes = symmpool._C.table_world_sizes()
+    assert sizes == sorted(set(sizes)) and 2 in sizes, sizes
+    assert all(isinstance(w, int) and 2 <= w <= 8 for w in sizes), sizes
