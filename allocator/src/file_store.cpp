@@ -53,4 +53,6 @@ std::string FileStore::get(const std::string& key, std::chrono::milliseconds tim
   }
 }
 
+void FileStore::erase(const std::string& key) { std::remove(path_of(key).c_str()); }
+
 }  // namespace symmpool

@@ -50,6 +50,9 @@ std::vector<std::string> SymmetricHeap::exchange(const std::string& what, const 
                              "): the ranks' allocations or collective calls differ");
     all[static_cast<std::size_t>(r)] = value.substr(newline + 1);
   }
+  // Every peer wrote this round, so every peer has read the previous one:
+  // our key of that round is no longer needed.
+  if (round_ >= 2) store_.erase(key("round/" + std::to_string(round_ - 2), rank_));
   return all;
 }
 

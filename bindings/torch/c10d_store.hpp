@@ -27,8 +27,18 @@ class C10dStore final : public Store {
     return std::string(value.begin(), value.end());
   }
 
+  void erase(const std::string& key) override {
+    if (!can_erase_) return;
+    try {
+      store_->deleteKey(key);
+    } catch (const c10::Error&) {
+      can_erase_ = false;  // a store without deleteKey keeps its keys
+    }
+  }
+
  private:
   c10::intrusive_ptr<c10d::Store> store_;
+  bool can_erase_ = true;
 };
 
 }  // namespace symmpool::torch_ext

@@ -8,6 +8,8 @@
 #include <symmpool/error.hpp>
 #include <symmpool/symmetric_heap.hpp>
 
+#include <dirent.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -179,6 +181,33 @@ TEST(SymmetricHeapFake, RanksAtDifferentCollectivePointsFailAtOnce) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     RANK_CHECK(waited < 5, "noticed after %.1f s", waited);
     if (extra) alloc->deallocate(extra, stream(1));
+    alloc->deallocate(a, stream(1));
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
+// Each collective heap call publishes one key per rank; a rank erases its
+// key of the round before, so a long run keeps at most two per rank.
+TEST(SymmetricHeapFake, StoreKeysDoNotPileUp) {
+  const std::string dir = temp_dir();
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir);
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "keys", rank, w,
+                       HeapOptions{std::chrono::seconds(20)});
+    void* a = alloc->allocate(4096, stream(1));
+    for (int i = 0; i < 100; ++i) {
+      heap.sync();
+      heap.check_symmetric(a, 4096, "a");
+    }
+    int keys = 0;
+    if (DIR* d = ::opendir(dir.c_str())) {
+      while (const dirent* e = ::readdir(d)) keys += std::strstr(e->d_name, "%keys%") != nullptr;
+      ::closedir(d);
+    }
+    // Peers may be one round ahead or behind: 2 of ours, up to 3 of theirs.
+    RANK_CHECK(keys <= 5, "%d store keys left after 201 heap calls", keys);
     alloc->deallocate(a, stream(1));
     return 0;
   });

@@ -25,6 +25,8 @@ class Store {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // Waits up to `timeout` for `key`; throws timeout_error naming it.
   virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Removes `key` if present, so long runs do not pile up keys.
+  virtual void erase(const std::string& key) = 0;
 };
 
 // Keys are files in one directory that every rank sees (one node).
@@ -33,6 +35,7 @@ class FileStore final : public Store {
   explicit FileStore(std::string directory);
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
+  void erase(const std::string& key) override;
 
  private:
   std::string path_of(const std::string& key) const;
