@@ -42,6 +42,22 @@ std::unique_ptr<CachingAllocator> fake_allocator(int device) {
     }                                                           \
   } while (0)
 
+// Forms `group`'s heap on fake GPU `device`, expecting it to fail with E
+// whose message contains `expected`; 0 when it did, 1 (reported) otherwise.
+template <typename E>
+int expect_heap_refused(int rank, int world, int device, const std::string& dir, const char* group,
+                        std::chrono::milliseconds timeout, const std::string& expected) {
+  auto alloc = fake_allocator(device);
+  FileStore store(dir);
+  try {
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, group, rank, world, HeapOptions{timeout});
+    RANK_CHECK(false, "heap '%s' formed", group);
+  } catch (const E& e) {
+    RANK_CHECK(std::strstr(e.what(), expected.c_str()), "%s", e.what());
+  }
+  return 0;
+}
+
 }  // namespace
 
 TEST(SymmetricHeapFake, RanksReadEachOthersBuffersAndReleasesPropagate) {
@@ -117,17 +133,9 @@ TEST(SymmetricHeapFake, AsymmetricBuffersAreReportedWithRanksAndSizes) {
 TEST(SymmetricHeapFake, TwoRanksOnOneGpuAreRefusedByName) {
   const std::string dir = temp_dir();
   std::string result = run_ranks(3, 60, [&](int rank, int w, Rendezvous&) {
-    auto alloc = fake_allocator(rank == 2 ? 0 : rank);  // ranks 0 and 2 on fake GPU 0
-    FileStore store(dir);
-    try {
-      SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "crowded", rank, w,
-                         HeapOptions{std::chrono::seconds(20)});
-      RANK_CHECK(false, "two ranks shared a GPU unnoticed");
-    } catch (const logic_error& e) {
-      RANK_CHECK(std::strstr(e.what(), "ranks 0 and 2 both use the GPU at PCI 00000000:01:00.0; symmpool needs one GPU per rank"),
-                 "%s", e.what());
-    }
-    return 0;
+    return expect_heap_refused<logic_error>(
+        rank, w, rank == 2 ? 0 : rank, dir, "crowded", std::chrono::seconds(20),  // ranks 0 and 2 on GPU 0
+        "ranks 0 and 2 both use the GPU at PCI 00000000:01:00.0; symmpool needs one GPU per rank");
   });
   EXPECT_EQ(result, "");
 }
@@ -138,17 +146,9 @@ TEST(SymmetricHeapFake, RanksOnDifferentNodesAreToldApart) {
   const std::string dir = temp_dir();
   std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
     ::setenv("SYMMPOOL_HOST_ID", rank == 0 ? "node-a" : "node b", 1);  // spaces become '_'
-    auto alloc = fake_allocator(0);  // the same PCI address on both "nodes"
-    FileStore store(dir);
-    try {
-      SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "nodes", rank, w,
-                         HeapOptions{std::chrono::seconds(20)});
-      RANK_CHECK(false, "a heap spanned two nodes");
-    } catch (const multi_node_error& e) {
-      RANK_CHECK(std::strstr(e.what(), "rank 1 is on node node_b and rank 0 on node node-a; a symmetric heap needs every rank on one node"),
-                 "%s", e.what());
-    }
-    return 0;
+    return expect_heap_refused<multi_node_error>(
+        rank, w, 0, dir, "nodes", std::chrono::seconds(20),  // the same PCI address on both "nodes"
+        "rank 1 is on node node_b and rank 0 on node node-a; a symmetric heap needs every rank on one node");
   });
   EXPECT_EQ(result, "");
 }
@@ -218,16 +218,8 @@ TEST(SymmetricHeapFake, APeerThatNeverArrivesTimesOutWithItsRank) {
   const std::string dir = temp_dir();
   std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
     if (rank == 1) return 0;  // dies before joining
-    auto alloc = fake_allocator(rank);
-    FileStore store(dir);
-    try {
-      SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "lonely", rank, w,
-                         HeapOptions{std::chrono::milliseconds(500)});
-      RANK_CHECK(false, "joined a group whose peer never came");
-    } catch (const timeout_error& e) {
-      RANK_CHECK(std::strstr(e.what(), "rank 1 never arrived"), "%s", e.what());
-    }
-    return 0;
+    return expect_heap_refused<timeout_error>(rank, w, rank, dir, "lonely", std::chrono::milliseconds(500),
+                                              "rank 1 never arrived");
   });
   EXPECT_EQ(result, "");
 }
