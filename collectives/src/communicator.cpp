@@ -119,6 +119,7 @@ Communicator::~Communicator() {
   allocator_.deallocate(pads_, nullptr);
   allocator_.deallocate(kernel_epoch_, nullptr);
   if (scratch_) cudaFree(scratch_);
+  for (void* old : retired_scratch_) cudaFree(old);
   cudaFreeHost(error_flag_);
 }
 
@@ -265,14 +266,24 @@ void Communicator::enqueue_all_gather(const void* in, void* out, std::size_t byt
 // Plain device memory: peers never read it, and taking it from the heap
 // would map segments on some ranks only (a timing-dependent reuse decides),
 // which breaks the ranks' equal layouts.
-void* Communicator::scratch(std::size_t bytes) {
-  if (scratch_bytes_ >= bytes) return scratch_;
-  detail::RelaxedCaptureMode relaxed;
-  if (scratch_) SYMMPOOL_CUDA_TRY(cudaFree(scratch_));  // synchronizes with work that uses it
-  scratch_ = nullptr;
-  scratch_bytes_ = 0;
-  SYMMPOOL_CUDA_TRY(cudaMalloc(&scratch_, bytes));
-  scratch_bytes_ = bytes;
+void* Communicator::scratch(std::size_t bytes, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  if (scratch_bytes_ < bytes) {
+    detail::RelaxedCaptureMode relaxed;
+    if (scratch_ && (scratch_captured_ || capturing)) {
+      retired_scratch_.push_back(scratch_);  // a graph may use it: kept until we go
+    } else if (scratch_) {
+      SYMMPOOL_CUDA_TRY(cudaFree(scratch_));  // synchronizes with queued work that uses it
+    }
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    scratch_captured_ = false;
+    SYMMPOOL_CUDA_TRY(cudaMalloc(&scratch_, bytes));
+    scratch_bytes_ = bytes;
+  }
+  scratch_captured_ = scratch_captured_ || capturing;
   return scratch_;
 }
 
@@ -286,7 +297,7 @@ void Communicator::one_shot(const void* in, std::size_t in_count, void* out, std
   // scratch first.
   const bool aliased = overlap(in, in_count * es, out, count * es);
   detail::OutPointers dst{};
-  dst.ptr[0] = aliased ? scratch(count * es) : out;
+  dst.ptr[0] = aliased ? scratch(count * es, stream) : out;
   const bool fused = fused_kernel(count * es);
   if (!fused) enqueue_barrier(stream, BarrierKind::kKernel);
   SYMMPOOL_CUDA_TRY(detail::launch_reduce(block_sync(fused), peers, src_offset, dst, 1, 0, count,
@@ -326,7 +337,7 @@ void Communicator::two_step(const void* in, void* out, std::size_t count, DataTy
   require_symmetric(in, bytes * static_cast<std::size_t>(n), "reduce_scatter input");
   // Copy engines bring every rank's chunk `me` here; then peers are free and
   // an SM kernel reduces from local memory only.
-  char* staged = static_cast<char*>(scratch(bytes * static_cast<std::size_t>(n)));
+  char* staged = static_cast<char*>(scratch(bytes * static_cast<std::size_t>(n), stream));
   std::vector<detail::Copy> copies;
   for (int k = 1; k < n; ++k) {
     const int p = (me + k) % n;

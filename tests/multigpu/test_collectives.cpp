@@ -282,6 +282,17 @@ int back_to_back_and_graph(Ctx& c) {
   run_all();
   RANK_CUDA(cudaStreamEndCapture(c.stream, &graph));
   RANK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  {  // An eager two-step 4x larger outgrows the scratch the graph captured: the
+     // communicator must keep the captured one for the replays below.
+    const std::size_t n4 = 4 * n;
+    void* big_in = dev(c, total * 4);
+    void* big_out = dev(c, bytes * 4);
+    failures += upload(c, big_in, rank_data(++seed, rank, n4 * world, t));
+    c.comm->reduce_scatter(big_in, big_out, n4, t, ReduceOp::kSum, c.stream, Algorithm::kTwoStep);
+    failures += check(c, big_out, expected_reduction(seed, world, n4 * world, n4 * rank, n4, t, ReduceOp::kSum),
+                      "two-step reduce_scatter that outgrows the captured scratch", t, n4);
+    for (void* p : {big_in, big_out}) release(c, p);
+  }
   for (int replay = 0; replay < 5; ++replay) {
     ++seed;
     // The last rank comes late: a replayed barrier that does not wait lets

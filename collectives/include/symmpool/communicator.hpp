@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <utility>
+#include <vector>
 
 namespace symmpool {
 
@@ -94,7 +95,8 @@ class Communicator {
                 cudaStream_t stream);
   void two_step(const void* in, void* out, std::size_t count, DataType type, float scale,
                 cudaStream_t stream);
-  void* scratch(std::size_t bytes);
+  // At least `bytes` of plain device memory for work enqueued on `stream`.
+  void* scratch(std::size_t bytes, cudaStream_t stream);
   float scale(ReduceOp op) const;
 
   SymmetricHeap& heap_;
@@ -111,8 +113,10 @@ class Communicator {
   std::unique_ptr<detail::IssueOrder> order_;    // collectives run in the order issued
   std::unique_ptr<detail::StreamOpWatchdog> watchdog_;  // times out stream-op barriers
   int* error_flag_ = nullptr;              // host-mapped: set by a barrier that timed out
-  void* scratch_ = nullptr;
+  void* scratch_ = nullptr;                // plain device memory for staging
   std::size_t scratch_bytes_ = 0;
+  bool scratch_captured_ = false;          // scratch_ is in a captured CUDA graph
+  std::vector<void*> retired_scratch_;     // outgrown but in graphs: freed with us
   std::map<std::pair<const void*, std::size_t>, bool> checked_;  // buffers seen symmetric or not
 };
 
