@@ -46,7 +46,8 @@ for stage in $stages; do
         --benchmark_out_format=json --benchmark_repetitions=3 --benchmark_report_aggregates_only=true ;;
     collbench)
       run collbench.log build/bench/symmpool_collectives_bench \
-        --benchmark_out="$OUT/collectives_bench.json" --benchmark_out_format=json ;;
+        --benchmark_out="$OUT/collectives_bench.json" --benchmark_out_format=json
+      run collbench.log $py scripts/table_from_bench.py "$OUT/collectives_bench.json" ;;
   esac
 done
 exit $status

@@ -2,7 +2,9 @@
 // Which engine runs a collective the "symm" backend could run itself, and
 // which symmpool algorithm runs it. Entries come from measurements (bf16,
 // eager 64 KiB..1 GiB and 8 KiB..8 MiB in CUDA graphs, NCCL on the same
-// buffers); world sizes not measured go to NCCL. "(run c)": from
+// buffers); world sizes not measured go to NCCL. scripts/table_from_bench.py
+// derives an entry from a benchmark file (tests/python/test_table_from_bench.py
+// checks the entries below against the files they cite). "(run c)": from
 // collectives_h200x2_2026-11-22c.json, before the 64-block cap.
 // Choices depend only on the op, the size and the world size, so every rank
 // makes the same. Not on the dtype: at 2 ranks fp32 reductions win and lose
