@@ -236,7 +236,9 @@ def late_peer_times_out_with_the_group_timeout(rank: int, world: int) -> None:
         torch.cuda.synchronize()  # returns once the barrier gave up
         waited = time.monotonic() - start
         print(f"[rank 0] all-gather without its peers returned after {waited:.1f} s", flush=True)
-        assert 4.0 <= waited < 30.0, f"the barrier gave up after {waited:.1f} s, expected about 5 s"
+        # A fused kernel meets its peers twice; once its first meeting gave
+        # up, the second must not wait another 5 s.
+        assert 4.0 <= waited < 7.5, f"the barrier gave up after {waited:.1f} s, expected about 5 s"
         try:
             dist.all_gather_into_tensor(out, inp)
         except RuntimeError as e:
