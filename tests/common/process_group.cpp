@@ -6,12 +6,26 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
 namespace symmpool::test {
+
+std::string shared_store_dir() {
+  static const std::string dir = [] {
+    char tmpl[] = "/tmp/symmpool-store-XXXXXX";
+    const char* made = mkdtemp(tmpl);
+    if (made == nullptr) throw std::runtime_error(std::string("mkdtemp: ") + std::strerror(errno));
+    return std::string(made);
+  }();
+  return dir;
+}
 
 int count_gpus_in_child() {
   pid_t pid = fork();

@@ -21,6 +21,10 @@ int count_gpus_in_child();
   if (gpus < (need))                                                                         \
   GTEST_SKIP() << "needs " << (need) << " or more CUDA GPUs, this machine has " << gpus
 
+// A directory for the FileStore of every rank this test binary forks, made
+// on the first call: call it in the parent before run_ranks.
+std::string shared_store_dir();
+
 // Shared with the children: the NCCL unique id rank 0 publishes.
 struct Rendezvous {
   volatile int ready;

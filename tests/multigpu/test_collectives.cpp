@@ -1,8 +1,9 @@
 // symmpool's collectives against a host reference and against NCCL, one
 // process per rank: random data, every dtype, odd sizes, every algorithm in
 // and out of place, both barrier kinds, many back-to-back runs, inside a
-// CUDA graph, issued on two streams, and the errors for bad input. NCCL is checked against the
-// same host reference, so symmpool and NCCL agree bit for bit.
+// CUDA graph, issued on two streams, and the errors for bad input. NCCL is
+// checked against the same host reference, so symmpool and NCCL agree bit
+// for bit. Peers that die or share a GPU: test_collective_failures.cpp.
 
 #include "process_group.hpp"
 #include "rank_checks.hpp"
@@ -20,7 +21,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -33,14 +33,6 @@ namespace {
 constexpr int kTimeoutSeconds = 600;
 constexpr int kBackToBack = 1000;
 using Bytes = std::vector<unsigned char>;
-
-std::string store_dir() {
-  static std::string dir = [] {
-    char tmpl[] = "/tmp/symmpool-coll-XXXXXX";
-    return std::string(mkdtemp(tmpl));
-  }();
-  return dir;
-}
 
 ncclDataType_t nccl_type(DataType t) {
   return t == DataType::kFloat32 ? ncclFloat32 : t == DataType::kFloat16 ? ncclFloat16 : ncclBfloat16;
@@ -434,7 +426,7 @@ int collectives_rank(int rank, int world, Rendezvous& rv) {
   ncclComm_t nccl = init_nccl(rank, world, rv, kTimeoutSeconds);
   Ctx c{rank, world, nccl, nullptr, &device_allocator(rank), nullptr};
   RANK_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
-  FileStore store(store_dir());
+  FileStore store(shared_store_dir());
   SymmetricHeap heap(real_driver(), *c.alloc, store, "coll" + std::to_string(world), rank, world);
   int failures = bad_environment(c, heap);
   Communicator comm(heap, *c.alloc);
@@ -455,92 +447,8 @@ int collectives_rank(int rank, int world, Rendezvous& rv) {
 // copies, graphs and checks still run, meeting only themselves.
 TEST(Collectives, MatchNcclOnAllGpus) {
   SYMMPOOL_GPUS_OR_SKIP(gpus, 1);
-  store_dir();
+  shared_store_dir();
   EXPECT_EQ(run_ranks(std::min(gpus, Communicator::kMaxRanks), kTimeoutSeconds, collectives_rank), "");
-}
-
-// Both barrier kinds give up on a peer that left, after
-// SYMMPOOL_BARRIER_TIMEOUT: the kernel by itself, the stream-memop one
-// (cuStreamWaitValue32 waits forever) through the communicator's watchdog.
-// So does a fused kernel, which meets its peers at its start and its end:
-// once its start gave up, its end does not wait a second timeout. Work
-// queued behind the failed one drains without its own timeout.
-TEST(Collectives, APeerThatStopsComingTimesOutWithAnError) {
-  SYMMPOOL_GPUS_OR_SKIP(gpus, 2);
-  store_dir();
-  constexpr int kTimeout = 10;
-  ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(kTimeout).c_str(), 1);
-  std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
-    int failures = 0;
-    const int device = rank;
-    RANK_CUDA(cudaSetDevice(device));
-    FileStore store(store_dir());
-    CachingAllocator& alloc = device_allocator(device);
-    SymmetricHeap heap(real_driver(), alloc, store, "dies", rank, world);
-    Communicator comm(heap, alloc);
-    cudaStream_t s;
-    RANK_CUDA(cudaStreamCreate(&s));
-    // While both ranks are here: a symmetric buffer that a fused all-gather
-    // has already used, so what follows needs no heap exchange.
-    constexpr std::size_t kBytes = 4096;
-    auto* gathered = static_cast<char*>(alloc.allocate(kBytes * world, reinterpret_cast<CUstream>(s)));
-    auto fused_all_gather = [&] {
-      comm.all_gather(gathered + rank * kBytes, gathered, kBytes, s, Algorithm::kKernel);
-    };
-    fused_all_gather();
-    RANK_CUDA(cudaStreamSynchronize(s));
-    comm.check_errors();
-    if (rank == 1) return 0;  // leaves after setting up
-    struct Case {
-      const char* name;
-      std::function<void()> enqueue;
-    };
-    const Case cases[] = {
-        {"kernel barrier", [&] { comm.barrier(s, BarrierKind::kKernel); }},
-        {"stream-op barrier", [&] { comm.barrier(s, BarrierKind::kStreamOps); }},
-        {"fused all-gather", fused_all_gather},
-    };
-    for (const Case& c : cases) {
-      const auto start = std::chrono::steady_clock::now();
-      for (int queued = 0; queued < 3; ++queued) c.enqueue();
-      RANK_CUDA(cudaStreamSynchronize(s));  // the first gives up, the two behind it drain
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::printf("[rank 0] 3 %s without their peer returned after %.1f s\n", c.name, waited);
-      RANK_EXPECT(waited >= kTimeout - 1 && waited < 1.5 * kTimeout, "3 %s returned after %.1f s", c.name, waited);
-      try {
-        comm.check_errors();
-        RANK_EXPECT(false, "a %s without its peer completed", c.name);
-      } catch (const timeout_error& e) {
-        RANK_EXPECT(std::strstr(e.what(), "for rank 1") && std::strstr(e.what(), "10 s"), "%s", e.what());
-      }
-    }
-    return failures;
-  });
-  ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
-  EXPECT_EQ(result, "");
-}
-
-// Like NCCL, one GPU per rank: a group whose ranks share a GPU is refused
-// when its heap forms, on every rank, naming the ranks and the GPU.
-TEST(Collectives, TwoRanksOnOneGpuAreRefusedByName) {
-  SYMMPOOL_GPUS_OR_SKIP(gpus, 1);
-  store_dir();
-  std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
-    int failures = 0;
-    RANK_CUDA(cudaSetDevice(0));
-    FileStore store(store_dir());
-    try {
-      SymmetricHeap heap(real_driver(), device_allocator(0), store, "crowded", rank, world);
-      RANK_EXPECT(false, "two ranks on GPU 0 formed a heap");
-    } catch (const logic_error& e) {
-      std::printf("[rank %d] %s\n", rank, e.what());
-      RANK_EXPECT(std::strstr(e.what(), "ranks 0 and 1 both use the GPU at PCI ") &&
-                      std::strstr(e.what(), "symmpool needs one GPU per rank"),
-                  "%s", e.what());
-    }
-    return failures;
-  });
-  EXPECT_EQ(result, "");
 }
 
 }  // namespace symmpool::test
