@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: builds everything (library, torch extension, tests,
-# benches), runs the GoogleTest suites through ctest and the pytest suite.
+# benches), runs the GoogleTest suites through ctest and the pytest suite,
+# then the unit tests again under ASan/UBSan (scripts/sanitize.sh).
 # GPU tests skip with a message where there is no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,3 +15,5 @@ ctest --test-dir build --output-on-failure --timeout 900
 
 "$py" -m pip install -q --no-build-isolation --no-deps .
 "$py" -m pytest -v tests/python
+
+bash scripts/sanitize.sh
