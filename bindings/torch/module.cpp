@@ -58,6 +58,12 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "symmpool: symmetric, NCCL-registered CUDA memory for PyTorch";
   py::module::import("torch.distributed");  // registers the c10d types we take and return
 
+  // Python sees a "symm" backend as the ProcessGroupNCCL it is, so torch's
+  // group splitting finds its NCCL methods (perform_nocolor_split on ranks
+  // outside a new group, split_from on ranks inside).
+  py::class_<SymmBackend, c10d::ProcessGroupNCCL, c10::intrusive_ptr<SymmBackend>>(
+      m, "SymmBackend", "ProcessGroupNCCL whose tensors and collectives may come from symmpool");
+
   m.def(
       "_create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -205,6 +205,73 @@ def a_group_spanning_nodes_runs_on_nccl(rank: int, world: int) -> None:
     dist.destroy_process_group()
 
 
+def several_symm_groups_share_the_gpus(rank: int, world: int, default_backend: str) -> None:
+    """A 2-D layout's groups on the same GPUs, each with its own heap over the
+    one allocator per GPU: a group of all ranks (two when the default group is
+    "symm" too) and subgroups of half the ranks (one rank each on 2 GPUs),
+    whose NCCL communicators torch splits from the default group's, the
+    ranks outside a subgroup joining with perform_nocolor_split. Their
+    collectives interleave; each runs on symmpool (SYMMPOOL_COLLECTIVES=always)
+    and matches the same call on plain tensors (NCCL), also with buffers that
+    another group's backend allocated."""
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+    import symmpool
+
+    device = _init(rank, world, f"cpu:gloo,cuda:{default_backend}")
+    twin = dist.new_group(list(range(world)), backend="symm")
+    half, _ = dist.new_subgroups(group_size=max(1, world // 2), backend="symm")
+    groups = {"twin": twin, "half": half}
+    if default_backend == "symm":
+        groups["world"] = dist.group.WORLD
+    backends = {name: g._get_backend(device) for name, g in groups.items()}
+    gen = torch.Generator().manual_seed(99 + rank)
+
+    def rand(n, dtype):  # random small integers: exact in any summation order
+        return torch.randint(-8, 9, (n,), generator=gen).to(dtype).to(device)
+
+    def symm_copy(owner, t):
+        s = backends[owner].allocate_tensor(t.numel(), dtype=t.dtype, device=device)
+        return s.copy_(t)
+
+    def on_symmpool(call):  # runs call(); True when it ran on symmpool
+        torch.cuda.synchronize()
+        before = symmpool.memory_stats(device)["symm_collectives"]
+        call()
+        torch.cuda.synchronize()
+        return symmpool.memory_stats(device)["symm_collectives"] == before + 1
+
+    ran = 0
+    for dtype in (torch.bfloat16, torch.float32):
+        for n in (1001, 65537):
+            for name, group in groups.items():
+                for owner in (name, "twin"):  # own buffers, then another group's
+                    size = dist.get_world_size(group)
+                    where = f"{name} group, {owner}'s buffers, {dtype} n={n} rank={rank}"
+                    x = rand(n, dtype)
+                    plain = torch.full((n * size,), float("nan"), dtype=dtype, device=device)
+                    dist.all_gather_into_tensor(plain, x, group=group)
+                    sx, out = symm_copy(owner, x), _poisoned(backends[owner], n * size, dtype, device)
+                    assert on_symmpool(lambda: dist.all_gather_into_tensor(out, sx, group=group)), where
+                    assert torch.equal(out, plain), f"all-gather differs: {where}"
+
+                    y = rand(n * size, dtype)
+                    plain_rs = torch.full((n,), float("nan"), dtype=dtype, device=device)
+                    dist.reduce_scatter_tensor(plain_rs, y, group=group)
+                    sy, rs = symm_copy(owner, y), _poisoned(backends[owner], n, dtype, device)
+                    assert on_symmpool(lambda: dist.reduce_scatter_tensor(rs, sy, group=group)), where
+                    assert torch.equal(rs, plain_rs), f"reduce-scatter differs: {where}"
+
+                    z = rand(n, dtype)
+                    sz = symm_copy(owner, z)
+                    dist.all_reduce(z, group=group)
+                    assert on_symmpool(lambda: dist.all_reduce(sz, group=group)), where
+                    assert torch.equal(sz, z), f"all-reduce differs: {where}"
+                    ran += 3
+    print(f"[rank {rank}] default {default_backend}: {ran} collectives over {len(groups)} symm groups "
+          "ran on symmpool and matched NCCL", flush=True)
+    dist.destroy_process_group()
+
+
 def fsdp2_loss_parity(rank: int, world: int, steps: int, collectives: str) -> None:
     _set_collectives_mode(collectives)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))

@@ -59,6 +59,12 @@ def test_fsdp2_losses_match_with_symm_allocation(collectives):
 
 
 @needs_two
+@pytest.mark.parametrize("default_backend", ["symm", "nccl"])
+def test_several_symm_groups_share_the_gpus(default_backend):
+    run_workers(dist_workers.several_symm_groups_share_the_gpus, gpu_count(), default_backend, timeout=300)
+
+
+@needs_two
 def test_a_group_spanning_nodes_runs_on_nccl():
     run_workers(dist_workers.a_group_spanning_nodes_runs_on_nccl, gpu_count(), timeout=200)
 

@@ -17,6 +17,13 @@ def test_importing_registers_the_symm_backend():
     symmpool._backend.register_backend()  # idempotent
 
 
+def test_python_sees_a_symm_backend_as_a_process_group_nccl():
+    # torch's group splitting calls ProcessGroupNCCL methods on the default
+    # group's backend, such as perform_nocolor_split on ranks outside a new group.
+    assert issubclass(symmpool._C.SymmBackend, dist.ProcessGroupNCCL)
+    assert hasattr(symmpool._C.SymmBackend, "perform_nocolor_split")
+
+
 def test_library_exports_the_c_abi():
     lib = ctypes.CDLL(symmpool.library_path())
     for name in ("symmpool_malloc", "symmpool_free", "symmpool_empty_cache", "symmpool_last_error"):
