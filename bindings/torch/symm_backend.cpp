@@ -51,6 +51,37 @@ SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   live_backends.insert(this);
 }
 
+// ProcessGroupNCCL::split would make the piece a plain ProcessGroupNCCL. The
+// NCCL side is the same as its: ranks outside the piece join the parent's
+// ncclCommSplit without a color, ranks inside split with one color per piece
+// (its lowest rank; each rank is in one piece per split).
+c10::intrusive_ptr<c10d::Backend> SymmBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const std::vector<int>& ranks,
+                                                     const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  const c10::DeviceIndex index = guessDeviceId();
+  TORCH_CHECK(index >= 0, "symm split: rank ", getRank(), " has no CUDA device bound to it");
+  const at::Device device(at::DeviceType::CUDA, index);
+  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  if (me == ranks.end()) {
+    performNocolorSplit(device);
+    return nullptr;
+  }
+  auto nccl_options = c10::dynamic_intrusive_pointer_cast<Options>(opts);
+  TORCH_CHECK(nccl_options, "symm split: the options are not ProcessGroupNCCL.Options");
+  const std::vector<std::uint64_t>& parent_globals = getOptions()->global_ranks_in_group;  // empty: the default group
+  std::vector<std::uint64_t> global_ranks;
+  for (int r : ranks)
+    global_ranks.push_back(parent_globals.empty() ? static_cast<std::uint64_t>(r)
+                                                  : parent_globals.at(static_cast<std::size_t>(r)));
+  nccl_options->split_from = c10::intrusive_ptr<ProcessGroupNCCL>::unsafe_reclaim_from_nonowning(this);
+  nccl_options->split_color = *std::min_element(ranks.begin(), ranks.end());
+  nccl_options->global_ranks_in_group = std::move(global_ranks);
+  auto piece = c10::make_intrusive<SymmBackend>(store->clone(), static_cast<int>(me - ranks.begin()),
+                                                static_cast<int>(ranks.size()), nccl_options);
+  piece->eagerConnectSingleDevice(device);
+  return piece;
+}
+
 SymmBackend::~SymmBackend() {
   release_symmetric_state();
   std::lock_guard<std::mutex> lock(live_backends_mutex);

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 namespace symmpool::torch_ext {
 
@@ -23,6 +24,11 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   ~SymmBackend() override;
 
   const std::string getBackendName() const override { return "symm"; }
+  // The pieces of a split "symm" group (DeviceMesh dimensions,
+  // dist.split_group) are "symm" groups too.
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
   bool supportsTensorAlloc(c10::DeviceIndex device) override;
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
 

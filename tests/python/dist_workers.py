@@ -272,6 +272,41 @@ def several_symm_groups_share_the_gpus(rank: int, world: int, default_backend: s
     dist.destroy_process_group()
 
 
+def device_mesh_dims_of_a_symm_group_are_symm(rank: int, world: int) -> None:
+    """DeviceMesh splits the default group for each dimension (dist.split_group
+    through the backend's split): with "symm" as the default, every dimension's
+    group is "symm" too, so FSDP2 on a 2-D mesh gets symmpool memory; ranks
+    outside a split's piece join it too; the parent group still works after."""
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+    import symmpool
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device = _init(rank, world, "cpu:gloo,cuda:symm")
+    mesh = init_device_mesh("cuda", (world, 1), mesh_dim_names=("shard", "replicate"))
+    only_rank_0 = dist.split_group(split_ranks=[[0]])  # rank 1.. join without a color
+    assert (only_rank_0 is None) == (rank != 0)
+    for name in ("shard", "replicate"):
+        group = mesh[name].get_group()
+        backend = group._get_backend(device)
+        assert isinstance(backend, symmpool._C.SymmBackend), f"{name}: {type(backend).__name__}"
+        assert backend.supports_tensor_alloc(device), name
+        size = dist.get_world_size(group)
+        x = backend.allocate_tensor(4099, dtype=torch.float32, device=device)
+        x.copy_(torch.arange(4099, dtype=torch.float32, device=device) + rank)
+        before = symmpool.memory_stats(device)["symm_collectives"]
+        dist.all_reduce(x, group=group)
+        torch.cuda.synchronize()
+        assert symmpool.memory_stats(device)["symm_collectives"] == before + 1, name
+        ranks = dist.get_process_group_ranks(group)
+        expected = sum(torch.arange(4099, dtype=torch.float32, device=device) + r for r in ranks)
+        assert torch.equal(x, expected), f"all-reduce over the {name} dimension ({size} ranks) differs"
+    total = torch.ones(1, device=device)
+    dist.all_reduce(total)
+    assert total.item() == world
+    print(f"[rank {rank}] mesh dims ({world}, 1) are symm groups; split_group joined; parent works", flush=True)
+    dist.destroy_process_group()
+
+
 def fsdp2_loss_parity(rank: int, world: int, steps: int, collectives: str) -> None:
     _set_collectives_mode(collectives)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))

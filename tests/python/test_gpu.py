@@ -65,6 +65,11 @@ def test_several_symm_groups_share_the_gpus(default_backend):
 
 
 @needs_two
+def test_device_mesh_dims_of_a_symm_group_are_symm():
+    run_workers(dist_workers.device_mesh_dims_of_a_symm_group_are_symm, gpu_count(), timeout=200)
+
+
+@needs_two
 def test_a_group_spanning_nodes_runs_on_nccl():
     run_workers(dist_workers.a_group_spanning_nodes_runs_on_nccl, gpu_count(), timeout=200)
 
