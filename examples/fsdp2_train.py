@@ -6,6 +6,8 @@ the "symm" backend with FSDP2's comm buffers allocated from symmpool
 
 Prints step time, peak memory, the losses of both runs (they must agree) and
 symmpool statistics; exits 1 if the losses differ beyond --rtol.
+``--replicate R`` trains HSDP on a 2-D mesh (R replicas of world/R shards),
+every dimension on "nccl" or on "symm".
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import symmpool
@@ -61,10 +63,23 @@ class TinyTransformer(nn.Module):
         return self.head(self.norm(x))
 
 
-def train(group: dist.ProcessGroup, use_symm: bool, args) -> dict:
+def make_mesh(backend: str, symm_world: dist.ProcessGroup | None, replicate: int) -> DeviceMesh:
+    """1-D over the world (the default group for "nccl", `symm_world` for
+    "symm"), or 2-D (replicate, shard) for HSDP with every dimension's groups
+    on `backend`."""
+    if replicate == 1:
+        return DeviceMesh.from_group(symm_world if backend == "symm" else dist.group.WORLD, "cuda")
+    world = dist.get_world_size()
+    if world % replicate:
+        raise SystemExit(f"--replicate {replicate} does not divide the world size {world}")
+    override = {"replicate": backend, "shard": backend} if backend == "symm" else None
+    return init_device_mesh("cuda", (replicate, world // replicate), mesh_dim_names=("replicate", "shard"),
+                            backend_override=override)
+
+
+def train(mesh: DeviceMesh, use_symm: bool, args) -> dict:
     """Trains from the same initial weights and data every time it is called."""
     device = torch.device("cuda", torch.cuda.current_device())
-    mesh = DeviceMesh.from_group(group, "cuda")
     torch.manual_seed(args.seed)
     model = TinyTransformer(args.vocab, args.dim, args.layers, args.heads, args.seq).to(device)
     for layer in model.layers:
@@ -110,6 +125,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rtol", type=float, default=1e-4, help="largest relative loss difference allowed")
     p.add_argument("--json", help="write the results of rank 0 here")
+    p.add_argument("--replicate", type=int, default=1,
+                   help="HSDP on a (replicate, world/replicate) mesh; 1: FSDP over all ranks")
     return p.parse_args(argv)
 
 
@@ -123,10 +140,10 @@ def main(argv=None) -> int:
     torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank)
     dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
-    symm_group = dist.new_group(backend=symmpool.BACKEND_NAME)
+    symm_world = dist.new_group(backend=symmpool.BACKEND_NAME) if args.replicate == 1 else None
     try:
-        nccl = train(dist.group.WORLD, False, args)
-        symm = train(symm_group, True, args)
+        nccl = train(make_mesh("nccl", None, args.replicate), False, args)
+        symm = train(make_mesh(symmpool.BACKEND_NAME, symm_world, args.replicate), True, args)
         stats = symmpool.memory_stats()
         worst = torch.tensor([compare(nccl, symm)], device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
@@ -135,7 +152,9 @@ def main(argv=None) -> int:
         own = os.environ.get("SYMMPOOL_COLLECTIVES") == "always"
         ok = worst <= args.rtol and stats["allocations"] > 0 and (not own or stats["symm_collectives"] > 0)
         if dist.get_rank() == 0:
-            print(f"world size {dist.get_world_size()}, {args.steps} steps, {args.layers} layers of dim {args.dim}")
+            layout = f"HSDP {args.replicate} x {dist.get_world_size() // args.replicate}" if args.replicate > 1 else "FSDP"
+            print(f"world size {dist.get_world_size()} ({layout}), {args.steps} steps, "
+                  f"{args.layers} layers of dim {args.dim}")
             print(f"{'backend':<8} {'step ms':>9} {'peak MiB':>9} {'first loss':>11} {'last loss':>11}")
             for name, r in (("nccl", nccl), ("symm", symm)):
                 print(f"{name:<8} {r['step_ms_median']:>9.2f} {r['peak_allocated_bytes'] / 2**20:>9.1f} "

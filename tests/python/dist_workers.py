@@ -307,13 +307,13 @@ def device_mesh_dims_of_a_symm_group_are_symm(rank: int, world: int) -> None:
     dist.destroy_process_group()
 
 
-def fsdp2_loss_parity(rank: int, world: int, steps: int, collectives: str) -> None:
+def fsdp2_loss_parity(rank: int, world: int, steps: int, collectives: str, replicate: int = 1) -> None:
     _set_collectives_mode(collectives)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
     import fsdp2_train
 
     torch.cuda.set_device(rank)
-    rc = fsdp2_train.main(["--steps", str(steps), "--layers", "2", "--dim", "256"])
+    rc = fsdp2_train.main(["--steps", str(steps), "--layers", "2", "--dim", "256", "--replicate", str(replicate)])
     assert rc == 0, "FSDP2 on symm did not match stock NCCL (see the table above)"
 
 

@@ -59,6 +59,13 @@ def test_fsdp2_losses_match_with_symm_allocation(collectives):
 
 
 @needs_two
+@pytest.mark.parametrize("collectives", ["table", "always"])
+def test_fsdp2_hsdp_on_a_2d_mesh_matches_with_symm_allocation(collectives):
+    # 2 replicas: a (2, 1) mesh on 2 GPUs, (2, 2) on 4, (2, 4) on 8
+    run_workers(dist_workers.fsdp2_loss_parity, gpu_count(), 20, collectives, 2, timeout=400)
+
+
+@needs_two
 @pytest.mark.parametrize("default_backend", ["symm", "nccl"])
 def test_several_symm_groups_share_the_gpus(default_backend):
     run_workers(dist_workers.several_symm_groups_share_the_gpus, gpu_count(), default_backend, timeout=300)
