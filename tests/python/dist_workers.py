@@ -1,4 +1,5 @@
-"""Bodies of the multi-GPU tests, one call per rank (see launch.py)."""
+"""Bodies of the multi-GPU tests of collectives, graphs, FSDP2 and timeouts,
+one call per rank (see launch.py); group layouts: dist_group_layouts.py."""
 
 from __future__ import annotations
 
@@ -10,33 +11,14 @@ import time
 import torch
 import torch.distributed as dist
 
-
-def _init(rank: int, world: int, backend: str, **kwargs):
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    dist.init_process_group(backend, rank=rank, world_size=world, device_id=device, **kwargs)
-    return device
-
-
-def _poisoned(backend, n: int, dtype, device):
-    t = backend.allocate_tensor(n, dtype=dtype, device=device)
-    t.fill_(float("nan"))
-    return t
-
-
-# SYMMPOOL_COLLECTIVES for a test's `collectives` mode: "table" is the default (unset).
-def _set_collectives_mode(collectives: str) -> None:
-    if collectives == "table":
-        os.environ.pop("SYMMPOOL_COLLECTIVES", None)
-    else:
-        os.environ["SYMMPOOL_COLLECTIVES"] = collectives
+from dist_common import init_group, poisoned, set_collectives_mode
 
 
 def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
-    _set_collectives_mode(collectives)
+    set_collectives_mode(collectives)
     import symmpool
 
-    device = _init(rank, world, "cpu:gloo,cuda:symm")
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
     backend = dist.group.WORLD._get_backend(device)
     assert backend.supports_tensor_alloc(device)
     first = backend.allocate_tensor(1001, dtype=torch.bfloat16, device=device)  # before any collective
@@ -55,12 +37,12 @@ def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
             dist.all_gather_into_tensor(plain_out, x)
             symm_in = backend.allocate_tensor(n, dtype=dtype, device=device)
             symm_in.copy_(x)
-            symm_out = _poisoned(backend, n * world, dtype, device)
+            symm_out = poisoned(backend, n * world, dtype, device)
             dist.all_gather_into_tensor(symm_out, symm_in)
             assert torch.equal(symm_out, plain_out), f"all-gather differs: {where}"
             assert not symm_out.isnan().any(), f"all-gather left poison: {where}"
             # In place, as FSDP2 does it: the input is this rank's slice of the output.
-            inplace = _poisoned(backend, n * world, dtype, device)
+            inplace = poisoned(backend, n * world, dtype, device)
             inplace[rank * n:(rank + 1) * n].copy_(x)
             dist.all_gather_into_tensor(inplace, inplace[rank * n:(rank + 1) * n])
             assert torch.equal(inplace, plain_out), f"in-place all-gather differs: {where}"
@@ -71,7 +53,7 @@ def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
                 dist.reduce_scatter_tensor(plain_rs, y, op=op)
                 symm_y = backend.allocate_tensor(n * world, dtype=dtype, device=device)
                 symm_y.copy_(y)
-                symm_rs = _poisoned(backend, n, dtype, device)
+                symm_rs = poisoned(backend, n, dtype, device)
                 dist.reduce_scatter_tensor(symm_rs, symm_y, op=op)
                 assert torch.equal(symm_rs, plain_rs), f"reduce-scatter {op} differs: {where}"
 
@@ -113,10 +95,10 @@ def symm_collectives_replay_in_a_cuda_graph(rank: int, world: int, collectives: 
     with torch.cuda.graph and replayed on fresh random data: every replay
     matches NCCL on plain tensors and overwrites the poisoned outputs. Without
     `warm_up` the capture is the buffers' first use."""
-    _set_collectives_mode(collectives)
+    set_collectives_mode(collectives)
     import symmpool
 
-    device = _init(rank, world, "cpu:gloo,cuda:symm")
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
     backend = dist.group.WORLD._get_backend(device)
     n, dtype = 65537, torch.bfloat16  # odd: not a multiple of 16 bytes
     gen = torch.Generator().manual_seed(99 + rank)
@@ -125,9 +107,9 @@ def symm_collectives_replay_in_a_cuda_graph(rank: int, world: int, collectives: 
         return torch.randint(-8, 9, (count,), generator=gen).to(dtype).to(device)
 
     ag_in = backend.allocate_tensor(n, dtype=dtype, device=device)
-    ag_out = _poisoned(backend, n * world, dtype, device)
+    ag_out = poisoned(backend, n * world, dtype, device)
     rs_in = backend.allocate_tensor(n * world, dtype=dtype, device=device)
-    rs_out = _poisoned(backend, n, dtype, device)
+    rs_out = poisoned(backend, n, dtype, device)
     ar = backend.allocate_tensor(n, dtype=dtype, device=device)
 
     def collectives_step():
@@ -176,139 +158,8 @@ def symm_collectives_replay_in_a_cuda_graph(rank: int, world: int, collectives: 
     dist.destroy_process_group()
 
 
-def a_group_spanning_nodes_runs_on_nccl(rank: int, world: int) -> None:
-    """SYMMPOOL_HOST_ID makes every rank look like its own node: the group's
-    heap cannot form, so every collective, even on symm tensors with
-    SYMMPOOL_COLLECTIVES=always, runs on NCCL, correctly, with no error."""
-    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
-    os.environ["SYMMPOOL_HOST_ID"] = f"node-{rank}"
-    import symmpool
-
-    device = _init(rank, world, "cpu:gloo,cuda:symm")
-    backend = dist.group.WORLD._get_backend(device)
-    n, dtype = 4099, torch.float32
-    x = torch.arange(n, dtype=dtype, device=device) + rank
-    for _ in range(3):
-        ag_in = backend.allocate_tensor(n, dtype=dtype, device=device)
-        ag_in.copy_(x)
-        ag_out = _poisoned(backend, n * world, dtype, device)
-        dist.all_gather_into_tensor(ag_out, ag_in)
-        expected = torch.cat([torch.arange(n, dtype=dtype, device=device) + r for r in range(world)])
-        assert torch.equal(ag_out, expected), f"all-gather differs on rank {rank}"
-        ar = backend.allocate_tensor(n, dtype=dtype, device=device)
-        ar.copy_(x)
-        dist.all_reduce(ar)
-        assert torch.equal(ar, sum(torch.arange(n, dtype=dtype, device=device) + r for r in range(world)))
-    stats = symmpool.memory_stats(device)
-    assert stats["symm_collectives"] == 0 and stats["nccl_fallbacks"] == 6, stats
-    print(f"[rank {rank}] spanning 'nodes': 6 collectives on NCCL, 0 on symmpool", flush=True)
-    dist.destroy_process_group()
-
-
-def several_symm_groups_share_the_gpus(rank: int, world: int, default_backend: str) -> None:
-    """A 2-D layout's groups on the same GPUs, each with its own heap over the
-    one allocator per GPU: a group of all ranks (two when the default group is
-    "symm" too) and subgroups of half the ranks (one rank each on 2 GPUs),
-    whose NCCL communicators torch splits from the default group's, the
-    ranks outside a subgroup joining with perform_nocolor_split. Their
-    collectives interleave; each runs on symmpool (SYMMPOOL_COLLECTIVES=always)
-    and matches the same call on plain tensors (NCCL), also with buffers that
-    another group's backend allocated."""
-    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
-    import symmpool
-
-    device = _init(rank, world, f"cpu:gloo,cuda:{default_backend}")
-    twin = dist.new_group(list(range(world)), backend="symm")
-    half, _ = dist.new_subgroups(group_size=max(1, world // 2), backend="symm")
-    groups = {"twin": twin, "half": half}
-    if default_backend == "symm":
-        groups["world"] = dist.group.WORLD
-    backends = {name: g._get_backend(device) for name, g in groups.items()}
-    gen = torch.Generator().manual_seed(99 + rank)
-
-    def rand(n, dtype):  # random small integers: exact in any summation order
-        return torch.randint(-8, 9, (n,), generator=gen).to(dtype).to(device)
-
-    def symm_copy(owner, t):
-        s = backends[owner].allocate_tensor(t.numel(), dtype=t.dtype, device=device)
-        return s.copy_(t)
-
-    def on_symmpool(call):  # runs call(); True when it ran on symmpool
-        torch.cuda.synchronize()
-        before = symmpool.memory_stats(device)["symm_collectives"]
-        call()
-        torch.cuda.synchronize()
-        return symmpool.memory_stats(device)["symm_collectives"] == before + 1
-
-    ran = 0
-    for dtype in (torch.bfloat16, torch.float32):
-        for n in (1001, 65537):
-            for name, group in groups.items():
-                for owner in (name, "twin"):  # own buffers, then another group's
-                    size = dist.get_world_size(group)
-                    where = f"{name} group, {owner}'s buffers, {dtype} n={n} rank={rank}"
-                    x = rand(n, dtype)
-                    plain = torch.full((n * size,), float("nan"), dtype=dtype, device=device)
-                    dist.all_gather_into_tensor(plain, x, group=group)
-                    sx, out = symm_copy(owner, x), _poisoned(backends[owner], n * size, dtype, device)
-                    assert on_symmpool(lambda: dist.all_gather_into_tensor(out, sx, group=group)), where
-                    assert torch.equal(out, plain), f"all-gather differs: {where}"
-
-                    y = rand(n * size, dtype)
-                    plain_rs = torch.full((n,), float("nan"), dtype=dtype, device=device)
-                    dist.reduce_scatter_tensor(plain_rs, y, group=group)
-                    sy, rs = symm_copy(owner, y), _poisoned(backends[owner], n, dtype, device)
-                    assert on_symmpool(lambda: dist.reduce_scatter_tensor(rs, sy, group=group)), where
-                    assert torch.equal(rs, plain_rs), f"reduce-scatter differs: {where}"
-
-                    z = rand(n, dtype)
-                    sz = symm_copy(owner, z)
-                    dist.all_reduce(z, group=group)
-                    assert on_symmpool(lambda: dist.all_reduce(sz, group=group)), where
-                    assert torch.equal(sz, z), f"all-reduce differs: {where}"
-                    ran += 3
-    print(f"[rank {rank}] default {default_backend}: {ran} collectives over {len(groups)} symm groups "
-          "ran on symmpool and matched NCCL", flush=True)
-    dist.destroy_process_group()
-
-
-def device_mesh_dims_of_a_symm_group_are_symm(rank: int, world: int) -> None:
-    """DeviceMesh splits the default group for each dimension (dist.split_group
-    through the backend's split): with "symm" as the default, every dimension's
-    group is "symm" too, so FSDP2 on a 2-D mesh gets symmpool memory; ranks
-    outside a split's piece join it too; the parent group still works after."""
-    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
-    import symmpool
-    from torch.distributed.device_mesh import init_device_mesh
-
-    device = _init(rank, world, "cpu:gloo,cuda:symm")
-    mesh = init_device_mesh("cuda", (world, 1), mesh_dim_names=("shard", "replicate"))
-    only_rank_0 = dist.split_group(split_ranks=[[0]])  # rank 1.. join without a color
-    assert (only_rank_0 is None) == (rank != 0)
-    for name in ("shard", "replicate"):
-        group = mesh[name].get_group()
-        backend = group._get_backend(device)
-        assert isinstance(backend, symmpool._C.SymmBackend), f"{name}: {type(backend).__name__}"
-        assert backend.supports_tensor_alloc(device), name
-        size = dist.get_world_size(group)
-        x = backend.allocate_tensor(4099, dtype=torch.float32, device=device)
-        x.copy_(torch.arange(4099, dtype=torch.float32, device=device) + rank)
-        before = symmpool.memory_stats(device)["symm_collectives"]
-        dist.all_reduce(x, group=group)
-        torch.cuda.synchronize()
-        assert symmpool.memory_stats(device)["symm_collectives"] == before + 1, name
-        ranks = dist.get_process_group_ranks(group)
-        expected = sum(torch.arange(4099, dtype=torch.float32, device=device) + r for r in ranks)
-        assert torch.equal(x, expected), f"all-reduce over the {name} dimension ({size} ranks) differs"
-    total = torch.ones(1, device=device)
-    dist.all_reduce(total)
-    assert total.item() == world
-    print(f"[rank {rank}] mesh dims ({world}, 1) are symm groups; split_group joined; parent works", flush=True)
-    dist.destroy_process_group()
-
-
 def fsdp2_loss_parity(rank: int, world: int, steps: int, collectives: str, replicate: int = 1) -> None:
-    _set_collectives_mode(collectives)
+    set_collectives_mode(collectives)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
     import fsdp2_train
 
@@ -325,7 +176,7 @@ def late_peer_times_out_with_the_group_timeout(rank: int, world: int) -> None:
     os.environ.pop("SYMMPOOL_BARRIER_TIMEOUT", None)
     import symmpool  # noqa: F401  (registers the backend)
 
-    device = _init(rank, world, "cpu:gloo,cuda:symm", timeout=datetime.timedelta(seconds=5))
+    device = init_group(rank, world, "cpu:gloo,cuda:symm", timeout=datetime.timedelta(seconds=5))
     backend = dist.group.WORLD._get_backend(device)
     inp = backend.allocate_tensor(1024, dtype=torch.float32, device=device)
     out = backend.allocate_tensor(1024 * world, dtype=torch.float32, device=device)

@@ -5,6 +5,7 @@ import torch
 
 import symmpool
 from launch import gpu_count, run_workers
+import dist_group_layouts
 import dist_workers
 
 needs_gpu = pytest.mark.skipif(gpu_count() < 1, reason=f"needs a CUDA GPU, found {gpu_count()}")
@@ -68,17 +69,17 @@ def test_fsdp2_hsdp_on_a_2d_mesh_matches_with_symm_allocation(collectives):
 @needs_two
 @pytest.mark.parametrize("default_backend", ["symm", "nccl"])
 def test_several_symm_groups_share_the_gpus(default_backend):
-    run_workers(dist_workers.several_symm_groups_share_the_gpus, gpu_count(), default_backend, timeout=300)
+    run_workers(dist_group_layouts.several_symm_groups_share_the_gpus, gpu_count(), default_backend, timeout=300)
 
 
 @needs_two
 def test_device_mesh_dims_of_a_symm_group_are_symm():
-    run_workers(dist_workers.device_mesh_dims_of_a_symm_group_are_symm, gpu_count(), timeout=200)
+    run_workers(dist_group_layouts.device_mesh_dims_of_a_symm_group_are_symm, gpu_count(), timeout=200)
 
 
 @needs_two
 def test_a_group_spanning_nodes_runs_on_nccl():
-    run_workers(dist_workers.a_group_spanning_nodes_runs_on_nccl, gpu_count(), timeout=200)
+    run_workers(dist_group_layouts.a_group_spanning_nodes_runs_on_nccl, gpu_count(), timeout=200)
 
 
 @needs_two
