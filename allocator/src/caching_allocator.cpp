@@ -315,7 +315,9 @@ std::size_t CachingAllocator::release_cached_segments() {
   std::size_t released = 0;
   for (auto it = segment_heads_.begin(); it != segment_heads_.end();) {
     Block* head = it->second;
-    if (head->next != nullptr || !head->is_free()) {
+    // A segment a symmetric heap published stays: its peers map it, and
+    // freeing it alone would let a new segment take its offset under them.
+    if (head->next != nullptr || !head->is_free() || arena_.observers_keep(*head->segment)) {
       ++it;
       continue;
     }
@@ -331,6 +333,33 @@ std::size_t CachingAllocator::release_cached_segments() {
     arena_.unmap_segment(segment);
   }
   return released;
+}
+
+void* CachingAllocator::map_internal_segment(int slot) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ContextGuard guard(drv_, arena_.context());
+  const Segment* segment = arena_.map_internal_segment(slot);
+  if (segment == nullptr)
+    throw out_of_memory("symmpool: out of memory on device " + std::to_string(device()) +
+                        " for an internal segment of " + format_bytes(arena_.granularity()));
+  stats_.reserved_bytes.add(static_cast<std::int64_t>(segment->size));
+  return segment->ptr();
+}
+
+void CachingAllocator::unmap_internal_segment(void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Segment* segment = arena_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  SYMMPOOL_EXPECTS(segment != nullptr && arena_.is_internal(*segment) && segment->ptr() == ptr,
+                   detail::format_pointer(ptr) + " is not an internal segment of device " +
+                       std::to_string(device()));
+  ContextGuard guard(drv_, arena_.context());
+  stats_.reserved_bytes.add(-static_cast<std::int64_t>(segment->size));
+  arena_.unmap_segment(segment);
+}
+
+std::uint64_t CachingAllocator::free_internal_slots() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return arena_.free_internal_slots();
 }
 
 std::size_t CachingAllocator::empty_cache() {

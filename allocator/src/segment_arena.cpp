@@ -76,8 +76,12 @@ SegmentArena::SegmentArena(const DriverApi& drv, int device, ArenaOptions option
     SYMMPOOL_CU_TRY(drv_, cuMemGetInfo(&free_bytes, &total_bytes));
     va_size_ = round_up(2 * total_bytes, granularity_);
   }
+  const std::size_t internal_bytes = kInternalSlots * granularity_;
+  SYMMPOOL_EXPECTS(va_size_ > 2 * internal_bytes,
+                   "a virtual range of " + std::to_string(va_size_) + " bytes leaves no room for segments");
   SYMMPOOL_CU_TRY(drv_, cuMemAddressReserve(&va_base_, va_size_, granularity_, 0, 0));
-  va_ranges_ = std::make_unique<detail::RangeAllocator>(va_size_);
+  user_va_size_ = va_size_ - internal_bytes;
+  va_ranges_ = std::make_unique<detail::RangeAllocator>(user_va_size_);
   release_context.dismiss();
 }
 
@@ -117,17 +121,32 @@ CUresult SegmentArena::create_handle(std::size_t size, CUmemGenericAllocationHan
 
 const Segment* SegmentArena::map_new_segment(std::size_t bytes) {
   SYMMPOOL_EXPECTS(bytes > 0, "a segment needs a size above zero");
-  if (bytes > va_size_) return nullptr;
+  if (bytes > user_va_size_) return nullptr;
   const std::size_t size = round_up(bytes, granularity_);
   auto offset = va_ranges_->allocate(size);
   if (!offset) return nullptr;
   detail::ScopeExit release_range([&] { va_ranges_->release(*offset, size); });
+  const Segment* segment = map_segment_at(*offset, size);
+  if (segment != nullptr) release_range.dismiss();
+  return segment;
+}
 
+const Segment* SegmentArena::map_internal_segment(int slot) {
+  SYMMPOOL_EXPECTS(slot >= 0 && slot < kInternalSlots && (free_internal_slots_ >> slot & 1u),
+                   "internal slot " + std::to_string(slot) + " is not free");
+  const Segment* segment = map_segment_at(user_va_size_ + std::size_t(slot) * granularity_, granularity_);
+  if (segment != nullptr) free_internal_slots_ &= ~(std::uint64_t{1} << slot);
+  return segment;
+}
+
+// Creates, maps and announces a segment at [offset, offset + size), which
+// the caller has reserved; nullptr when the device is out of memory.
+const Segment* SegmentArena::map_segment_at(std::size_t offset, std::size_t size) {
   auto segment = std::make_unique<Segment>();
   segment->id = next_id_++;
   segment->device = device_;
-  segment->offset = *offset;
-  segment->address = va_base_ + *offset;
+  segment->offset = offset;
+  segment->address = va_base_ + offset;
   segment->size = size;
   segment->multicast_capable = multicast_.enabled;
 
@@ -163,7 +182,6 @@ const Segment* SegmentArena::map_new_segment(std::size_t bytes) {
 
   unmap.dismiss();
   release_handle.dismiss();
-  release_range.dismiss();
   mapped_bytes_ += size;
   const Segment* result = segment.get();
   segments_.emplace(segment->address, std::move(segment));
@@ -183,7 +201,10 @@ void SegmentArena::unmap_segment(const Segment* segment) {
   std::unique_ptr<Segment> owned = std::move(it->second);
   segments_.erase(it);
   mapped_bytes_ -= owned->size;
-  va_ranges_->release(owned->offset, owned->size);
+  if (is_internal(*owned))
+    free_internal_slots_ |= std::uint64_t{1} << ((owned->offset - user_va_size_) / granularity_);
+  else
+    va_ranges_->release(owned->offset, owned->size);
   // Unmap and release both, even if the first fails, then report.
   CUresult unmap_status = drv_.cuMemUnmap(owned->address, owned->size);
   CUresult release_status = drv_.cuMemRelease(owned->handle);
@@ -220,6 +241,12 @@ void SegmentArena::remove_observer(SegmentObserver* observer, bool replay_existi
   observers_.erase(it);
   if (replay_existing)
     for (auto& [address, segment] : segments_) observer->on_segment_unmapping(*segment);
+}
+
+bool SegmentArena::observers_keep(const Segment& segment) const noexcept {
+  for (SegmentObserver* o : observers_)
+    if (o->keeps_mapped(segment)) return true;
+  return false;
 }
 
 const Segment* SegmentArena::find(std::uintptr_t address) const {

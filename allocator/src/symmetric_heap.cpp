@@ -239,47 +239,155 @@ void SymmetricHeap::unmap_peer(int peer, const Piece& piece) noexcept {
                  static_cast<unsigned long long>(piece.id), int(a), int(b));
 }
 
-void SymmetricHeap::sync() {
-  std::string mine;
-  {
+template <typename F>
+auto SymmetricHeap::collective(const char* what, F&& step) -> decltype(step()) {
+  require_sound();
+  try {
+    return step();
+  } catch (const not_symmetric_error&) {
+    throw;  // a verdict every rank shares, not a failure
+  } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [id, p] : local_)
-      mine += std::to_string(p.id) + " " + std::to_string(p.offset) + " " + std::to_string(p.size) + "\n";
-    synced_generation_ = local_generation_;
+    if (failure_.empty())
+      failure_ = "symmetric heap '" + group_ + "' rank " + std::to_string(rank_) + " of " +
+                 std::to_string(world_) + " failed in " + what + ": " + e.what();
+    throw;
   }
-  auto all = exchange("segments", mine);
-  ContextGuard guard(drv_, allocator_.context());
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
-    std::map<std::uint64_t, Piece> listed;
-    const char* cursor = all[static_cast<std::size_t>(r)].c_str();
-    for (;;) {  // lines of "id offset size"
-      char* end = nullptr;
-      Piece p{};
-      p.id = std::strtoull(cursor, &end, 10);
-      if (end == cursor) break;
-      p.offset = std::strtoull(end, &end, 10);
-      p.size = std::strtoull(end, &end, 10);
-      listed[p.id] = p;
-      cursor = end;
+}
+
+void SymmetricHeap::require_sound() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failure_.empty()) throw collective_error(failure_ + " (the heap is unusable since)");
+}
+
+std::string SymmetricHeap::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
+// Lines of "id offset size" from `peer`: each must lie inside the range
+// every rank reserved, in whole granules, with no id twice.
+std::map<std::uint64_t, SymmetricHeap::Piece> SymmetricHeap::parse_segments(int peer,
+                                                                           const std::string& listing) const {
+  std::map<std::uint64_t, Piece> listed;
+  const std::size_t range = allocator_.va_reserved_bytes(), granule = allocator_.granularity();
+  std::size_t start = 0;
+  while (start < listing.size()) {
+    const std::size_t end = std::min(listing.find('\n', start), listing.size());
+    const std::string line = listing.substr(start, end - start);
+    start = end + 1;
+    const std::vector<std::string> words = split_words(line);
+    Piece p{};
+    bool ok = words.size() == 3;
+    for (std::size_t i = 0; ok && i < 3; ++i) {
+      const std::string& w = words[i];
+      ok = !w.empty() && w.size() <= 20 && w.find_first_not_of("0123456789") == std::string::npos;
     }
-    auto& mapped = peer_pieces_[static_cast<std::size_t>(r)];
-    // Released ones first: a new segment may reuse their range.
-    for (auto it = mapped.begin(); it != mapped.end();) {
-      if (listed.count(it->second.id)) {
-        ++it;
-      } else {
-        unmap_peer(r, it->second);
-        it = mapped.erase(it);
+    if (ok) {
+      p.id = std::strtoull(words[0].c_str(), nullptr, 10);
+      p.offset = std::strtoull(words[1].c_str(), nullptr, 10);
+      p.size = std::strtoull(words[2].c_str(), nullptr, 10);
+      ok = p.size > 0 && p.size % granule == 0 && p.offset % granule == 0 && p.offset < range &&
+           p.size <= range - p.offset && listed.emplace(p.id, p).second;
+    }
+    if (!ok)
+      throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(peer) +
+                             " published a malformed segment '" + line + "' (range " +
+                             std::to_string(range) + " bytes, granule " + std::to_string(granule) + ")");
+  }
+  return listed;
+}
+
+void SymmetricHeap::sync() {
+  collective("sync", [&] {
+    std::string mine;
+    std::uint64_t generation = 0;
+    std::set<std::uint64_t> publishing;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& [id, p] : local_) {
+        mine += std::to_string(p.id) + " " + std::to_string(p.offset) + " " + std::to_string(p.size) + "\n";
+        publishing.insert(id);
+      }
+      generation = local_generation_;
+    }
+    auto all = exchange("segments", mine);
+    ContextGuard guard(drv_, allocator_.context());
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_) continue;
+      const std::map<std::uint64_t, Piece> listed = parse_segments(r, all[static_cast<std::size_t>(r)]);
+      auto& mapped = peer_pieces_[static_cast<std::size_t>(r)];
+      // Released ones first: a new segment may reuse their range.
+      for (auto it = mapped.begin(); it != mapped.end();) {
+        auto now = listed.find(it->second.id);
+        if (now != listed.end() && now->second.offset == it->second.offset && now->second.size == it->second.size) {
+          ++it;
+        } else {
+          unmap_peer(r, it->second);
+          it = mapped.erase(it);
+        }
+      }
+      for (auto& [id, piece] : listed) {
+        auto it = mapped.lower_bound(piece.offset);
+        if (it != mapped.end() && it->second.id == id) continue;
+        // Two of one peer's segments may not overlap.
+        const bool clash = (it != mapped.end() && it->first < piece.offset + piece.size) ||
+                           (it != mapped.begin() && std::prev(it)->first + std::prev(it)->second.size > piece.offset);
+        if (clash)
+          throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
+                                 " published overlapping segments at offset " + std::to_string(piece.offset));
+        map_peer(r, piece);
       }
     }
-    for (auto& [id, piece] : listed) {
-      auto it = mapped.find(piece.offset);
-      if (it == mapped.end() || it->second.id != id) map_peer(r, piece);
-    }
-  }
-  exchange("synced", "");  // nobody releases what a peer is still importing
+    exchange("synced", "");  // nobody releases what a peer is still importing
+    // Every rank has mapped what every other published: now it counts.
+    std::lock_guard<std::mutex> lock(mutex_);
+    synced_generation_ = generation;
+    published_ = std::move(publishing);
+  });
 }
+
+std::size_t SymmetricHeap::release_cached() {
+  const std::size_t released = collective("release_cached", [&] {
+    exchange("release", "");  // every rank is here: nobody uses a peer's segment now
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      published_.clear();  // peers drop what we release at the sync below
+    }
+    return allocator_.empty_cache();
+  });
+  sync();
+  return released;
+}
+
+bool SymmetricHeap::keeps_mapped(const Segment& segment) const noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return published_.count(segment.id) != 0;
+}
+
+void* SymmetricHeap::allocate_internal() {
+  return collective("allocate_internal", [&] {
+    const std::uint64_t free_here = allocator_.free_internal_slots();
+    auto all = exchange("internal", std::to_string(free_here));
+    std::uint64_t free_everywhere = free_here;
+    for (int r = 0; r < world_; ++r) {
+      const std::string& theirs = all[static_cast<std::size_t>(r)];
+      SYMMPOOL_EXPECTS(!theirs.empty() && theirs.size() <= 20 &&
+                           theirs.find_first_not_of("0123456789") == std::string::npos,
+                       "symmetric heap '" + group_ + "': rank " + std::to_string(r) +
+                           " sent malformed internal slots '" + theirs + "'");
+      free_everywhere &= std::strtoull(theirs.c_str(), nullptr, 10);
+    }
+    int slot = 0;
+    while (slot < SegmentArena::kInternalSlots && !(free_everywhere >> slot & 1u)) ++slot;
+    SYMMPOOL_EXPECTS(slot < SegmentArena::kInternalSlots,
+                     "symmetric heap '" + group_ + "': no internal slot is free on every rank (" +
+                         std::to_string(SegmentArena::kInternalSlots) + " per device; too many groups?)");
+    return allocator_.map_internal_segment(slot);
+  });
+}
+
+void SymmetricHeap::release_internal(void* ptr) { allocator_.unmap_internal_segment(ptr); }
 
 std::size_t SymmetricHeap::offset_of(const void* local) const {
   const auto address = reinterpret_cast<CUdeviceptr>(local);
@@ -294,6 +402,7 @@ std::size_t SymmetricHeap::offset_of(const void* local) const {
 bool SymmetricHeap::contains(const void* local) const { return allocator_.owns(local); }
 
 void* SymmetricHeap::peer_ptr(const void* local, int peer) const {
+  require_sound();
   SYMMPOOL_EXPECTS(peer >= 0 && peer < world_, "peer " + std::to_string(peer) + " is not in the group");
   const std::size_t offset = offset_of(local);
   if (peer == rank_) return const_cast<void*>(local);
@@ -310,7 +419,7 @@ void SymmetricHeap::check_symmetric(const void* local, std::size_t bytes, const 
   const bool inside = allocator_.owns(local);
   const std::string mine = inside ? std::to_string(offset_of(local)) + " " + std::to_string(bytes)
                                   : std::string("outside ") + std::to_string(bytes);
-  auto all = exchange("check", mine);
+  auto all = collective("check_symmetric", [&] { return exchange("check", mine); });
   std::string report;
   for (int r = 0; r < world_; ++r)
     if (all[static_cast<std::size_t>(r)] != all[0])
@@ -319,7 +428,7 @@ void SymmetricHeap::check_symmetric(const void* local, std::size_t bytes, const 
   for (int r = 0; r < world_; ++r)
     if (all[static_cast<std::size_t>(r)].rfind("outside", 0) == 0)
       report += "; rank " + std::to_string(r) + "'s buffer is not in the symmetric heap";
-  if (!report.empty()) SYMMPOOL_FAIL("buffer '" + what + "' is not symmetric" + report);
+  if (!report.empty()) throw not_symmetric_error("buffer '" + what + "' is not symmetric" + report);
 }
 
 std::size_t SymmetricHeap::mapped_peer_segments() const {

@@ -1,4 +1,5 @@
 #include "copy_streams.hpp"
+#include "failure_monitor.hpp"
 #include "issue_order.hpp"
 #include "stream_op_watchdog.hpp"
 #include "kernels.hpp"
@@ -11,6 +12,7 @@
 #include <symmpool/environment.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -62,7 +64,7 @@ void expect_algorithm(bool ok, Algorithm a, const char* op) {
 }  // namespace
 
 Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
-                           std::chrono::seconds barrier_timeout)
+                           std::chrono::seconds barrier_timeout, FailureHandler on_failure)
     : heap_(heap), allocator_(allocator) {
   const int longest = static_cast<int>(kLongestBarrierTimeout.count());
   SYMMPOOL_EXPECTS(barrier_timeout.count() >= 1 && barrier_timeout.count() <= longest,
@@ -84,24 +86,29 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   // A group's first collective may come inside a graph capture (torch.cuda.graph
   // around a model's first step): setup must not touch any stream being captured.
   detail::RelaxedCaptureMode relaxed;
-  // Every rank makes these allocations in the same order: symmetric offsets.
+  // A constructor that throws leaves nothing behind (no slot, no host memory).
+  detail::ScopeExit undo([this] { release_resources(); });
   const std::size_t pad_bytes = kPadWords * sizeof(std::uint32_t);
   const std::size_t epoch_bytes = (1 + detail::kMaxSyncBlocks) * sizeof(std::uint32_t);
-  pads_ = static_cast<std::uint32_t*>(allocator_.allocate(pad_bytes, nullptr));
-  kernel_epoch_ = static_cast<std::uint32_t*>(allocator_.allocate(epoch_bytes, nullptr));
+  static_assert(kPadWords * sizeof(std::uint32_t) + (1 + detail::kMaxSyncBlocks) * sizeof(std::uint32_t) <= 4096,
+                "pads and epochs fit in any internal slot");
+  internal_ = heap_.allocate_internal();  // collective: the same offset on every rank
+  pads_ = static_cast<std::uint32_t*>(internal_);
+  kernel_epoch_ = pads_ + kPadWords;
   block_epochs_ = kernel_epoch_ + 1;
   {
     cudaStream_t setup = nullptr;  // private: a device-wide sync would break a capture
     SYMMPOOL_CUDA_TRY(cudaStreamCreateWithFlags(&setup, cudaStreamNonBlocking));
     detail::ScopeExit destroy([setup] { cudaStreamDestroy(setup); });
-    SYMMPOOL_CUDA_TRY(cudaMemsetAsync(pads_, 0, pad_bytes, setup));
-    SYMMPOOL_CUDA_TRY(cudaMemsetAsync(kernel_epoch_, 0, epoch_bytes, setup));
+    SYMMPOOL_CUDA_TRY(cudaMemsetAsync(pads_, 0, pad_bytes + epoch_bytes, setup));
     SYMMPOOL_CUDA_TRY(cudaStreamSynchronize(setup));
   }
-  SYMMPOOL_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&error_flag_), sizeof(int), cudaHostAllocMapped));
-  *error_flag_ = 0;
+  SYMMPOOL_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&error_words_), sizeof(detail::ErrorWords),
+                                  cudaHostAllocMapped));
+  *error_words_ = detail::ErrorWords{0, 0};
+  error_flag_ = &error_words_->missing;
   heap_.sync();  // also a barrier: no peer signals before every pad is zeroed
-  heap_.check_symmetric(pads_, pad_bytes, "signal pads");
+  heap_.check_symmetric(pads_, pad_bytes, "signal pads");  // by construction; checked all the same
   // Fixed for the communicator's life; asking per call cost ~1 ms of host
   // time (the clock-rate query), measured on H200.
   for (int p = 0; p < world(); ++p)
@@ -111,31 +118,67 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   timeout_cycles_ = static_cast<long long>(khz) * 1000LL * timeout_seconds_;
   copies_ = std::make_unique<detail::CopyStreams>(copy_streams);
   order_ = std::make_unique<detail::IssueOrder>();
+  if (!on_failure)
+    on_failure = [](const std::string& message) { std::fprintf(stderr, "%s\n", message.c_str()); };
+  monitor_ = std::make_unique<detail::FailureMonitor>(allocator_.device(), rank(), world(),
+                                                      std::chrono::seconds(timeout_seconds_), error_words_,
+                                                      std::move(on_failure));
+  undo.dismiss();
 }
 
 Communicator::~Communicator() {
   cudaDeviceSynchronize();  // the watchdog, still running, frees streams stuck on a dead peer
   watchdog_.reset();
-  allocator_.deallocate(pads_, nullptr);
-  allocator_.deallocate(kernel_epoch_, nullptr);
+  monitor_.reset();
   if (scratch_) cudaFree(scratch_);
   for (void* old : retired_scratch_) cudaFree(old);
-  cudaFreeHost(error_flag_);
+  release_resources();
+}
+
+void Communicator::release_resources() noexcept {
+  if (internal_) {
+    try {
+      heap_.release_internal(internal_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "symmpool: releasing the signal pads failed: %s\n", e.what());
+    }
+  }
+  internal_ = nullptr;
+  if (error_words_) cudaFreeHost(error_words_);
+  error_words_ = nullptr;
 }
 
 void Communicator::check_errors() {
-  const int missing = *static_cast<volatile int*>(error_flag_);
-  if (missing == 0) return;
-  *error_flag_ = 0;
-  throw timeout_error("symmpool: rank " + std::to_string(rank()) + " waited more than " +
-                      std::to_string(timeout_seconds_) + " s in a barrier for rank " +
-                      std::to_string(missing - 1) + " (peer dead or collectives out of order)");
+  monitor_->poll();
+  const auto& record = monitor_->record_of_failure();
+  if (record->failed()) throw collective_error(record->message());
 }
 
-void Communicator::in_order(cudaStream_t stream, const std::function<void()>& enqueue) {
+std::shared_ptr<const detail::FailureRecord> Communicator::failure() const {
+  return monitor_->record_of_failure();
+}
+
+void Communicator::abort(const std::string& reason) { monitor_->fail(reason); }
+
+std::uint64_t Communicator::issued() const { return monitor_->issued(); }
+
+void Communicator::in_order(cudaStream_t stream, const char* op, std::size_t bytes,
+                            const std::function<void()>& enqueue) {
   const unsigned long long capture = order_->begin(stream);
-  enqueue();  // a throw (say, a buffer that is not symmetric) leaves the order as it was
+  try {
+    enqueue();  // a throw (say, a buffer that is not symmetric) leaves the order as it was
+  } catch (const not_symmetric_error&) {
+    throw;  // the same verdict on every rank: the caller may use NCCL
+  } catch (const multi_node_error&) {
+    throw;
+  } catch (const logic_error&) {
+    throw;  // bad arguments, found before any peer was involved
+  } catch (const std::exception& e) {
+    monitor_->fail(std::string(op) + " of " + std::to_string(bytes) + " bytes: " + e.what());
+    throw collective_error(monitor_->record_of_failure()->message());
+  }
   order_->end(stream, capture);
+  monitor_->record(op, bytes, stream, capture != 0);
 }
 
 detail::BlockSync Communicator::block_sync(bool fused) const {
@@ -152,7 +195,7 @@ detail::BlockSync Communicator::block_sync(bool fused) const {
 
 void Communicator::barrier(cudaStream_t stream, BarrierKind kind) {
   check_errors();
-  in_order(stream, [&] { enqueue_barrier(stream, kind); });
+  in_order(stream, "barrier", 0, [&] { enqueue_barrier(stream, kind); });
 }
 
 void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
@@ -182,8 +225,9 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
                                              epoch, CU_STREAM_WAIT_VALUE_GEQ));
   }
   if (!watchdog_)
-    watchdog_ = std::make_unique<detail::StreamOpWatchdog>(drv, allocator_.device(), pads_ + row, n,
-                                                           error_flag_, std::chrono::seconds(timeout_seconds_));
+    watchdog_ = std::make_unique<detail::StreamOpWatchdog>(
+        drv, allocator_.device(), pads_ + row, n, error_flag_, std::chrono::seconds(timeout_seconds_),
+        [this](int missing) { monitor_->fail_missing(missing); });
   watchdog_->enqueue_passed(cu, epoch);
 }
 
@@ -198,7 +242,7 @@ bool Communicator::is_symmetric(const void* ptr, std::size_t bytes) {
   bool ok = true;
   try {
     heap_.check_symmetric(ptr, bytes, "");  // the same verdict on every rank
-  } catch (const logic_error&) {
+  } catch (const not_symmetric_error&) {
     ok = false;
   }
   checked_[{ptr, bytes}] = ok;
@@ -217,7 +261,8 @@ void Communicator::all_gather(const void* in, void* out, std::size_t bytes_per_r
                               cudaStream_t stream, Algorithm algorithm, BarrierKind kind) {
   check_errors();
   if (bytes_per_rank == 0) return;
-  in_order(stream, [&] { enqueue_all_gather(in, out, bytes_per_rank, stream, algorithm, kind); });
+  in_order(stream, "all_gather", bytes_per_rank * static_cast<std::size_t>(world()),
+           [&] { enqueue_all_gather(in, out, bytes_per_rank, stream, algorithm, kind); });
 }
 
 void Communicator::enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank,
@@ -364,7 +409,8 @@ void Communicator::reduce_scatter(const void* in, void* out, std::size_t count, 
                                   ReduceOp op, cudaStream_t stream, Algorithm algorithm) {
   check_errors();
   if (count == 0) return;
-  in_order(stream, [&] { enqueue_reduce_scatter(in, out, count, type, op, stream, algorithm); });
+  in_order(stream, "reduce_scatter", count * static_cast<std::size_t>(world()) * element_size(type),
+           [&] { enqueue_reduce_scatter(in, out, count, type, op, stream, algorithm); });
 }
 
 void Communicator::enqueue_reduce_scatter(const void* in, void* out, std::size_t count, DataType type,
@@ -384,7 +430,8 @@ void Communicator::all_reduce(const void* in, void* out, std::size_t count, Data
                               ReduceOp op, cudaStream_t stream, Algorithm algorithm) {
   check_errors();
   if (count == 0) return;
-  in_order(stream, [&] { enqueue_all_reduce(in, out, count, type, op, stream, algorithm); });
+  in_order(stream, "all_reduce", count * element_size(type),
+           [&] { enqueue_all_reduce(in, out, count, type, op, stream, algorithm); });
 }
 
 void Communicator::enqueue_all_reduce(const void* in, void* out, std::size_t count, DataType type,

@@ -40,7 +40,9 @@ constexpr long long kFlagLookCycles = 2'000'000;
 
 // Gives up after `timeout_cycles`, or as soon as another wait of this
 // communicator gave up (the flag is set): collectives queued behind a failed
-// one then drain instead of each waiting out its own timeout.
+// one then drain instead of each waiting out its own timeout. error_flag
+// points at ErrorWords (failure_monitor.hpp): [0] missing rank + 1, [1] the
+// host's acknowledgement.
 __device__ __forceinline__ void wait_for(std::uint32_t* pad, std::uint32_t epoch, cuda::std::memory_order order,
                                          int peer, int* error_flag, long long timeout_cycles) {
   SystemWord word(*pad);
@@ -50,6 +52,12 @@ __device__ __forceinline__ void wait_for(std::uint32_t* pad, std::uint32_t epoch
     const long long now = clock64();
     if (now - start > timeout_cycles) {
       atomicCAS(error_flag, 0, peer + 1);
+      // Hold the stream until the host has the failure on record (and has
+      // aborted, where asked): nothing after this collective may run as if
+      // it had succeeded. Bounded, in case the host never looks.
+      const long long gave_up = clock64();
+      while (*static_cast<volatile int*>(error_flag + 1) == 0 && clock64() - gave_up < timeout_cycles) {
+      }
       return;
     }
     if (now > next_look) {

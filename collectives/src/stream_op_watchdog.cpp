@@ -9,8 +9,10 @@
 namespace symmpool::detail {
 
 StreamOpWatchdog::StreamOpWatchdog(const DriverApi& drv, int device, std::uint32_t* row, int world,
-                                   int* error_flag, std::chrono::seconds timeout)
-    : drv_(drv), device_(device), row_(row), world_(world), error_flag_(error_flag), timeout_(timeout) {
+                                   const int* error_flag, std::chrono::seconds timeout,
+                                   std::function<void(int)> on_timeout)
+    : drv_(drv), device_(device), row_(row), world_(world), error_flag_(error_flag), timeout_(timeout),
+      on_timeout_(std::move(on_timeout)) {
   SYMMPOOL_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&passed_), sizeof(std::uint32_t), cudaHostAllocMapped));
   *passed_ = 0;
   void* device_view = nullptr;
@@ -45,10 +47,11 @@ void StreamOpWatchdog::watch() {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!wake_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stop_; })) {
       const std::uint32_t passed = *static_cast<volatile std::uint32_t*>(passed_);
-      if (passed == issued_.load() || passed != last_passed) {  // idle, or moving
+      const bool failed = *static_cast<const volatile int*>(error_flag_) != 0;
+      if (passed == issued_.load() || (passed != last_passed && !failed)) {  // idle, or moving
         last_passed = passed;
         since = clock::now();
-      } else if (clock::now() - since >= timeout_) {
+      } else if (failed || clock::now() - since >= timeout_) {
         release_stalled_barriers(side);
         since = clock::now();
       }
@@ -69,7 +72,7 @@ void StreamOpWatchdog::release_stalled_barriers(cudaStream_t side) {
   SYMMPOOL_CUDA_TRY(cudaStreamSynchronize(side));
   for (int p = 0; p < world_; ++p) {
     if (static_cast<std::int32_t>(seen[static_cast<std::size_t>(p)] - waiting_for) >= 0) continue;
-    if (*static_cast<volatile int*>(error_flag_) == 0) *static_cast<volatile int*>(error_flag_) = p + 1;
+    on_timeout_(p);  // on record (or the process aborted) before the stream goes on
     // Every barrier issued so far may pass: the communicator is failed now.
     SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(reinterpret_cast<CUstream>(side),
                                                reinterpret_cast<CUdeviceptr>(row_ + p), issued,

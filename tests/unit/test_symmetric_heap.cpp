@@ -87,8 +87,12 @@ TEST(SymmetricHeapFake, RanksReadEachOthersBuffersAndReleasesPropagate) {
       RANK_CHECK(a[999] == 7u, "%u", a[999]);
 
       alloc->deallocate(big, stream(1));
-      alloc->empty_cache();
-      heap.sync();
+      // One rank's empty_cache keeps what peers map: no rank needs a sync
+      // the others do not make.
+      RANK_CHECK(alloc->empty_cache() == 0, "a published segment was released by one rank alone");
+      RANK_CHECK(!heap.needs_sync(), "empty_cache made rank %d need a sync alone", rank);
+      // Releasing is collective, and peers unmap what was released.
+      RANK_CHECK(heap.release_cached() == 30 * MiB, "released a different amount");
       RANK_CHECK(heap.mapped_peer_segments() == static_cast<std::size_t>(w - 1), "%zu", heap.mapped_peer_segments());
       alloc->deallocate(a, stream(1));
       return 0;

@@ -54,6 +54,12 @@ class CachingAllocator {
   // Returns the bytes given back to the device.
   std::size_t empty_cache();
 
+  // Internal segments (SegmentArena::map_internal_segment): one granule at
+  // a fixed slot, outside the pools; counted as reserved memory.
+  void* map_internal_segment(int slot);
+  void unmap_internal_segment(void* ptr);
+  std::uint64_t free_internal_slots() const;  // bit s: slot s is free
+
   bool owns(const void* ptr) const;        // inside one of our segments
   bool is_allocation(const void* ptr) const;  // the start of a live block
   std::size_t allocation_size(const void* ptr) const;  // bytes asked for; throws if unknown

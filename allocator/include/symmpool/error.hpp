@@ -33,6 +33,19 @@ struct nccl_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A buffer is not at the same offset with the same size on every rank of a
+// group (every rank sees the same verdict). The one error a caller may take
+// as "run this call on NCCL instead": any other error is a real failure.
+struct not_symmetric_error : logic_error {
+  using logic_error::logic_error;
+};
+
+// A collective failed (a peer never arrived, the group's ranks diverged) and
+// the communicator is unusable: every later call raises this again.
+struct collective_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 namespace detail {
 [[noreturn]] void throw_logic_error(const char* file, int line, const std::string& msg);
 [[noreturn]] void throw_cuda_error(const char* file, int line, const char* call, CUresult code,

@@ -32,6 +32,10 @@ class SegmentObserver {
   virtual ~SegmentObserver() = default;
   virtual void on_segment_mapped(const Segment& segment) = 0;
   virtual void on_segment_unmapping(const Segment& segment) noexcept = 0;
+  // True when `segment` must stay mapped while this observer lives, even if
+  // no block uses it: peers map it, and a new segment at its offset would
+  // differ from what they see. Called under the allocator's lock.
+  virtual bool keeps_mapped(const Segment& /*segment*/) const noexcept { return false; }
 };
 
 }  // namespace symmpool

@@ -26,6 +26,11 @@ struct ArenaOptions {
 
 class SegmentArena {
  public:
+  // Internal segments (signal pads of each group's communicator) live in
+  // slots of one granule at the top of the range, outside first-fit, so
+  // their offsets never depend on what the user allocated before them.
+  static constexpr int kInternalSlots = 64;
+
   SegmentArena(const DriverApi& drv, int device, ArenaOptions options = {});
   ~SegmentArena();
   SegmentArena(const SegmentArena&) = delete;
@@ -36,8 +41,19 @@ class SegmentArena {
   // out of memory; throws on any other failure, leaving nothing behind.
   const Segment* map_new_segment(std::size_t bytes);
 
-  // Announces, unmaps and releases a segment made by map_new_segment.
+  // Maps one granule at internal slot `slot` (0 <= slot < kInternalSlots,
+  // free); nullptr when the device is out of memory.
+  const Segment* map_internal_segment(int slot);
+  // Bit s set: internal slot s is free.
+  std::uint64_t free_internal_slots() const { return free_internal_slots_; }
+  bool is_internal(const Segment& segment) const { return segment.offset >= user_va_size_; }
+
+  // Announces, unmaps and releases a segment made by map_new_segment or
+  // map_internal_segment.
   void unmap_segment(const Segment* segment);
+
+  // True when an observer keeps `segment` mapped (peers map it too).
+  bool observers_keep(const Segment& segment) const noexcept;
 
   // Adds an observer; with replay it is first told of every mapped segment.
   void add_observer(SegmentObserver* observer, bool replay_existing);
@@ -62,6 +78,7 @@ class SegmentArena {
  private:
   CUresult create_handle(std::size_t size, CUmemGenericAllocationHandle* handle,
                          CUmemAllocationHandleType* types);
+  const Segment* map_segment_at(std::size_t offset, std::size_t size);
   void announce_unmapping(const Segment& segment) noexcept;
 
   const DriverApi& drv_;
@@ -73,6 +90,8 @@ class SegmentArena {
   std::size_t granularity_ = 0;
   CUdeviceptr va_base_ = 0;
   std::size_t va_size_ = 0;
+  std::size_t user_va_size_ = 0;  // below: first-fit; above: internal slots
+  std::uint64_t free_internal_slots_ = ~std::uint64_t{0};
   std::unique_ptr<detail::RangeAllocator> va_ranges_;
   std::map<CUdeviceptr, std::unique_ptr<Segment>> segments_;  // by address
   std::vector<SegmentObserver*> observers_;

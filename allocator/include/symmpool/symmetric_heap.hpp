@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,16 +45,36 @@ class SymmetricHeap final : public SegmentObserver {
   SymmetricHeap(const SymmetricHeap&) = delete;
   SymmetricHeap& operator=(const SymmetricHeap&) = delete;
 
-  // Collective calls (sync, check_symmetric) throw divergence_error, naming
-  // both calls, when a peer made a different one at the same point.
+  // Collective calls (sync, check_symmetric, allocate_internal) throw
+  // divergence_error, naming both calls, when a peer made a different one at
+  // the same point. A collective call that fails part-way (a peer never
+  // came, the ranks diverged, a peer sent nonsense) leaves the heap broken:
+  // every later collective call and peer_ptr throws collective_error with
+  // the first failure, so nobody reads through a mapping peers disagree on.
 
   // Collective: every rank publishes its segments and maps the peers' new
-  // ones (and unmaps the ones they released).
+  // ones (and unmaps the ones they released). Nothing is taken as synced
+  // before every rank has mapped what the others published.
   void sync();
 
   // Collective: checks that `local` has the same offset and `bytes` on every
-  // rank; throws logic_error naming the ranks and values otherwise.
+  // rank; throws not_symmetric_error naming the ranks and values otherwise.
   void check_symmetric(const void* local, std::size_t bytes, const std::string& what);
+
+  // Collective: gives every cached segment no block uses back to the
+  // driver on every rank (the allocator's empty_cache keeps the ones peers
+  // map), then syncs so peers unmap them. Returns the bytes given back here.
+  std::size_t release_cached();
+
+  // Collective: one granule of device memory at the same offset on every
+  // rank whatever the ranks allocated before (an internal slot free on all
+  // of them), for symmpool's own state such as signal pads. Peers map it at
+  // the next sync(). release_internal gives it back (local).
+  void* allocate_internal();
+  void release_internal(void* ptr);
+
+  // The first failure of a collective call, or empty while the heap is sound.
+  std::string failure() const;
 
   // The address of `local`'s counterpart on `peer`, mapped here. Throws if
   // `local` is not in the heap or the peer's segment was not synced yet.
@@ -71,6 +92,9 @@ class SymmetricHeap final : public SegmentObserver {
 
   void on_segment_mapped(const Segment& segment) override;
   void on_segment_unmapping(const Segment& segment) noexcept override;
+  // Published segments stay mapped while the heap lives (empty_cache, OOM
+  // retry): peers map them, and only a collective decision could free them.
+  bool keeps_mapped(const Segment& segment) const noexcept override;
 
  private:
   struct Piece {
@@ -81,6 +105,11 @@ class SymmetricHeap final : public SegmentObserver {
   };
   std::string key(const std::string& what, int r) const;
   std::vector<std::string> exchange(const std::string& what, const std::string& mine);
+  // Runs a collective step; a throw marks the heap broken (failure()).
+  template <typename F>
+  auto collective(const char* what, F&& step) -> decltype(step());
+  void require_sound() const;
+  std::map<std::uint64_t, Piece> parse_segments(int peer, const std::string& listing) const;
   void map_peer(int peer, const Piece& piece);
   void unmap_peer(int peer, const Piece& piece) noexcept;
   int export_fd(std::uint64_t id);
@@ -98,6 +127,8 @@ class SymmetricHeap final : public SegmentObserver {
   std::map<std::uint64_t, Piece> local_;  // by segment id
   std::uint64_t local_generation_ = 0;     // bumped on every local map/unmap
   std::uint64_t synced_generation_ = 0;    // local_generation_ at the last sync()
+  std::set<std::uint64_t> published_;      // ids peers mapped at the last sync()
+  std::string failure_;                    // first failure of a collective call (sticky)
   std::vector<CUdeviceptr> peer_base_;
   std::vector<std::map<std::size_t, Piece>> peer_pieces_;  // by offset
   std::vector<std::string> peer_socket_;

@@ -15,7 +15,14 @@
 // SYMMPOOL_COPY_STREAMS, read at construction, cap the grid of the larger
 // reductions and split copy-engine copies over streams (README, Collectives);
 // SYMMPOOL_BARRIER_TIMEOUT (seconds) overrides how long any barrier waits
-// for a peer before it gives up and the next call raises timeout_error.
+// for a peer before it gives up.
+//
+// Failures are sticky: once a barrier gave up on a peer, or a heap exchange
+// failed, the communicator is failed for good. The failure handler hears it
+// once (with the collective's sequence number, operation, size and the
+// missing rank) before the stalled stream may go on; every later call
+// raises collective_error with the same text. Buffers that are not
+// symmetric raise not_symmetric_error and leave the communicator sound.
 
 #include <symmpool/collective_types.hpp>
 #include <symmpool/detail/peer_pointers.hpp>
@@ -34,9 +41,16 @@ namespace symmpool {
 
 namespace detail {
 class CopyStreams;
+class FailureMonitor;
+class FailureRecord;
 class IssueOrder;
 class StreamOpWatchdog;
+struct ErrorWords;
 }
+
+// Hears a communicator's failure once, from any thread, before the stalled
+// stream goes on (the torch backend aborts the process here when asked).
+using FailureHandler = std::function<void(const std::string& message)>;
 
 class Communicator {
  public:
@@ -47,11 +61,15 @@ class Communicator {
   static constexpr std::chrono::seconds kDefaultBarrierTimeout{600};
   static constexpr std::chrono::seconds kLongestBarrierTimeout{86400};
 
-  // Collective: allocates and zeroes the signal pads, then syncs the heap.
-  // Barriers wait `barrier_timeout` for a peer (the "symm" backend passes its
-  // process group's timeout); SYMMPOOL_BARRIER_TIMEOUT overrides it.
+  // Collective: allocates the signal pads in an internal slot of the heap
+  // (the same offset on every rank whatever the ranks allocated before),
+  // zeroes them, then syncs the heap. Barriers wait `barrier_timeout` for a
+  // peer (the "symm" backend passes its process group's timeout);
+  // SYMMPOOL_BARRIER_TIMEOUT overrides it. Without a handler, failures are
+  // printed to stderr.
   Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
-               std::chrono::seconds barrier_timeout = kDefaultBarrierTimeout);
+               std::chrono::seconds barrier_timeout = kDefaultBarrierTimeout,
+               FailureHandler on_failure = {});
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -69,15 +87,24 @@ class Communicator {
   void all_reduce(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
                   cudaStream_t stream, Algorithm algorithm = Algorithm::kAuto);
 
-  // Raises the error a barrier recorded (a peer that never arrived).
+  // Raises collective_error once the communicator failed (sticky).
   void check_errors();
+  // The failure, shared so that a Work can report it after we are gone.
+  std::shared_ptr<const detail::FailureRecord> failure() const;
+  // Fails the communicator now (c10d abort): queued barriers give up at
+  // once instead of waiting for their timeout.
+  void abort(const std::string& reason);
+  // Collectives issued so far (their sequence numbers run from 1).
+  std::uint64_t issued() const;
 
   int rank() const { return heap_.rank(); }
   int world() const { return heap_.world(); }
 
  private:
-  // Enqueues on `stream` after the previous collective (IssueOrder).
-  void in_order(cudaStream_t stream, const std::function<void()>& enqueue);
+  // Enqueues on `stream` after the previous collective (IssueOrder) and
+  // records it; a failure other than not_symmetric_error or bad arguments
+  // fails the communicator.
+  void in_order(cudaStream_t stream, const char* op, std::size_t bytes, const std::function<void()>& enqueue);
   void enqueue_barrier(cudaStream_t stream, BarrierKind kind);
   void enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
                           Algorithm algorithm, BarrierKind kind);
@@ -98,6 +125,7 @@ class Communicator {
   // At least `bytes` of plain device memory for work enqueued on `stream`.
   void* scratch(std::size_t bytes, cudaStream_t stream);
   float scale(ReduceOp op) const;
+  void release_resources() noexcept;  // internal slot and host words
 
   SymmetricHeap& heap_;
   CachingAllocator& allocator_;
@@ -112,7 +140,10 @@ class Communicator {
   std::unique_ptr<detail::CopyStreams> copies_;  // where copy-engine copies are issued
   std::unique_ptr<detail::IssueOrder> order_;    // collectives run in the order issued
   std::unique_ptr<detail::StreamOpWatchdog> watchdog_;  // times out stream-op barriers
-  int* error_flag_ = nullptr;              // host-mapped: set by a barrier that timed out
+  void* internal_ = nullptr;               // our internal heap slot: pads and epochs
+  detail::ErrorWords* error_words_ = nullptr;  // host-mapped: set by a barrier that timed out
+  int* error_flag_ = nullptr;              // the same words, as the kernels take them
+  std::unique_ptr<detail::FailureMonitor> monitor_;
   void* scratch_ = nullptr;                // plain device memory for staging
   std::size_t scratch_bytes_ = 0;
   bool scratch_captured_ = false;          // scratch_ is in a captured CUDA graph

@@ -1,0 +1,152 @@
+#include "failure_monitor.hpp"
+
+#include <symmpool/cuda_try.hpp>
+
+#include <cstdio>
+
+namespace symmpool::detail {
+
+namespace {
+
+// How often the thread looks at the error words: a failure is on record
+// (and the process aborted, where asked) this long after a barrier gave up.
+constexpr std::chrono::milliseconds kPollInterval{20};
+
+// Collectives remembered while in flight; older entries are dropped once
+// this many are outstanding (the GPU is far behind the host).
+constexpr std::size_t kMaxEntries = 4096;
+
+int volatile_read(const int& word) { return *static_cast<const volatile int*>(&word); }
+void volatile_write(int& word, int value) { *static_cast<volatile int*>(&word) = value; }
+
+}  // namespace
+
+std::string FailureRecord::message() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return message_;
+}
+
+bool FailureRecord::failed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !message_.empty();
+}
+
+bool FailureRecord::set(const std::string& message) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!message_.empty()) return false;
+  message_ = message;
+  return true;
+}
+
+FailureMonitor::FailureMonitor(int device, int rank, int world, std::chrono::seconds timeout,
+                               ErrorWords* words, Handler handler)
+    : device_(device), rank_(rank), world_(world), timeout_(timeout), words_(words),
+      handler_(std::move(handler)) {
+  thread_ = std::thread([this] { watch(); });
+}
+
+FailureMonitor::~FailureMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(stop_mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  for (const Entry& e : entries_)
+    if (e.done) cudaEventDestroy(e.done);
+  for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+}
+
+void FailureMonitor::record(const char* op, std::size_t bytes, cudaStream_t stream, bool captured) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::uint64_t seq = next_seq_++;
+  if (captured) return;  // graph replays are not tracked; the sequence still counts
+  retire_finished();
+  if (entries_.size() >= kMaxEntries) {
+    cudaEventDestroy(entries_.front().done);
+    entries_.pop_front();
+  }
+  cudaEvent_t done = nullptr;
+  if (!spare_events_.empty()) {
+    done = spare_events_.back();
+    spare_events_.pop_back();
+  } else {
+    SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  }
+  const cudaError_t status = cudaEventRecord(done, stream);
+  if (status != cudaSuccess) {
+    cudaEventDestroy(done);
+    SYMMPOOL_CUDA_TRY(status);
+  }
+  entries_.push_back({seq, op, bytes, done});
+}
+
+std::uint64_t FailureMonitor::issued() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return next_seq_ - 1;
+}
+
+void FailureMonitor::retire_finished() {
+  while (!entries_.empty() && entries_.front().done &&
+         cudaEventQuery(entries_.front().done) == cudaSuccess) {
+    spare_events_.push_back(entries_.front().done);
+    entries_.pop_front();
+  }
+  (void)cudaGetLastError();  // cudaErrorNotReady is not an error to keep
+}
+
+// The oldest collective whose end the GPU has not reached: the one stuck on
+// the barrier that gave up (kernels wait for the acknowledgement).
+std::string FailureMonitor::describe_unfinished() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  retire_finished();
+  if (entries_.empty())
+    return "a collective (none issued eagerly is unfinished: a CUDA graph replay?) after #" +
+           std::to_string(next_seq_ - 1);
+  const Entry& e = entries_.front();
+  return std::string(e.op) + " #" + std::to_string(e.seq) + " (" + std::to_string(e.bytes) +
+         " bytes; " + std::to_string(next_seq_ - 1) + " issued)";
+}
+
+void FailureMonitor::fail_missing(int missing_rank) {
+  if (volatile_read(words_->missing) == 0) volatile_write(words_->missing, missing_rank + 1);
+  finish_failure("symmpool: " + describe_unfinished() + " on rank " + std::to_string(rank_) + " of " +
+                 std::to_string(world_) + " failed: rank " + std::to_string(missing_rank) +
+                 " did not arrive within " + std::to_string(timeout_.count()) +
+                 " s (peer dead, or the ranks' collectives differ); the communicator is unusable");
+}
+
+void FailureMonitor::fail(const std::string& reason) {
+  if (volatile_read(words_->missing) == 0) volatile_write(words_->missing, -1);  // kernels drain
+  finish_failure("symmpool: communicator of rank " + std::to_string(rank_) + " of " +
+                 std::to_string(world_) + " failed after " + std::to_string(issued()) +
+                 " collectives: " + reason + "; the communicator is unusable");
+}
+
+void FailureMonitor::finish_failure(const std::string& message) {
+  static std::mutex handling;  // the first failure's handler runs before anyone acknowledges
+  std::lock_guard<std::mutex> lock(handling);
+  if (failure_->set(message) && handler_) handler_(message);
+  volatile_write(words_->acknowledged, 1);
+}
+
+void FailureMonitor::poll() {
+  const int missing = volatile_read(words_->missing);
+  if (missing > 0 && !failure_->failed()) fail_missing(missing - 1);
+}
+
+void FailureMonitor::watch() {
+  cudaSetDevice(device_);  // events are queried on the communicator's device
+  std::unique_lock<std::mutex> lock(stop_mutex_);
+  while (!wake_.wait_for(lock, kPollInterval, [this] { return stop_; })) {
+    lock.unlock();
+    try {
+      poll();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "symmpool: failure monitor: %s\n", e.what());
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace symmpool::detail

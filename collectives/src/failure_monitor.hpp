@@ -1,0 +1,106 @@
+#pragma once
+// Makes a communicator's failures loud and sticky, the way ProcessGroupNCCL's
+// watchdog and flight recorder do for NCCL:
+// - a flight record of the collectives issued (sequence number, operation,
+//   bytes) and a CUDA event at each one's end, so a failure names the
+//   collective that never finished;
+// - a thread that notices when a barrier gave up on a peer (the kernels and
+//   the stream-op watchdog write the missing rank into the error words),
+//   records the error once for good and calls the owner's handler (the torch
+//   backend aborts the process there, as TORCH_NCCL_ASYNC_ERROR_HANDLING
+//   asks) before it lets the stalled kernel go on. So no stream gets past a
+//   failed collective before the failure is on record.
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace symmpool::detail {
+
+// Host-mapped words the device and the host share.
+struct ErrorWords {
+  int missing;       // 0, or 1 + the rank a barrier waited for in vain (-1: failed on the host)
+  int acknowledged;  // set by the host once the failure is on record: stalled kernels may end
+};
+
+// The failure of one communicator: empty until it fails, then fixed. Works
+// keep it, so they can report it after the communicator is gone.
+class FailureRecord {
+ public:
+  std::string message() const;
+  bool failed() const;
+  // First call wins; returns whether this one did.
+  bool set(const std::string& message);
+
+ private:
+  mutable std::mutex mutex_;
+  std::string message_;
+};
+
+class FailureMonitor {
+ public:
+  using Handler = std::function<void(const std::string&)>;
+
+  // `words`: host-mapped ErrorWords the kernels write; `handler` is called
+  // once, from the monitor's thread or the caller's, with the error text.
+  FailureMonitor(int device, int rank, int world, std::chrono::seconds timeout, ErrorWords* words,
+                 Handler handler);
+  ~FailureMonitor();
+  FailureMonitor(const FailureMonitor&) = delete;
+  FailureMonitor& operator=(const FailureMonitor&) = delete;
+
+  // After collective `op` of `bytes` was enqueued on `stream` (eager) or
+  // captured into a graph (no event: replays are not tracked).
+  void record(const char* op, std::size_t bytes, cudaStream_t stream, bool captured);
+
+  // Fails the communicator: `missing_rank` never arrived (kernels, stream-op
+  // watchdog), or `reason` says what broke on the host. Idempotent.
+  void fail_missing(int missing_rank);
+  void fail(const std::string& reason);
+
+  // Handles a failure the kernels reported but the thread did not see yet.
+  void poll();
+
+  const std::shared_ptr<FailureRecord>& record_of_failure() const { return failure_; }
+  std::uint64_t issued() const;
+
+ private:
+  struct Entry {
+    std::uint64_t seq;
+    const char* op;
+    std::size_t bytes;
+    cudaEvent_t done;  // null for captured collectives
+  };
+  void watch();
+  void retire_finished();  // under mutex_
+  std::string describe_unfinished();
+  void finish_failure(const std::string& message);
+
+  const int device_, rank_, world_;
+  const std::chrono::seconds timeout_;
+  ErrorWords* const words_;
+  const Handler handler_;
+  std::shared_ptr<FailureRecord> failure_ = std::make_shared<FailureRecord>();
+
+  mutable std::mutex mutex_;  // entries_, spare_events_, next_seq_
+  std::deque<Entry> entries_;
+  std::vector<cudaEvent_t> spare_events_;
+  std::uint64_t next_seq_ = 1;
+
+  std::mutex stop_mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace symmpool::detail
