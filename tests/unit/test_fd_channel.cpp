@@ -1,0 +1,366 @@
+// The descriptor channel serves only its group, and nothing a client does
+// (or fails to do) stalls it: SO_PEERCRED uid and pid checks, the secret,
+// the wire format, and a deadline on every socket operation. Time limits are
+// generous upper bounds; nothing asserts that something takes long.
+
+#include "fake_fixture.hpp"
+#include "process_group.hpp"
+
+#include <symmpool/error.hpp>
+#include <symmpool/fd_channel.hpp>
+#include <symmpool/random_token.hpp>
+#include <symmpool/store.hpp>
+#include <symmpool/symmetric_heap.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace symmpool::test {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// Exports a memfd holding `text` for id 7; no other id exists.
+std::function<int(std::uint64_t)> export_text(const std::string& text) {
+  return [text](std::uint64_t id) {
+    if (id != 7) return -1;
+    const int fd = ::memfd_create("fd-channel-test", MFD_CLOEXEC);
+    if (fd >= 0 && ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  };
+}
+
+std::string read_back(int fd) {
+  char buf[64] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf, 0);
+  ::close(fd);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+}
+
+sockaddr_un address_of(const std::string& name, socklen_t* len) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return addr;
+}
+
+// A client that talks to the server by hand. -1 when the connection fails.
+int raw_connect(const std::string& name, bool nonblocking = false) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | (nonblocking ? SOCK_NONBLOCK : 0), 0);
+  socklen_t len = 0;
+  sockaddr_un addr = address_of(name, &len);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The reply's status byte (any descriptor closed), or -1 when none came
+// within `wait` (the server closed without a word, or said nothing).
+int read_status(int conn, milliseconds wait) {
+  pollfd p{conn, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(wait.count())) != 1) return -1;
+  char status = 0;
+  iovec iov{&status, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  if (::recvmsg(conn, &msg, MSG_CMSG_CLOEXEC) != 1) return -1;
+  if (cmsghdr* c = CMSG_FIRSTHDR(&msg); c && c->cmsg_type == SCM_RIGHTS) {
+    int fd = -1;
+    std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    ::close(fd);
+  }
+  return status;
+}
+
+// The wire format, spelled out independently of the library.
+std::string request(const std::string& secret, std::uint64_t id, char version = 1) {
+  std::string req = std::string("SYMMPFD") + version + secret;
+  for (int i = 0; i < 8; ++i) req += static_cast<char>((id >> (8 * i)) & 0xff);
+  return req;
+}
+
+// Sends `bytes`, optionally ends the write side, then waits for the status.
+int raw_exchange(const std::string& name, const std::string& bytes, bool end_write, milliseconds wait) {
+  const int conn = raw_connect(name);
+  if (conn < 0) return -2;
+  (void)::send(conn, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  if (end_write) ::shutdown(conn, SHUT_WR);
+  const int status = read_status(conn, wait);
+  ::close(conn);
+  return status;
+}
+
+constexpr int kOk = 0, kRefused = 1;
+
+// The child's exit code, or -1 if it died or took longer than 20 s (then
+// it is killed).
+int wait_child(pid_t pid) {
+  const auto start = Clock::now();
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (ms_since(start) > 20000) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// In a child: 0 when fetching id 7 was refused, 10 when it was served,
+// 20 + something else.
+int fetch_outcome(const std::string& name, const std::string& secret) {
+  try {
+    ::close(fetch_fd(name, secret, 7, milliseconds(2000)));
+    return 10;
+  } catch (const logic_error& e) {
+    return std::strstr(e.what(), "refused") ? 0 : 21;
+  } catch (...) {
+    return 22;
+  }
+}
+
+// Forks a child that (after dropping to uid 65534 if asked) waits until the
+// parent allowed its pid, then fetches id 7 with the right secret.
+int allowed_child_outcome(FdServer& server, bool drop_uid) {
+  int go[2];
+  if (::pipe(go) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(go[1]);
+    if (drop_uid && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(30);
+    char byte = 0;
+    if (::read(go[0], &byte, 1) != 1) ::_exit(31);
+    ::_exit(fetch_outcome(server.name(), server.secret()));
+  }
+  ::close(go[0]);
+  server.allow_pids({::getpid(), pid});
+  (void)::write(go[1], "x", 1);
+  ::close(go[1]);
+  return wait_child(pid);
+}
+
+}  // namespace
+
+TEST(RandomToken, IsHexOfTwiceTheLengthAndNeverRepeats) {
+  const std::string a = random_token(32), b = random_token(32);
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_TRUE(is_hex_token(a, 64));
+  EXPECT_NE(a, b);
+  EXPECT_FALSE(is_hex_token("12G4", 64));
+  EXPECT_FALSE(is_hex_token("", 64));
+  EXPECT_FALSE(is_hex_token("abcd", 3));
+}
+
+TEST(FdChannel, NamesAndSecretsAreRandom) {
+  FdServer a(export_text("a")), b(export_text("b"));
+  EXPECT_NE(a.name(), b.name());
+  EXPECT_NE(a.secret(), b.secret());
+  EXPECT_EQ(a.name().rfind("symmpool-", 0), 0u) << a.name();
+  EXPECT_LE(a.name().size(), FdServer::kMaxNameChars);
+  EXPECT_EQ(a.secret().size(), FdServer::kSecretHexChars);
+  EXPECT_TRUE(is_hex_token(a.secret(), FdServer::kSecretHexChars));
+}
+
+TEST(FdChannel, AnAllowedPidWithTheSecretGetsTheDescriptor) {
+  FdServer server(export_text("payload"));
+  server.allow_pids({::getpid()});
+  EXPECT_EQ(read_back(fetch_fd(server.name(), server.secret(), 7, milliseconds(2000))), "payload");
+  try {
+    fetch_fd(server.name(), server.secret(), 8, milliseconds(2000));
+    FAIL() << "id 8 served";
+  } catch (const logic_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("no such descriptor"), std::string::npos) << what;
+    EXPECT_NE(what.find("@" + server.name()), std::string::npos) << what;
+    EXPECT_NE(what.find("id 8"), std::string::npos) << what;
+  }
+}
+
+TEST(FdChannel, NobodyIsServedBeforeAllowPids) {
+  FdServer server(export_text("payload"));
+  EXPECT_EQ(fetch_outcome(server.name(), server.secret()), 0);
+}
+
+TEST(FdChannel, AWrongSecretIsRefused) {
+  FdServer server(export_text("payload"));
+  server.allow_pids({::getpid()});
+  try {
+    fetch_fd(server.name(), random_token(FdServer::kSecretBytes), 7, milliseconds(2000));
+    FAIL() << "served with a wrong secret";
+  } catch (const logic_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("refused"), std::string::npos) << what;
+    EXPECT_NE(what.find("@" + server.name()), std::string::npos) << what;
+    EXPECT_NE(what.find("id 7"), std::string::npos) << what;
+  }
+  // A secret of the wrong length never leaves the client.
+  EXPECT_THROW(fetch_fd(server.name(), "abc", 7, milliseconds(2000)), logic_error);
+}
+
+TEST(FdChannel, APidOutsideTheAllowedSetIsRefused) {
+  FdServer server(export_text("payload"));
+  server.allow_pids({::getpid()});  // not the child's
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(fetch_outcome(server.name(), server.secret()));
+  ASSERT_GT(child, 0);
+  EXPECT_EQ(wait_child(child), 0) << "a forked child outside the allowed pids was not refused";
+}
+
+TEST(FdChannel, AnotherUidIsRefusedEvenWithAnAllowedPidAndTheSecret) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a child as uid 65534 (the tests run as root in CI)";
+  FdServer server(export_text("payload"));
+  EXPECT_EQ(allowed_child_outcome(server, /*drop_uid=*/false), 10) << "the same-uid control child was not served";
+  EXPECT_EQ(allowed_child_outcome(server, /*drop_uid=*/true), 0) << "uid 65534 was not refused";
+}
+
+TEST(FdChannel, ASilentClientDoesNotDelayOthers) {
+  FdServer server(export_text("payload"), FdServerOptions{std::chrono::seconds(30)});
+  server.allow_pids({::getpid()});
+  const int silent = raw_connect(server.name());
+  ASSERT_GE(silent, 0);
+  std::this_thread::sleep_for(milliseconds(50));  // accepted by now
+  const auto start = Clock::now();
+  EXPECT_EQ(read_back(fetch_fd(server.name(), server.secret(), 7, milliseconds(5000))), "payload");
+  EXPECT_LT(ms_since(start), 2000);
+  ::close(silent);
+}
+
+TEST(FdChannel, TheDestructorReturnsPromptlyWithASilentClient) {
+  auto server = std::make_unique<FdServer>(export_text("payload"), FdServerOptions{std::chrono::seconds(30)});
+  server->allow_pids({::getpid()});
+  const int silent = raw_connect(server->name());
+  ASSERT_GE(silent, 0);
+  ASSERT_EQ(::send(silent, "SYMM", 4, MSG_NOSIGNAL), 4);  // half a request, then silence
+  std::this_thread::sleep_for(milliseconds(50));
+  const auto start = Clock::now();
+  server.reset();
+  EXPECT_LT(ms_since(start), 1000);
+  ::close(silent);
+}
+
+TEST(FdChannel, ManySilentClientsNeitherHangTheServerNorItsDestructor) {
+  auto server = std::make_unique<FdServer>(export_text("payload"), FdServerOptions{milliseconds(200)});
+  server->allow_pids({::getpid()});
+  std::vector<int> silent;
+  for (int i = 0; i < 200; ++i)  // more than the backlog and the server's open connections
+    if (int fd = raw_connect(server->name(), /*nonblocking=*/true); fd >= 0) silent.push_back(fd);
+  ASSERT_GE(silent.size(), 64u);
+  auto start = Clock::now();
+  EXPECT_EQ(read_back(fetch_fd(server->name(), server->secret(), 7, milliseconds(10000))), "payload");
+  EXPECT_LT(ms_since(start), 8000);
+  for (int i = 0; i < 150; ++i)
+    if (int fd = raw_connect(server->name(), /*nonblocking=*/true); fd >= 0) silent.push_back(fd);
+  start = Clock::now();
+  server.reset();
+  EXPECT_LT(ms_since(start), 1000);
+  for (int fd : silent) ::close(fd);
+}
+
+TEST(FdChannel, MalformedRequestsAreRefusedWithinTheDeadline) {
+  FdServer server(export_text("payload"), FdServerOptions{milliseconds(300)});
+  server.allow_pids({::getpid()});
+  const milliseconds wait(2000);
+  // The hand-made request is right, so the refusals below are about the flaw.
+  EXPECT_EQ(raw_exchange(server.name(), request(server.secret(), 7), false, wait), kOk);
+
+  auto start = Clock::now();
+  EXPECT_EQ(raw_exchange(server.name(), request(server.secret(), 7).substr(0, 10), false, wait), kRefused)
+      << "short, then silent";
+  EXPECT_LT(ms_since(start), 1500);
+  start = Clock::now();
+  EXPECT_EQ(raw_exchange(server.name(), request(server.secret(), 7).substr(0, 50), true, wait), kRefused)
+      << "short, then closed";
+  EXPECT_LT(ms_since(start), 1500);
+  std::string wrong_magic = request(server.secret(), 7);
+  wrong_magic[0] = 'X';
+  EXPECT_EQ(raw_exchange(server.name(), wrong_magic, false, wait), kRefused) << "wrong magic";
+  EXPECT_EQ(raw_exchange(server.name(), request(server.secret(), 7, /*version=*/2), false, wait), kRefused)
+      << "wrong version";
+  EXPECT_EQ(raw_exchange(server.name(), std::string(request("", 0).size() + FdServer::kSecretHexChars, '\xff'),
+                         false, wait),
+            kRefused)
+      << "garbage";
+  EXPECT_EQ(raw_exchange(server.name(), request(std::string(FdServer::kSecretHexChars, 'z'), 7), false, wait),
+            kRefused)
+      << "non-hex secret";
+  EXPECT_EQ(raw_exchange(server.name(), std::string(4096, 'A'), false, wait), kRefused) << "too long";
+  EXPECT_EQ(raw_exchange(server.name(), "", true, wait), kRefused) << "empty";
+  EXPECT_LT(ms_since(start), 8000);
+  // And the server still serves.
+  EXPECT_EQ(read_back(fetch_fd(server.name(), server.secret(), 7, milliseconds(2000))), "payload");
+}
+
+TEST(FdChannel, FetchingFromNobodyTimesOutNamingTheSocketAndId) {
+  const std::string name = "symmpool-" + random_token(16);
+  const auto start = Clock::now();
+  try {
+    fetch_fd(name, random_token(FdServer::kSecretBytes), 42, milliseconds(200));
+    FAIL() << "fetched from nobody";
+  } catch (const timeout_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("@" + name), std::string::npos) << what;
+    EXPECT_NE(what.find("id 42"), std::string::npos) << what;
+  }
+  EXPECT_LT(ms_since(start), 1500);
+}
+
+// A socket that listens but never accepts: connect and send succeed, no
+// reply ever comes. A 0 ms timeout must not mean "wait forever".
+TEST(FdChannel, AZeroTimeoutDoesNotWaitForever) {
+  const std::string name = "symmpool-" + random_token(16);
+  const int mute = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  socklen_t len = 0;
+  sockaddr_un addr = address_of(name, &len);
+  ASSERT_EQ(::bind(mute, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  ASSERT_EQ(::listen(mute, 8), 0);
+  const std::string secret = random_token(FdServer::kSecretBytes);
+  auto start = Clock::now();
+  EXPECT_THROW(fetch_fd(name, secret, 1, milliseconds(0)), timeout_error);
+  EXPECT_LT(ms_since(start), 1000);
+  start = Clock::now();
+  EXPECT_THROW(fetch_fd(name, secret, 1, milliseconds(100)), timeout_error);
+  EXPECT_LT(ms_since(start), 1500);
+  ::close(mute);
+
+  // A server whose io timeout is 0 drops a silent client at once, too.
+  FdServer server(export_text("payload"), FdServerOptions{milliseconds(0)});
+  server.allow_pids({::getpid()});
+  start = Clock::now();
+  EXPECT_EQ(raw_exchange(server.name(), "", false, milliseconds(2000)), kRefused);
+  EXPECT_LT(ms_since(start), 1500);
+}
+
+}  // namespace symmpool::test
