@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -361,6 +362,114 @@ TEST(FdChannel, AZeroTimeoutDoesNotWaitForever) {
   start = Clock::now();
   EXPECT_EQ(raw_exchange(server.name(), "", false, milliseconds(2000)), kRefused);
   EXPECT_LT(ms_since(start), 1500);
+}
+
+// --- The channel inside the symmetric heap (fake driver, real processes).
+
+namespace {
+
+std::string heap_store_dir() {
+  char tmpl[] = "/tmp/symmpool-fdchan-XXXXXX";
+  const char* d = ::mkdtemp(tmpl);
+  return d ? d : "/tmp";
+}
+
+std::unique_ptr<CachingAllocator> heap_allocator(int device) {
+  FakeDriver::instance().reset(3);
+  AllocatorOptions options;
+  options.arena.env = Environment{};
+  return std::make_unique<CachingAllocator>(FakeDriver::instance().api(), device, options);
+}
+
+std::vector<std::string> words_of(const std::string& text) {
+  std::vector<std::string> words;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find_first_of(" \n", start);
+    if (end == std::string::npos) end = text.size();
+    if (end > start) words.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return words;
+}
+
+}  // namespace
+
+// Rank 1 never runs: its hello (written by hand) has a bad field. Rank 0
+// names rank 1 and the field, and does not print the hello (it holds a secret).
+TEST(SymmetricHeapChannel, AMalformedHelloIsRefusedNamingTheRankAndField) {
+  const std::string secret = random_token(FdServer::kSecretBytes);
+  const std::string good_socket = "symmpool-" + random_token(16);
+  struct Case {
+    std::string hello, expected;
+  } cases[] = {
+      {"n 1 pci " + good_socket + " " + secret + " -5", "the pid is not a positive integer"},
+      {"n 1 pci " + good_socket + " " + secret + " 12x", "the pid is not a positive integer"},
+      {"n 1 pci " + good_socket + " " + secret.substr(2) + " 123", "the secret is not 64 hex characters"},
+      {"n 1 pci " + good_socket + " " + std::string(64, 'G') + " 123", "the secret is not 64 hex characters"},
+      {"n 1 pci symmpool-../x " + secret + " 123", "the socket name is not symmpool-<hex>"},
+      {"n 1 pci symmpool-" + std::string(200, 'a') + " " + secret + " 123", "the socket name is not symmpool-<hex>"},
+      {"n 1 pci " + good_socket, "4 fields, not 6"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    const std::string group = "badhello" + std::to_string(i++);
+    FileStore store(heap_store_dir());
+    store.set("symmpool/" + group + "/round/0/1", "hello\n" + c.hello);
+    auto alloc = heap_allocator(0);
+    try {
+      SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, group, 0, 2,
+                         HeapOptions{std::chrono::seconds(5)});
+      ADD_FAILURE() << "heap formed with hello '" << c.hello << "'";
+    } catch (const logic_error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank 1 sent a malformed hello: " + c.expected), std::string::npos) << what;
+      EXPECT_EQ(what.find(secret), std::string::npos) << "the secret leaked into: " << what;
+    }
+  }
+}
+
+// export_fd hands out only what sync() published: rank 0 maps a second
+// segment after its sync, and rank 1, holding rank 0's socket and secret,
+// can fetch exactly the published one.
+TEST(SymmetricHeapChannel, OnlyPublishedSegmentsAreServed) {
+  const std::string dir = heap_store_dir();
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = heap_allocator(rank);
+    FileStore store(dir);
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "pub", rank, w,
+                       HeapOptions{std::chrono::seconds(20)});
+    if (rank == 0) {
+      void* a = alloc->allocate(4096, stream(1));
+      heap.sync();
+      void* unpublished = alloc->allocate(30 * MiB, stream(1));  // a segment of its own
+      store.set("test/ready", "");
+      store.get("test/done", std::chrono::seconds(20));
+      alloc->deallocate(unpublished, stream(1));
+      alloc->deallocate(a, stream(1));
+      return 0;
+    }
+    // Rank 0 erases its hello only after this rank's second sync-round key.
+    const auto hello = words_of(store.get("symmpool/pub/round/0/0", std::chrono::seconds(5)));
+    if (hello.size() != 7) return 2;  // "hello" + 6 fields
+    heap.sync();
+    store.get("test/ready", std::chrono::seconds(20));
+    std::size_t served = 0;
+    for (std::uint64_t id = 0; id < 64; ++id) {
+      try {
+        ::close(fetch_fd(hello[4], hello[5], id, milliseconds(2000)));
+        ++served;
+      } catch (const logic_error&) {  // no such descriptor
+      }
+    }
+    store.set("test/done", "");
+    if (served != heap.mapped_peer_segments() || served != 1) {
+      std::fprintf(stderr, "[rank 1] %zu segments served, %zu published\n", served, heap.mapped_peer_segments());
+      return 1;
+    }
+    return 0;
+  });
+  EXPECT_EQ(result, "");
 }
 
 }  // namespace symmpool::test
