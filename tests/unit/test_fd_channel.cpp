@@ -16,12 +16,15 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <ctime>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -362,6 +365,46 @@ TEST(FdChannel, AZeroTimeoutDoesNotWaitForever) {
   start = Clock::now();
   EXPECT_EQ(raw_exchange(server.name(), "", false, milliseconds(2000)), kRefused);
   EXPECT_LT(ms_since(start), 1500);
+}
+
+// With no descriptor left, accept4 fails with EMFILE and the connection
+// stays in the backlog, so poll reports it again at once: the server must
+// back off instead of spinning, and serve the client once descriptors free up.
+// In a child, whose descriptor limit is lowered and then used up.
+TEST(FdChannel, RunningOutOfDescriptorsDoesNotSpinTheServer) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    FdServer server(export_text("payload"), FdServerOptions{std::chrono::seconds(10)});
+    server.allow_pids({::getpid()});
+    int highest = 0;
+    for (int fd = 0; fd < 4096; ++fd)
+      if (::fcntl(fd, F_GETFD) >= 0) highest = fd;
+    rlimit limit{static_cast<rlim_t>(highest + 32), static_cast<rlim_t>(highest + 32)};
+    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(40);
+    std::vector<int> filler;
+    for (int fd; (fd = ::open("/dev/null", O_RDONLY)) >= 0;) filler.push_back(fd);
+    if (errno != EMFILE || filler.size() < 16) ::_exit(40);
+    ::close(filler.back());  // room for the client's socket only
+    filler.pop_back();
+    const int conn = raw_connect(server.name());
+    if (conn < 0) ::_exit(41);
+    timespec before{}, after{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &before);
+    std::this_thread::sleep_for(milliseconds(300));
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &after);
+    const double cpu_ms = (after.tv_sec - before.tv_sec) * 1e3 + (after.tv_nsec - before.tv_nsec) / 1e6;
+    for (int i = 0; i < 8; ++i) {  // the server's accepted socket, the exported memfd, ours
+      ::close(filler.back());
+      filler.pop_back();
+    }
+    const std::string req = request(server.secret(), 7);
+    if (::send(conn, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) ::_exit(42);
+    const int status = read_status(conn, milliseconds(3000));
+    if (cpu_ms > 150) ::_exit(43);  // 300 ms of spinning would show as ~300 ms
+    ::_exit(status == kOk ? 0 : 44);
+  }
+  ASSERT_GT(child, 0);
+  EXPECT_EQ(wait_child(child), 0) << "40-42: setup failed, 43: the server spun on EMFILE, 44: not served after";
 }
 
 // --- The channel inside the symmetric heap (fake driver, real processes).
