@@ -1,6 +1,7 @@
 #include <symmpool/detail/format.hpp>
 #include <symmpool/error.hpp>
 #include <symmpool/node_identity.hpp>
+#include <symmpool/random_token.hpp>
 #include <symmpool/symmetric_heap.hpp>
 
 #include <unistd.h>
@@ -83,6 +84,28 @@ std::vector<std::string> split_words(const std::string& text) {
   return words;
 }
 
+bool is_decimal(const std::string& text, std::size_t max_digits) {
+  return !text.empty() && text.size() <= max_digits &&
+         std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// "" when a split hello's fields are well formed, else what is wrong. The
+// socket, secret and pid are checked before use: they reach connect() and
+// allow_pids().
+std::string check_hello(const std::vector<std::string>& hello) {
+  if (hello.size() != 6) return std::to_string(hello.size()) + " fields, not 6";
+  if (!is_decimal(hello[1], 20)) return "the address space size is not a number";
+  const std::string& socket = hello[3];
+  const std::string prefix = "symmpool-";
+  if (socket.size() > FdServer::kMaxNameChars || socket.rfind(prefix, 0) != 0 ||
+      !is_hex_token(socket.substr(prefix.size()), FdServer::kMaxNameChars))
+    return "the socket name is not symmpool-<hex>";
+  if (hello[4].size() != FdServer::kSecretHexChars || !is_hex_token(hello[4], FdServer::kSecretHexChars))
+    return "the secret is not " + std::to_string(FdServer::kSecretHexChars) + " hex characters";
+  if (!is_decimal(hello[5], 9) || std::stol(hello[5]) <= 0) return "the pid is not a positive integer";
+  return "";
+}
+
 }  // namespace
 
 SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, Store& store,
@@ -91,26 +114,32 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
       world_(world), options_(options) {
   SYMMPOOL_EXPECTS(world >= 1 && rank >= 0 && rank < world,
                    "rank " + std::to_string(rank) + " is not in a group of " + std::to_string(world));
-  // Unique per heap in this process: several groups may each have one.
-  static std::atomic<int> heaps_made{0};
-  const std::string socket = "symmpool-" + group_ + "-" + std::to_string(rank_) + "-" +
-                             std::to_string(::getpid()) + "-" + std::to_string(heaps_made++);
-  server_ = std::make_unique<FdServer>(socket, [this](std::uint64_t id) { return export_fd(id); });
+  // The server's name and secret are random; it serves nobody until
+  // allow_pids() below names the peers.
+  server_ = std::make_unique<FdServer>([this](std::uint64_t id) { return export_fd(id); });
 
   // Plain strings, no iostreams: an iostream here crashed inside a torch
   // process (seen on H200, torch 2.11).
-  // "<node> <va bytes> <pci address> <socket>"; none has spaces.
+  // "<node> <va bytes> <pci address> <socket> <secret> <pid>"; none has spaces.
   const std::string gpu = pci_address(drv_, allocator_.device());
   auto all = exchange("hello", node_identity() + " " + std::to_string(allocator_.va_reserved_bytes()) +
-                                   " " + gpu + " " + socket);
+                                   " " + gpu + " " + server_->name() + " " + server_->secret() +
+                                   " " + std::to_string(::getpid()));
   std::vector<std::vector<std::string>> hellos;
+  std::vector<pid_t> peer_pids;
+  peer_socket_.resize(static_cast<std::size_t>(world_));
+  peer_secret_.resize(static_cast<std::size_t>(world_));
   for (int r = 0; r < world_; ++r) {
     hellos.push_back(split_words(all[static_cast<std::size_t>(r)]));
-    SYMMPOOL_EXPECTS(hellos.back().size() == 4,
-                     "symmetric heap '" + group_ + "': rank " + std::to_string(r) +
-                         " sent a malformed hello '" + all[static_cast<std::size_t>(r)] +
-                         "' (another symmpool version?)");
+    // The hello carries a secret: name the bad field, never print the text.
+    const std::string bad = check_hello(hellos.back());
+    SYMMPOOL_EXPECTS(bad.empty(), "symmetric heap '" + group_ + "': rank " + std::to_string(r) +
+                                      " sent a malformed hello: " + bad + " (another symmpool version?)");
+    peer_socket_[static_cast<std::size_t>(r)] = hellos.back()[3];
+    peer_secret_[static_cast<std::size_t>(r)] = hellos.back()[4];
+    if (r != rank_) peer_pids.push_back(static_cast<pid_t>(std::stol(hellos.back()[5])));
   }
+  server_->allow_pids(std::move(peer_pids));
   // Nodes first: PCI addresses repeat across nodes.
   for (int r = 1; r < world_; ++r)
     if (hellos[static_cast<std::size_t>(r)][0] != hellos[0][0])
@@ -118,13 +147,11 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
                              " is on node " + hellos[static_cast<std::size_t>(r)][0] +
                              " and rank 0 on node " + hellos[0][0] +
                              "; a symmetric heap needs every rank on one node");
-  peer_socket_.resize(static_cast<std::size_t>(world_));
   std::map<std::string, int> rank_of_gpu;
   for (int r = 0; r < world_; ++r) {
     const std::vector<std::string>& hello = hellos[static_cast<std::size_t>(r)];
     const std::size_t va = std::strtoull(hello[1].c_str(), nullptr, 10);
     const std::string& peer_gpu = hello[2];
-    peer_socket_[static_cast<std::size_t>(r)] = hello[3];
     // Like NCCL, one GPU per rank: two ranks on one GPU would import their
     // own memory through each other and NCCL's fallback path refuses them.
     const auto [it, first_on_gpu] = rank_of_gpu.emplace(peer_gpu, r);
@@ -191,8 +218,9 @@ int SymmetricHeap::export_fd(std::uint64_t id) {
   CUmemGenericAllocationHandle handle = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Only what sync() told the group about: nothing unpublished leaks out.
     auto it = local_.find(id);
-    if (it == local_.end()) return -1;
+    if (it == local_.end() || !published_.count(id)) return -1;
     handle = it->second.handle;
   }
   int fd = -1;
@@ -202,8 +230,15 @@ int SymmetricHeap::export_fd(std::uint64_t id) {
   return fd;
 }
 
+// Called by sync(), holding mutex_, with the list it publishes: local_.
+void SymmetricHeap::mark_published() {
+  published_.clear();
+  for (const auto& entry : local_) published_.insert(entry.first);
+}
+
 void SymmetricHeap::map_peer(int peer, const Piece& piece) {
-  int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)], piece.id, options_.timeout);
+  int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)], peer_secret_[static_cast<std::size_t>(peer)],
+                    piece.id, options_.timeout);
   Piece mapped = piece;
   CUresult r = drv_.cuMemImportFromShareableHandle(
       &mapped.handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
@@ -302,14 +337,14 @@ void SymmetricHeap::sync() {
   collective("sync", [&] {
     std::string mine;
     std::uint64_t generation = 0;
-    std::set<std::uint64_t> publishing;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& [id, p] : local_) {
+      for (auto& [id, p] : local_)
         mine += std::to_string(p.id) + " " + std::to_string(p.offset) + " " + std::to_string(p.size) + "\n";
-        publishing.insert(id);
-      }
       generation = local_generation_;
+      // Served to peers from now on, and kept mapped while the heap lives
+      // (keeps_mapped): a peer may map any of them from this point.
+      mark_published();
     }
     auto all = exchange("segments", mine);
     ContextGuard guard(drv_, allocator_.context());
@@ -343,7 +378,6 @@ void SymmetricHeap::sync() {
     // Every rank has mapped what every other published: now it counts.
     std::lock_guard<std::mutex> lock(mutex_);
     synced_generation_ = generation;
-    published_ = std::move(publishing);
   });
 }
 

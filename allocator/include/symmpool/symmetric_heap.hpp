@@ -113,6 +113,7 @@ class SymmetricHeap final : public SegmentObserver {
   void map_peer(int peer, const Piece& piece);
   void unmap_peer(int peer, const Piece& piece) noexcept;
   int export_fd(std::uint64_t id);
+  void mark_published();  // sync(), under mutex_: local_ is what the group now knows
 
   const DriverApi& drv_;
   CachingAllocator& allocator_;
@@ -125,13 +126,14 @@ class SymmetricHeap final : public SegmentObserver {
 
   mutable std::mutex mutex_;          // local_ (allocator and server threads)
   std::map<std::uint64_t, Piece> local_;  // by segment id
+  std::set<std::uint64_t> published_;     // ids of local_ at the last sync(): all export_fd serves
   std::uint64_t local_generation_ = 0;     // bumped on every local map/unmap
   std::uint64_t synced_generation_ = 0;    // local_generation_ at the last sync()
-  std::set<std::uint64_t> published_;      // ids peers mapped at the last sync()
   std::string failure_;                    // first failure of a collective call (sticky)
   std::vector<CUdeviceptr> peer_base_;
   std::vector<std::map<std::size_t, Piece>> peer_pieces_;  // by offset
   std::vector<std::string> peer_socket_;
+  std::vector<std::string> peer_secret_;  // each peer's FdServer secret
   std::unique_ptr<FdServer> server_;
   bool observing_ = false;
 };
