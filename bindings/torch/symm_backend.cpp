@@ -1,9 +1,10 @@
 #include "symm_backend.hpp"
 
 #include "c10d_store.hpp"
-#include "enqueued_work.hpp"
+#include "symm_work.hpp"
 #include "torch_errors.hpp"
 
+#include <symmpool/detail/failure_record.hpp>
 #include <symmpool/device_allocators.hpp>
 
 #include <c10/cuda/CUDAFunctions.h>
@@ -13,6 +14,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <limits>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -38,6 +41,20 @@ std::optional<DataType> symmpool_type(at::ScalarType t) {
   }
 }
 
+// TORCH_NCCL_ASYNC_ERROR_HANDLING, read as ProcessGroupNCCL reads it
+// (default 3, SkipCleanUp): 1 and 3 tear the process down on a failed
+// collective, 0 and 2 leave it to the next wait() or collective to raise.
+bool failure_aborts_process() {
+  const char* value = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  const int mode = value && *value ? std::atoi(value) : 3;
+  return mode == 1 || mode == 3;
+}
+
+bool blocking_wait() {
+  const char* value = std::getenv("TORCH_NCCL_BLOCKING_WAIT");
+  return value && (std::string(value) == "1" || std::string(value) == "true");
+}
+
 }  // namespace
 
 SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -47,6 +64,7 @@ SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   const Environment env = Environment::from_process();
   collectives_enabled_ = env.collectives_enabled;
   collectives_always_ = env.collectives_always;
+  blocking_wait_ = blocking_wait();
   std::lock_guard<std::mutex> lock(live_backends_mutex);
   live_backends.insert(this);
 }
@@ -101,7 +119,10 @@ at::Tensor SymmBackend::allocateTensor(long size, at::TensorOptions options) {
       options.device().has_index() ? options.device().index() : c10::cuda::current_device();
   TORCH_CHECK(supportsTensorAlloc(device), "symm allocate_tensor: no CUDA device ", int(device));
   options = options.device(at::Device(at::kCUDA, device));
-  const std::size_t bytes = static_cast<std::size_t>(size) * options.dtype().itemsize();
+  const std::size_t itemsize = options.dtype().itemsize();
+  TORCH_CHECK(static_cast<std::size_t>(size) <= std::numeric_limits<std::size_t>::max() / itemsize,
+              "symm allocate_tensor: ", size, " elements of ", itemsize, " bytes overflow a size");
+  const std::size_t bytes = static_cast<std::size_t>(size) * itemsize;
   if (bytes == 0) return at::empty({size}, options);
 
   c10::cuda::CUDAGuard guard(device);
@@ -176,6 +197,7 @@ void SymmBackend::eagerConnectSingleDevice(at::Device device) {
 // after (its first collective created it).
 template <typename F>
 c10::intrusive_ptr<c10d::Work> SymmBackend::registering(const at::Device& device, F run) {
+  raise_if_failed();  // sticky: NCCL-bound calls of a failed group raise too
   register_if_ready(device);
   auto work = run();
   register_if_ready(device);
@@ -232,8 +254,14 @@ void SymmBackend::shutdown() {
 }
 
 void SymmBackend::abort() {
-  detach_all();  // the heap stays: a peer may be dead, and its teardown waits on none
+  // Barriers give up at once (a peer may be dead), then every peer mapping goes.
+  if (comm_) comm_->abort("the process group was aborted");
+  release_symmetric_state();
   ProcessGroupNCCL::abort();
+}
+
+void SymmBackend::raise_if_failed() const {
+  if (failure_ && failure_->failed()) TORCH_CHECK(false, failure_->message());
 }
 
 Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
@@ -263,9 +291,29 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
     spans_nodes_ = true;
     return nullptr;
   }
-  comm_ = std::make_unique<Communicator>(*heap_, device_allocator(device), timeout);
+  // As ProcessGroupNCCL's watchdog: say what failed, then tear the process
+  // down where TORCH_NCCL_ASYNC_ERROR_HANDLING asks, before any stream gets
+  // past the failed collective.
+  const bool abort_process = failure_aborts_process();
+  auto on_failure = [abort_process, rank = getRank()](const std::string& message) {
+    std::fprintf(stderr, "[rank %d] %s\n", rank, message.c_str());
+    if (abort_process) {
+      std::fprintf(stderr, "[rank %d] symm: aborting the process (TORCH_NCCL_ASYNC_ERROR_HANDLING; set it to 0 "
+                   "to raise from wait() and the next collective instead)\n", rank);
+      std::fflush(stderr);
+      std::abort();
+    }
+  };
+  comm_ = std::make_unique<Communicator>(*heap_, device_allocator(device), timeout, on_failure);
+  failure_ = comm_->failure();
   heap_device_ = device;
   return comm_.get();
+}
+
+c10::intrusive_ptr<c10d::Work> SymmBackend::enqueued_work(const at::Tensor& output, c10d::OpType type) {
+  return c10::make_intrusive<SymmWork>(std::vector<at::Tensor>{output}, type, comm_->issued(),
+                                       c10::cuda::getCurrentCUDAStream(output.device().index()), failure_,
+                                       blocking_wait_);
 }
 
 bool SymmBackend::run_on_symmpool(const at::Device& device,
@@ -279,17 +327,19 @@ bool SymmBackend::run_on_symmpool(const at::Device& device,
   }
   try {
     enqueue(*comm, stream);
-  } catch (const symmpool::logic_error&) {
+  } catch (const symmpool::not_symmetric_error&) {
     ++nccl_fallbacks;  // not symmetric on every rank: every rank saw the same check
     return false;
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, e.what());
+    TORCH_CHECK(false, e.what());  // a real failure: never hidden behind NCCL
   }
   ++routed_collectives;
   return true;
 }
 
 c10::intrusive_ptr<c10d::Work> SymmBackend::try_all_gather(at::Tensor& output, at::Tensor& input) {
+  TORCH_CHECK(output.device() == input.device(), "symm all_gather: output on ", output.device(),
+              ", input on ", input.device());
   if (!collectives_enabled_ || !input.is_cuda() || getSize() > Communicator::kMaxRanks ||
       !input.is_contiguous() || !output.is_contiguous() ||
       input.scalar_type() != output.scalar_type() ||
@@ -302,13 +352,15 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::try_all_gather(at::Tensor& output, a
         comm.all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), stream);
       }))
     return nullptr;
-  return c10::make_intrusive<EnqueuedWork>(std::vector<at::Tensor>{output}, c10d::OpType::_ALLGATHER_BASE);
+  return enqueued_work(output, c10d::OpType::_ALLGATHER_BASE);
 }
 
 c10::intrusive_ptr<c10d::Work> SymmBackend::try_reduce(at::Tensor& output, at::Tensor& input,
                                                        c10d::ReduceOp op, bool scatter) {
   const auto type = symmpool_type(input.scalar_type());
   const bool supported_op = op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG;
+  TORCH_CHECK(output.device() == input.device(), scatter ? "symm reduce_scatter" : "symm all_reduce",
+              ": output on ", output.device(), ", input on ", input.device());
   const int64_t expected = scatter ? output.numel() * getSize() : output.numel();
   if (!collectives_enabled_ || !type || !supported_op || !input.is_cuda() ||
       getSize() > Communicator::kMaxRanks || !input.is_contiguous() || !output.is_contiguous() ||
@@ -325,9 +377,7 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::try_reduce(at::Tensor& output, at::T
           comm.all_reduce(input.data_ptr(), output.data_ptr(), output.numel(), *type, rop, stream);
       }))
     return nullptr;
-  return c10::make_intrusive<EnqueuedWork>(
-      std::vector<at::Tensor>{output},
-      scatter ? c10d::OpType::_REDUCE_SCATTER_BASE : c10d::OpType::ALLREDUCE);
+  return enqueued_work(output, scatter ? c10d::OpType::_REDUCE_SCATTER_BASE : c10d::OpType::ALLREDUCE);
 }
 
 CollectiveCounts collective_counts() { return {routed_collectives.load(), nccl_fallbacks.load()}; }

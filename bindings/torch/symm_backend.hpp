@@ -1,10 +1,14 @@
 #pragma once
 // c10d backend "symm": a ProcessGroupNCCL whose allocate_tensor hands out
-// symmpool memory registered with the group's NCCL communicator. Every
-// collective still runs on NCCL; it sees registered buffers.
+// symmpool memory registered with the group's NCCL communicator, and whose
+// all-gather, reduce-scatter and all-reduce run on symmpool's collectives
+// where the algorithm table prefers them (NCCL otherwise, and for buffers
+// that are not symmetric on every rank). A failed symmpool collective fails
+// the group for good: every later collective raises its error.
 
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
+#include <symmpool/detail/failure_record.hpp>
 #include <symmpool/nccl_registration.hpp>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -60,6 +64,8 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   c10::intrusive_ptr<c10d::Work> registering(const at::Device& device, F run);
   void detach_all() noexcept;
   void release_symmetric_state() noexcept;  // communicator, heap, registrations
+  void raise_if_failed() const;             // the group's sticky failure, if any
+  c10::intrusive_ptr<c10d::Work> enqueued_work(const at::Tensor& output, c10d::OpType type);
 
   // symmpool's own collectives (unless SYMMPOOL_COLLECTIVES=0). Each returns null
   // when the call must go to NCCL: unsupported shape, dtype or op (decided
@@ -86,6 +92,8 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   std::unique_ptr<Communicator> comm_;
   c10::DeviceIndex heap_device_ = -1;
   bool spans_nodes_ = false;  // found when the heap formed: every call goes to NCCL
+  bool blocking_wait_ = false;  // TORCH_NCCL_BLOCKING_WAIT: wait() blocks the host
+  std::shared_ptr<const detail::FailureRecord> failure_;  // the communicator's, kept after it goes
 };
 
 // Collectives the symm backends of this process ran themselves, and calls

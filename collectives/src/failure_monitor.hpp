@@ -11,6 +11,8 @@
 //   asks) before it lets the stalled kernel go on. So no stream gets past a
 //   failed collective before the failure is on record.
 
+#include <symmpool/detail/failure_record.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -31,20 +33,6 @@ namespace symmpool::detail {
 struct ErrorWords {
   int missing;       // 0, or 1 + the rank a barrier waited for in vain (-1: failed on the host)
   int acknowledged;  // set by the host once the failure is on record: stalled kernels may end
-};
-
-// The failure of one communicator: empty until it fails, then fixed. Works
-// keep it, so they can report it after the communicator is gone.
-class FailureRecord {
- public:
-  std::string message() const;
-  bool failed() const;
-  // First call wins; returns whether this one did.
-  bool set(const std::string& message);
-
- private:
-  mutable std::mutex mutex_;
-  std::string message_;
 };
 
 class FailureMonitor {

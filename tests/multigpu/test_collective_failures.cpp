@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace symmpool::test {
@@ -26,8 +27,11 @@ namespace symmpool::test {
 // (cuStreamWaitValue32 waits forever) through the communicator's watchdog.
 // So does a fused kernel, which meets its peers at its start and its end:
 // once its start gave up, its end does not wait a second timeout. Work
-// queued behind the failed one drains without its own timeout.
-TEST(Collectives, APeerThatStopsComingTimesOutWithAnError) {
+// queued behind the failed one drains without its own timeout. The failure
+// is sticky: it names the first collective that never finished and the
+// rank that never came, the handler hears it once, and every later call
+// raises it at once. Each case has its own group (a failed one stays failed).
+TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
   SYMMPOOL_GPUS_OR_SKIP(gpus, 2);
   shared_store_dir();
   constexpr int kTimeout = 10;
@@ -38,44 +42,64 @@ TEST(Collectives, APeerThatStopsComingTimesOutWithAnError) {
     RANK_CUDA(cudaSetDevice(device));
     FileStore store(shared_store_dir());
     CachingAllocator& alloc = device_allocator(device);
-    SymmetricHeap heap(real_driver(), alloc, store, "dies", rank, world);
-    Communicator comm(heap, alloc);
     cudaStream_t s;
     RANK_CUDA(cudaStreamCreate(&s));
-    // While both ranks are here: a symmetric buffer that a fused all-gather
-    // has already used, so what follows needs no heap exchange.
+    struct Group {
+      std::unique_ptr<SymmetricHeap> heap;
+      std::unique_ptr<Communicator> comm;
+      int handled = 0;
+      std::string heard;
+    };
+    Group groups[3];
     constexpr std::size_t kBytes = 4096;
     auto* gathered = static_cast<char*>(alloc.allocate(kBytes * world, reinterpret_cast<CUstream>(s)));
-    auto fused_all_gather = [&] {
-      comm.all_gather(gathered + rank * kBytes, gathered, kBytes, s, Algorithm::kKernel);
-    };
-    fused_all_gather();
+    for (int g = 0; g < 3; ++g) {
+      Group& group = groups[g];
+      group.heap = std::make_unique<SymmetricHeap>(real_driver(), alloc, store, "dies" + std::to_string(g), rank, world);
+      group.comm = std::make_unique<Communicator>(*group.heap, alloc, Communicator::kDefaultBarrierTimeout,
+                                                  [&group](const std::string& m) { ++group.handled; group.heard = m; });
+      // While both ranks are here: a symmetric buffer that a fused
+      // all-gather has already used, so what follows needs no heap exchange.
+      group.comm->all_gather(gathered + rank * kBytes, gathered, kBytes, s, Algorithm::kKernel);
+    }
     RANK_CUDA(cudaStreamSynchronize(s));
-    comm.check_errors();
     if (rank == 1) return 0;  // leaves after setting up
     struct Case {
       const char* name;
-      std::function<void()> enqueue;
+      const char* op;
+      std::function<void(Communicator&)> enqueue;
     };
     const Case cases[] = {
-        {"kernel barrier", [&] { comm.barrier(s, BarrierKind::kKernel); }},
-        {"stream-op barrier", [&] { comm.barrier(s, BarrierKind::kStreamOps); }},
-        {"fused all-gather", fused_all_gather},
+        {"kernel barrier", "barrier #2", [&](Communicator& c) { c.barrier(s, BarrierKind::kKernel); }},
+        {"stream-op barrier", "barrier #2", [&](Communicator& c) { c.barrier(s, BarrierKind::kStreamOps); }},
+        {"fused all-gather", "all_gather #2 (8192 bytes",
+         [&](Communicator& c) { c.all_gather(gathered + rank * kBytes, gathered, kBytes, s, Algorithm::kKernel); }},
     };
-    for (const Case& c : cases) {
+    for (int g = 0; g < 3; ++g) {
+      const Case& c = cases[g];
+      Communicator& comm = *groups[g].comm;
       const auto start = std::chrono::steady_clock::now();
-      for (int queued = 0; queued < 3; ++queued) c.enqueue();
+      for (int queued = 0; queued < 3; ++queued) c.enqueue(comm);
       RANK_CUDA(cudaStreamSynchronize(s));  // the first gives up, the two behind it drain
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::printf("[rank 0] 3 %s without their peer returned after %.1f s\n", c.name, waited);
-      RANK_EXPECT(waited >= kTimeout - 1 && waited < 1.5 * kTimeout, "3 %s returned after %.1f s", c.name, waited);
-      try {
-        comm.check_errors();
-        RANK_EXPECT(false, "a %s without its peer completed", c.name);
-      } catch (const timeout_error& e) {
-        RANK_EXPECT(std::strstr(e.what(), "for rank 1") && std::strstr(e.what(), "10 s"), "%s", e.what());
+      RANK_EXPECT(waited >= kTimeout - 1 && waited < kTimeout + 1, "3 %s returned after %.1f s", c.name, waited);
+      RANK_EXPECT(groups[g].handled == 1, "the handler heard %d failures", groups[g].handled);
+      const std::string& heard = groups[g].heard;
+      RANK_EXPECT(heard.find(c.op) != std::string::npos && heard.find("rank 1 did not arrive within 10 s") != std::string::npos,
+                  "%s", heard.c_str());
+      for (int again = 0; again < 2; ++again) {  // sticky, and raised at once
+        const auto before = std::chrono::steady_clock::now();
+        try {
+          c.enqueue(comm);
+          RANK_EXPECT(false, "a %s on a failed communicator was enqueued", c.name);
+        } catch (const collective_error& e) {
+          RANK_EXPECT(heard == e.what(), "%s", e.what());
+        }
+        RANK_EXPECT(std::chrono::steady_clock::now() - before < std::chrono::milliseconds(100), "slow to raise");
       }
     }
+    for (Group& g : groups) g.comm.reset();  // returns: nothing waits on the dead peer
     return failures;
   });
   ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");

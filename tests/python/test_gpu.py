@@ -1,10 +1,13 @@
 """Needs GPUs: skipped, with the reason, where there are none."""
 
+import time
+
 import pytest
 import torch
 
 import symmpool
 from launch import gpu_count, run_workers
+import dist_failures
 import dist_group_layouts
 import dist_workers
 
@@ -85,3 +88,40 @@ def test_a_group_spanning_nodes_runs_on_nccl():
 @needs_two
 def test_a_late_peer_times_out_with_the_group_timeout():
     run_workers(dist_workers.late_peer_times_out_with_the_group_timeout, gpu_count(), timeout=120)
+
+
+@needs_two
+@pytest.mark.parametrize("blocking_wait", [False, True])
+def test_a_dead_peer_makes_every_survivor_raise(blocking_wait):
+    run_workers(dist_failures.dead_peer_raises_on_every_survivor, gpu_count(), blocking_wait, timeout=120)
+
+
+@needs_two
+def test_a_dead_peer_aborts_survivors_by_default(tmp_path):
+    import signal
+    import torch.multiprocessing as mp
+    from launch import _entry, _free_port
+
+    world = gpu_count()
+    ctx = mp.start_processes(_entry, args=(dist_failures.dead_peer_aborts_by_default, world, _free_port(),
+                                           (str(tmp_path),)),
+                             nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + 120
+    while any(p.is_alive() for p in ctx.processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ended = time.time()
+    for p in ctx.processes:
+        if p.is_alive():
+            p.kill()
+    for rank in range(world - 1):
+        err = (tmp_path / f"rank{rank}.err").read_text()
+        assert ctx.processes[rank].exitcode == -signal.SIGABRT, (ctx.processes[rank].exitcode, err)
+        assert f"rank {world - 1} did not arrive within {dist_failures.TIMEOUT_S} s" in err, err
+        assert "aborting the process" in err, err
+        started = float((tmp_path / f"rank{rank}.start").read_text())
+        assert ended - started <= dist_failures.TIMEOUT_S + 1.5, ended - started
+
+
+@needs_two
+def test_an_asymmetric_user_allocation_keeps_collectives_correct():
+    run_workers(dist_failures.asymmetric_user_allocation_keeps_collectives_correct, gpu_count(), timeout=200)

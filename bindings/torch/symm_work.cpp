@@ -1,0 +1,62 @@
+#include "symm_work.hpp"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include <stdexcept>
+#include <thread>
+
+namespace symmpool::torch_ext {
+
+SymmWork::SymmWork(std::vector<at::Tensor> outputs, c10d::OpType type, std::uint64_t sequence,
+                   c10::cuda::CUDAStream stream, std::shared_ptr<const detail::FailureRecord> failure,
+                   bool blocking_wait)
+    : Work(-1, type), outputs_(std::move(outputs)), sequence_(sequence), device_(stream.device()),
+      failure_(std::move(failure)), blocking_wait_(blocking_wait) {
+  done_.record(stream);
+  // As ProcessGroupNCCL: the future is complete once enqueued; marking it
+  // records an event on the current stream of its device, and whoever waits
+  // on the future waits on that.
+  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                     std::vector<c10::Device>{device_});
+  future_->markCompleted(c10::IValue(outputs_));
+}
+
+void SymmWork::raise_if_failed() const {
+  if (failure_ && failure_->failed()) TORCH_CHECK(false, failure_->message());
+}
+
+bool SymmWork::isCompleted() { return (failure_ && failure_->failed()) || done_.query(); }
+
+bool SymmWork::isSuccess() const { return !(failure_ && failure_->failed()); }
+
+std::exception_ptr SymmWork::exception() const {
+  if (!failure_ || !failure_->failed()) return nullptr;
+  return std::make_exception_ptr(std::runtime_error(failure_->message()));
+}
+
+void SymmWork::blockCurrentStream() {
+  c10::cuda::CUDAGuard guard(device_);
+  done_.block(c10::cuda::getCurrentCUDAStream(device_.index()));
+}
+
+bool SymmWork::wait(std::chrono::milliseconds timeout) {
+  raise_if_failed();
+  if (blocking_wait_) {
+    // The host waits for the collective's end or its failure, as NCCL's
+    // blocking wait does; the communicator's own timeout bounds it too.
+    const auto start = std::chrono::steady_clock::now();
+    while (!done_.query() && !(failure_ && failure_->failed())) {
+      if (timeout != ::kNoTimeout && std::chrono::steady_clock::now() - start > timeout)
+        TORCH_CHECK(false, "symm: work #", sequence_, " did not finish within ", timeout.count(), " ms");
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    raise_if_failed();
+  }
+  blockCurrentStream();
+  return true;
+}
+
+void SymmWork::synchronize() { blockCurrentStream(); }
+
+}  // namespace symmpool::torch_ext

@@ -1,0 +1,50 @@
+#pragma once
+// The Work of a collective symmpool enqueued on the caller's current stream,
+// with ProcessGroupNCCL's semantics: an event marks its end; wait() blocks
+// the current stream on it (and the host too under TORCH_NCCL_BLOCKING_WAIT,
+// up to the timeout); a failure of the group's communicator is reported by
+// wait(), isCompleted(), isSuccess() and exception(), also after the
+// communicator is gone; the Future carries the device, so callbacks
+// (DDP comm hooks) run after the collective on their own streams.
+
+#include <symmpool/detail/failure_record.hpp>
+
+#include <ATen/core/ivalue.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <memory>
+
+namespace symmpool::torch_ext {
+
+class SymmWork final : public c10d::Work {
+ public:
+  // Right after the collective was enqueued on `stream`.
+  SymmWork(std::vector<at::Tensor> outputs, c10d::OpType type, std::uint64_t sequence,
+           c10::cuda::CUDAStream stream, std::shared_ptr<const detail::FailureRecord> failure,
+           bool blocking_wait);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  bool wait(std::chrono::milliseconds timeout) override;
+  void synchronize() override;
+  void blockCurrentStream() override;
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  uint64_t getSequencenumber() const override { return sequence_; }
+
+ private:
+  void raise_if_failed() const;
+
+  std::vector<at::Tensor> outputs_;
+  std::uint64_t sequence_;
+  c10::Device device_;
+  at::cuda::CUDAEvent done_;
+  std::shared_ptr<const detail::FailureRecord> failure_;
+  bool blocking_wait_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace symmpool::torch_ext

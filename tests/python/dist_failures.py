@@ -1,0 +1,155 @@
+"""Bodies of the multi-GPU tests of failures: a peer that dies, buffers that
+are not symmetric (one call per rank, see launch.py)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from dist_common import init_group
+
+TIMEOUT_S = 5
+
+
+def _symm_group(rank: int, world: int, error_handling: str, blocking_wait: bool = False):
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+    os.environ.pop("SYMMPOOL_BARRIER_TIMEOUT", None)
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = error_handling
+    os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1" if blocking_wait else "0"
+    import symmpool  # noqa: F401  (registers the backend)
+
+    device = init_group(rank, world, "cpu:gloo,cuda:symm", timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    backend = dist.group.WORLD._get_backend(device)
+    buf = backend.allocate_tensor(4096, dtype=torch.float32, device=device)
+    buf.fill_(1.0)
+    dist.all_reduce(buf)  # every rank: heap and communicator
+    torch.cuda.synchronize()
+    assert buf[0].item() == world
+    dist.barrier()
+    return device, backend, buf
+
+
+def _expect_failure_named(text: str, missing: int) -> None:
+    assert f"rank {missing} did not arrive within {TIMEOUT_S} s" in text, text
+    assert "all_reduce #" in text, text
+
+
+def dead_peer_raises_on_every_survivor(rank: int, world: int, blocking_wait: bool) -> None:
+    """Rank world-1 dies after setup. With TORCH_NCCL_ASYNC_ERROR_HANDLING=0 each
+    survivor's all-reduces fail within the timeout + 1 s, the Works report it,
+    and every later collective (symmpool's or NCCL's) raises at once."""
+    device, backend, buf = _symm_group(rank, world, "0", blocking_wait)
+    dead = world - 1
+    if rank == dead:
+        os._exit(0)  # dies without a word
+    start = time.monotonic()
+    if blocking_wait:
+        try:
+            dist.all_reduce(buf)  # wait() blocks the host and raises
+        except RuntimeError as e:
+            _expect_failure_named(str(e), dead)
+        else:
+            raise AssertionError("a blocking all-reduce without its peer returned")
+    else:
+        works = [dist.all_reduce(buf, async_op=True) for _ in range(3)]
+        torch.cuda.synchronize()  # the first gives up, the two behind it drain
+        waited = time.monotonic() - start
+        assert waited <= TIMEOUT_S + 1, f"the survivor waited {waited:.1f} s"
+        for w in works:
+            assert w.is_completed() and not w.is_success()
+            assert w.exception() is not None
+            _expect_failure_named(str(w.exception()), dead)
+            try:
+                w.wait()
+            except RuntimeError as e:
+                _expect_failure_named(str(e), dead)
+            else:
+                raise AssertionError("wait() on a failed all-reduce returned")
+    waited = time.monotonic() - start
+    assert waited <= TIMEOUT_S + 1, f"the error came after {waited:.1f} s"
+    print(f"[rank {rank}] dead rank {dead} reported after {waited:.2f} s", flush=True)
+    plain = torch.ones(8, device=device)  # would go to NCCL: the group is failed all the same
+    for t in (buf, plain):
+        begin = time.monotonic()
+        try:
+            dist.all_reduce(t)
+        except RuntimeError as e:
+            _expect_failure_named(str(e), dead)
+        else:
+            raise AssertionError("a collective on a failed group returned")
+        assert time.monotonic() - begin < 0.5
+    sys.stdout.flush()
+    os._exit(0)  # NCCL's teardown with a dead peer is not ours to test
+
+
+def dead_peer_aborts_by_default(rank: int, world: int, log_dir: str) -> None:
+    """As ProcessGroupNCCL with the default TORCH_NCCL_ASYNC_ERROR_HANDLING (3):
+    a survivor's failed collective tears its process down, after saying
+    which rank never came. Stderr goes to a file the test reads."""
+    fd = os.open(os.path.join(log_dir, f"rank{rank}.err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)
+    os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+    _, _, buf = _symm_group(rank, world, "3")
+    os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+    if rank == world - 1:
+        os._exit(0)
+    with open(os.path.join(log_dir, f"rank{rank}.start"), "w") as f:
+        f.write(repr(time.time()))
+    dist.all_reduce(buf)
+    torch.cuda.synchronize()
+    print(f"[rank {rank}] read {buf[0].item()} after a failed all-reduce", flush=True)
+    os._exit(0)  # must not be reached: the process is aborted before the stream goes on
+
+
+def asymmetric_user_allocation_keeps_collectives_correct(rank: int, world: int) -> None:
+    """Rank 0 allocates 96 MiB more than the others before the group's first
+    collective. symmpool's own buffers do not move (internal slots), buffers
+    at different offsets go to NCCL on every rank, and once the ranks'
+    allocations line up again, collectives run on symmpool; every result
+    equals NCCL's."""
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+    import symmpool
+
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+    backend = dist.group.WORLD._get_backend(device)
+    reference = dist.new_group(backend="nccl")  # expected results, outside the counted group
+    extra = [backend.allocate_tensor(96 << 20, dtype=torch.uint8, device=device)] if rank == 0 else []
+    gen = torch.Generator().manual_seed(99 + rank)
+
+    def check_round(n: int) -> None:
+        x = torch.randint(-8, 9, (n * world,), generator=gen).to(torch.bfloat16).to(device)
+        expected_ag = torch.empty(n * world * world, dtype=x.dtype, device=device)
+        dist.all_gather_into_tensor(expected_ag, x, group=reference)
+        expected_ar = x.clone()
+        dist.all_reduce(expected_ar, group=reference)
+        inp = backend.allocate_tensor(n * world, dtype=x.dtype, device=device)
+        out = backend.allocate_tensor(n * world * world, dtype=x.dtype, device=device)
+        inp.copy_(x)
+        out.fill_(float("nan"))
+        dist.all_gather_into_tensor(out, inp)
+        assert torch.equal(out, expected_ag), f"all-gather differs on rank {rank}"
+        dist.all_reduce(inp)
+        assert torch.equal(inp, expected_ar), f"all-reduce differs on rank {rank}"
+
+    def counts():
+        s = symmpool.memory_stats(device)
+        return s["symm_collectives"], s["nccl_fallbacks"]
+
+    routed0, fallbacks0 = counts()
+    check_round(100_003)  # rank 0's buffers sit 96 MiB higher: NCCL, every rank
+    routed1, fallbacks1 = counts()
+    assert fallbacks1 - fallbacks0 >= 2 and routed1 - routed0 == 0, (routed0, fallbacks0, routed1, fallbacks1)
+    if rank != 0:
+        extra.append(backend.allocate_tensor(96 << 20, dtype=torch.uint8, device=device))
+    check_round(50_001)  # the same layout on every rank again: symmpool
+    routed2, fallbacks2 = counts()
+    assert routed2 - routed1 >= 2 and fallbacks2 == fallbacks1, (routed1, fallbacks1, routed2, fallbacks2)
+    print(f"[rank {rank}] asymmetric: {fallbacks1 - fallbacks0} on NCCL; aligned: {routed2 - routed1} on symmpool",
+          flush=True)
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
