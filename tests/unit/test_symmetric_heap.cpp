@@ -224,16 +224,4 @@ TEST(SymmetricHeapFake, APeerThatNeverArrivesTimesOutWithItsRank) {
   EXPECT_EQ(result, "");
 }
 
-TEST(FileStore, GetTimesOutNamingTheKey) {
-  FileStore store(temp_dir());
-  store.set("a/b", std::string("x\0y", 3));
-  EXPECT_EQ(store.get("a/b", std::chrono::milliseconds(10)), std::string("x\0y", 3));
-  try {
-    store.get("missing", std::chrono::milliseconds(20));
-    FAIL();
-  } catch (const timeout_error& e) {
-    EXPECT_NE(std::string(e.what()).find("'missing'"), std::string::npos);
-  }
-}
-
 }  // namespace symmpool::test
