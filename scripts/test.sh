@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: builds everything (library, torch extension, tests,
 # benches), runs the GoogleTest suites through ctest and the pytest suite,
-# then the unit tests again under ASan/UBSan (scripts/sanitize.sh).
+# then the unit tests again under ASan/UBSan and under TSan (scripts/sanitize.sh).
 # GPU tests skip with a message where there is no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,4 +16,5 @@ ctest --test-dir build --output-on-failure --timeout 900
 "$py" -m pip install -q --no-build-isolation --no-deps .
 "$py" -m pytest -v tests/python
 
-bash scripts/sanitize.sh
+bash scripts/sanitize.sh address
+bash scripts/sanitize.sh thread

@@ -1,6 +1,7 @@
 #include "process_group.hpp"
 
 #include <cuda_runtime_api.h>
+#include <symmpool/store.hpp>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -18,13 +19,10 @@
 namespace symmpool::test {
 
 std::string shared_store_dir() {
-  static const std::string dir = [] {
-    char tmpl[] = "/tmp/symmpool-store-XXXXXX";
-    const char* made = mkdtemp(tmpl);
-    if (made == nullptr) throw std::runtime_error(std::string("mkdtemp: ") + std::strerror(errno));
-    return std::string(made);
-  }();
-  return dir;
+  // Removed when this process exits; the ranks leave with _exit, so only the
+  // parent that made it removes it, after they are gone.
+  static const TempStoreDir dir;
+  return dir.path();
 }
 
 int count_gpus_in_child() {

@@ -22,7 +22,8 @@ int count_gpus_in_child();
   GTEST_SKIP() << "needs " << (need) << " or more CUDA GPUs, this machine has " << gpus
 
 // A directory for the FileStore of every rank this test binary forks, made
-// on the first call: call it in the parent before run_ranks.
+// on the first call (call it in the parent before run_ranks) and removed
+// when the parent exits.
 std::string shared_store_dir();
 
 // Shared with the children: the NCCL unique id rank 0 publishes.

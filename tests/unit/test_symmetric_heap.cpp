@@ -19,12 +19,6 @@ namespace symmpool::test {
 
 namespace {
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/symmpool-store-XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  return d ? d : "/tmp";
-}
-
 std::unique_ptr<CachingAllocator> fake_allocator(int device) {
   FakeDriver::instance().reset(3);  // this process's own fake driver
   AllocatorOptions options;
@@ -61,7 +55,8 @@ int expect_heap_refused(int rank, int world, int device, const std::string& dir,
 }  // namespace
 
 TEST(SymmetricHeapFake, RanksReadEachOthersBuffersAndReleasesPropagate) {
-  const std::string dir = temp_dir();
+  const TempStoreDir store_dir;  // removed when the test ends, after its ranks
+  const std::string& dir = store_dir.path();
   for (int world : {2, 3}) {
     const std::string group = "read" + std::to_string(world);
     std::string result = run_ranks(world, 60, [&](int rank, int w, Rendezvous&) {
@@ -102,7 +97,8 @@ TEST(SymmetricHeapFake, RanksReadEachOthersBuffersAndReleasesPropagate) {
 }
 
 TEST(SymmetricHeapFake, AsymmetricBuffersAreReportedWithRanksAndSizes) {
-  const std::string dir = temp_dir();
+  const TempStoreDir store_dir;
+  const std::string& dir = store_dir.path();
   std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
     auto alloc = fake_allocator(rank);
     FileStore store(dir);
@@ -135,7 +131,8 @@ TEST(SymmetricHeapFake, AsymmetricBuffersAreReportedWithRanksAndSizes) {
 }
 
 TEST(SymmetricHeapFake, TwoRanksOnOneGpuAreRefusedByName) {
-  const std::string dir = temp_dir();
+  const TempStoreDir store_dir;
+  const std::string& dir = store_dir.path();
   std::string result = run_ranks(3, 60, [&](int rank, int w, Rendezvous&) {
     return expect_heap_refused<logic_error>(
         rank, w, rank == 2 ? 0 : rank, dir, "crowded", std::chrono::seconds(20),  // ranks 0 and 2 on GPU 0
@@ -147,7 +144,8 @@ TEST(SymmetricHeapFake, TwoRanksOnOneGpuAreRefusedByName) {
 // SYMMPOOL_HOST_ID makes the two ranks look like two nodes: every rank
 // throws multi_node_error (the "symm" backend then uses NCCL), naming both.
 TEST(SymmetricHeapFake, RanksOnDifferentNodesAreToldApart) {
-  const std::string dir = temp_dir();
+  const TempStoreDir store_dir;
+  const std::string& dir = store_dir.path();
   std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
     ::setenv("SYMMPOOL_HOST_ID", rank == 0 ? "node-a" : "node b", 1);  // spaces become '_'
     return expect_heap_refused<multi_node_error>(
@@ -161,7 +159,8 @@ TEST(SymmetricHeapFake, RanksOnDifferentNodesAreToldApart) {
 // a buffer: both fail at once, naming both calls, instead of waiting out the
 // timeout for a key the other never writes.
 TEST(SymmetricHeapFake, RanksAtDifferentCollectivePointsFailAtOnce) {
-  const std::string dir = temp_dir();
+  const TempStoreDir store_dir;
+  const std::string& dir = store_dir.path();
   std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
     auto alloc = fake_allocator(rank);
     FileStore store(dir);
@@ -194,7 +193,8 @@ TEST(SymmetricHeapFake, RanksAtDifferentCollectivePointsFailAtOnce) {
 // Each collective heap call publishes one key per rank; a rank erases its
 // key of the round before, so a long run keeps at most two per rank.
 TEST(SymmetricHeapFake, StoreKeysDoNotPileUp) {
-  const std::string dir = temp_dir();
+  const TempStoreDir store_dir;
+  const std::string& dir = store_dir.path();
   std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
     auto alloc = fake_allocator(rank);
     FileStore store(dir);
@@ -219,25 +219,14 @@ TEST(SymmetricHeapFake, StoreKeysDoNotPileUp) {
 }
 
 TEST(SymmetricHeapFake, APeerThatNeverArrivesTimesOutWithItsRank) {
-  const std::string dir = temp_dir();
+  const TempStoreDir store_dir;
+  const std::string& dir = store_dir.path();
   std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
     if (rank == 1) return 0;  // dies before joining
     return expect_heap_refused<timeout_error>(rank, w, rank, dir, "lonely", std::chrono::milliseconds(500),
                                               "rank 1 never arrived");
   });
   EXPECT_EQ(result, "");
-}
-
-TEST(FileStore, GetTimesOutNamingTheKey) {
-  FileStore store(temp_dir());
-  store.set("a/b", std::string("x\0y", 3));
-  EXPECT_EQ(store.get("a/b", std::chrono::milliseconds(10)), std::string("x\0y", 3));
-  try {
-    store.get("missing", std::chrono::milliseconds(20));
-    FAIL();
-  } catch (const timeout_error& e) {
-    EXPECT_NE(std::string(e.what()).find("'missing'"), std::string::npos);
-  }
 }
 
 }  // namespace symmpool::test
