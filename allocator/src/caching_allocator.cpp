@@ -22,9 +22,11 @@ struct CachingAllocator::Block {
   int pending_events = 0;  // frees waiting on these events before reuse
   Block* prev = nullptr;   // neighbours inside the segment
   Block* next = nullptr;
-  std::vector<CUstream> stream_uses;  // record_stream
+  // Live: streams named in record_stream. Freed: streams whose event could
+  // not be recorded yet; the block waits for a retry (see record_events).
+  std::vector<CUstream> stream_uses;
 
-  bool is_free() const { return !allocated && pending_events == 0; }
+  bool is_free() const { return !allocated && pending_events == 0 && stream_uses.empty(); }
 };
 
 bool CachingAllocator::BlockLess::operator()(const Block* a, const Block* b) const {
@@ -69,6 +71,8 @@ CachingAllocator::~CachingAllocator() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "symmpool: %s\n", e.what());
   }
+  // Events still pending (synchronizing failed) go too: the segments are unmapped below.
+  for (auto& [event, block] : pending_) drv_.cuEventDestroy(event);
   for (CUevent e : spare_events_) drv_.cuEventDestroy(e);
   for (auto& [id, head] : segment_heads_) {
     for (Block* b = head; b != nullptr;) {
@@ -229,18 +233,39 @@ void CachingAllocator::release(Block* block, CUstream stream) {
     free_block(block);
     return;
   }
+  // The free itself is done; if an event cannot be recorded the block waits
+  // out of the pool for a retry, and the caller hears of the failure.
+  try {
+    record_events(block);
+  } catch (...) {
+    unrecorded_.push_back(block);
+    throw;
+  }
+}
+
+void CachingAllocator::record_events(Block* block) {
   ContextGuard guard(drv_, arena_.context());
-  for (CUstream s : block->stream_uses) {
+  // A stream leaves stream_uses only once its event is recorded, so a failure
+  // keeps the block unfree. An event recorded later than the free still
+  // covers all the work queued before it, so retrying is safe.
+  while (!block->stream_uses.empty()) {
     CUevent event = take_event();
-    CUresult r = drv_.cuEventRecord(event, s);
+    CUresult r = drv_.cuEventRecord(event, block->stream_uses.back());
     if (r != CUDA_SUCCESS) {
       spare_events_.push_back(event);
       detail::throw_cuda_error(__FILE__, __LINE__, "cuEventRecord", r, drv_.error_string(r));
     }
-    ++block->pending_events;
     pending_.emplace_back(event, block);
+    ++block->pending_events;
+    block->stream_uses.pop_back();
   }
-  block->stream_uses.clear();
+}
+
+void CachingAllocator::retry_unrecorded_events() {
+  while (!unrecorded_.empty()) {
+    record_events(unrecorded_.back());  // on failure the block stays listed
+    unrecorded_.pop_back();
+  }
 }
 
 void CachingAllocator::free_block(Block* block) {
@@ -286,6 +311,12 @@ CUevent CachingAllocator::take_event() {
 }
 
 void CachingAllocator::process_events() {
+  // Best effort: the failure was reported by the free, and the blocks stay
+  // out of the pool until a retry succeeds.
+  try {
+    retry_unrecorded_events();
+  } catch (const cuda_error&) {
+  }
   if (pending_.empty()) return;
   ContextGuard guard(drv_, arena_.context());
   for (auto it = pending_.begin(); it != pending_.end();) {
@@ -299,11 +330,13 @@ void CachingAllocator::process_events() {
     spare_events_.push_back(it->first);
     Block* block = it->second;
     it = pending_.erase(it);
-    if (--block->pending_events == 0) free_block(block);
+    --block->pending_events;
+    if (block->is_free()) free_block(block);
   }
 }
 
 void CachingAllocator::synchronize_events() {
+  retry_unrecorded_events();  // a failure here is reported: we cannot wait for those blocks
   if (pending_.empty()) return;
   ContextGuard guard(drv_, arena_.context());
   for (auto& [event, block] : pending_) SYMMPOOL_CU_TRY(drv_, cuEventSynchronize(event));
