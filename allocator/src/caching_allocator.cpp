@@ -1,4 +1,5 @@
 #include <symmpool/caching_allocator.hpp>
+#include <symmpool/detail/checked_size.hpp>
 #include <symmpool/detail/format.hpp>
 #include <symmpool/error.hpp>
 
@@ -39,15 +40,13 @@ bool CachingAllocator::BlockLess::operator()(const Block* a, const Block* b) con
 namespace {
 
 std::size_t round_size(std::size_t bytes) {
-  constexpr std::size_t m = CachingAllocator::kMinBlockSize;
-  return (bytes + m - 1) / m * m;
+  return detail::round_up_checked(bytes, CachingAllocator::kMinBlockSize, "allocation");
 }
 
 std::size_t segment_size_for(std::size_t size) {
   if (size <= CachingAllocator::kSmallSize) return CachingAllocator::kSmallSegment;
   if (size < CachingAllocator::kMinLargeAlloc) return CachingAllocator::kLargeSegment;
-  constexpr std::size_t r = CachingAllocator::kLargeRounding;
-  return (size + r - 1) / r * r;
+  return detail::round_up_checked(size, CachingAllocator::kLargeRounding, "allocation");
 }
 
 }  // namespace

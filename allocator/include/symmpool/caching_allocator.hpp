@@ -37,7 +37,7 @@ class CachingAllocator {
 
   // `bytes` on `stream`; nullptr for 0 bytes (as cudaMalloc). Throws
   // out_of_memory when even an emptied cache cannot serve it and logic_error
-  // for sizes beyond the device's memory.
+  // for sizes beyond the device's memory or too large to round up.
   void* allocate(std::size_t bytes, CUstream stream);
 
   // Frees `ptr`, reusable once the work queued on `stream` (and on any stream
