@@ -139,7 +139,8 @@ CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size,
   if (segment == nullptr) {
     // Give every cached segment back and try once more, as PyTorch does.
     ++stats_.oom_retries;
-    synchronize_events();
+    try_retry_unrecorded_events();  // a failure was reported by the free; not an allocation error
+    synchronize_pending_events();
     release_cached_segments();
     segment = arena_.map_new_segment(want);
   }
@@ -309,13 +310,17 @@ CUevent CachingAllocator::take_event() {
   return e;
 }
 
-void CachingAllocator::process_events() {
-  // Best effort: the failure was reported by the free, and the blocks stay
-  // out of the pool until a retry succeeds.
+// Best effort: the failure was reported by the free, and the blocks stay out
+// of the pool until a retry succeeds.
+void CachingAllocator::try_retry_unrecorded_events() {
   try {
     retry_unrecorded_events();
   } catch (const cuda_error&) {
   }
+}
+
+void CachingAllocator::process_events() {
+  try_retry_unrecorded_events();
   if (pending_.empty()) return;
   ContextGuard guard(drv_, arena_.context());
   for (auto it = pending_.begin(); it != pending_.end();) {
@@ -336,6 +341,10 @@ void CachingAllocator::process_events() {
 
 void CachingAllocator::synchronize_events() {
   retry_unrecorded_events();  // a failure here is reported: we cannot wait for those blocks
+  synchronize_pending_events();
+}
+
+void CachingAllocator::synchronize_pending_events() {
   if (pending_.empty()) return;
   ContextGuard guard(drv_, arena_.context());
   for (auto& [event, block] : pending_) SYMMPOOL_CU_TRY(drv_, cuEventSynchronize(event));

@@ -94,8 +94,10 @@ class CachingAllocator {
   void free_block(Block* block);
   void record_events(Block* block);  // for its stream_uses; throws cuda_error
   void retry_unrecorded_events();    // throws cuda_error, keeping the failed ones
+  void try_retry_unrecorded_events();
   void process_events();
-  void synchronize_events();
+  void synchronize_events();          // every free, unrecorded ones included
+  void synchronize_pending_events();  // the recorded ones
   std::size_t release_cached_segments();
   CUevent take_event();
   Pool& pool_of(const Block* block);
