@@ -1,4 +1,5 @@
 #include <symmpool/caching_allocator.hpp>
+#include <symmpool/detail/checked_size.hpp>
 #include <symmpool/detail/format.hpp>
 #include <symmpool/error.hpp>
 
@@ -22,9 +23,11 @@ struct CachingAllocator::Block {
   int pending_events = 0;  // frees waiting on these events before reuse
   Block* prev = nullptr;   // neighbours inside the segment
   Block* next = nullptr;
-  std::vector<CUstream> stream_uses;  // record_stream
+  // Live: streams named in record_stream. Freed: streams whose event could
+  // not be recorded yet; the block waits for a retry (see record_events).
+  std::vector<CUstream> stream_uses;
 
-  bool is_free() const { return !allocated && pending_events == 0; }
+  bool is_free() const { return !allocated && pending_events == 0 && stream_uses.empty(); }
 };
 
 bool CachingAllocator::BlockLess::operator()(const Block* a, const Block* b) const {
@@ -37,15 +40,13 @@ bool CachingAllocator::BlockLess::operator()(const Block* a, const Block* b) con
 namespace {
 
 std::size_t round_size(std::size_t bytes) {
-  constexpr std::size_t m = CachingAllocator::kMinBlockSize;
-  return (bytes + m - 1) / m * m;
+  return detail::round_up_checked(bytes, CachingAllocator::kMinBlockSize, "allocation");
 }
 
 std::size_t segment_size_for(std::size_t size) {
   if (size <= CachingAllocator::kSmallSize) return CachingAllocator::kSmallSegment;
   if (size < CachingAllocator::kMinLargeAlloc) return CachingAllocator::kLargeSegment;
-  constexpr std::size_t r = CachingAllocator::kLargeRounding;
-  return (size + r - 1) / r * r;
+  return detail::round_up_checked(size, CachingAllocator::kLargeRounding, "allocation");
 }
 
 }  // namespace
@@ -69,6 +70,8 @@ CachingAllocator::~CachingAllocator() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "symmpool: %s\n", e.what());
   }
+  // Events still pending (synchronizing failed) go too: the segments are unmapped below.
+  for (auto& [event, block] : pending_) drv_.cuEventDestroy(event);
   for (CUevent e : spare_events_) drv_.cuEventDestroy(e);
   for (auto& [id, head] : segment_heads_) {
     for (Block* b = head; b != nullptr;) {
@@ -136,7 +139,8 @@ CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size,
   if (segment == nullptr) {
     // Give every cached segment back and try once more, as PyTorch does.
     ++stats_.oom_retries;
-    synchronize_events();
+    try_retry_unrecorded_events();  // a failure was reported by the free; not an allocation error
+    synchronize_pending_events();
     release_cached_segments();
     segment = arena_.map_new_segment(want);
   }
@@ -229,18 +233,39 @@ void CachingAllocator::release(Block* block, CUstream stream) {
     free_block(block);
     return;
   }
+  // The free itself is done; if an event cannot be recorded the block waits
+  // out of the pool for a retry, and the caller hears of the failure.
+  try {
+    record_events(block);
+  } catch (...) {
+    unrecorded_.push_back(block);
+    throw;
+  }
+}
+
+void CachingAllocator::record_events(Block* block) {
   ContextGuard guard(drv_, arena_.context());
-  for (CUstream s : block->stream_uses) {
+  // A stream leaves stream_uses only once its event is recorded, so a failure
+  // keeps the block unfree. An event recorded later than the free still
+  // covers all the work queued before it, so retrying is safe.
+  while (!block->stream_uses.empty()) {
     CUevent event = take_event();
-    CUresult r = drv_.cuEventRecord(event, s);
+    CUresult r = drv_.cuEventRecord(event, block->stream_uses.back());
     if (r != CUDA_SUCCESS) {
       spare_events_.push_back(event);
       detail::throw_cuda_error(__FILE__, __LINE__, "cuEventRecord", r, drv_.error_string(r));
     }
-    ++block->pending_events;
     pending_.emplace_back(event, block);
+    ++block->pending_events;
+    block->stream_uses.pop_back();
   }
-  block->stream_uses.clear();
+}
+
+void CachingAllocator::retry_unrecorded_events() {
+  while (!unrecorded_.empty()) {
+    record_events(unrecorded_.back());  // on failure the block stays listed
+    unrecorded_.pop_back();
+  }
 }
 
 void CachingAllocator::free_block(Block* block) {
@@ -285,7 +310,17 @@ CUevent CachingAllocator::take_event() {
   return e;
 }
 
+// Best effort: the failure was reported by the free, and the blocks stay out
+// of the pool until a retry succeeds.
+void CachingAllocator::try_retry_unrecorded_events() {
+  try {
+    retry_unrecorded_events();
+  } catch (const cuda_error&) {
+  }
+}
+
 void CachingAllocator::process_events() {
+  try_retry_unrecorded_events();
   if (pending_.empty()) return;
   ContextGuard guard(drv_, arena_.context());
   for (auto it = pending_.begin(); it != pending_.end();) {
@@ -299,11 +334,17 @@ void CachingAllocator::process_events() {
     spare_events_.push_back(it->first);
     Block* block = it->second;
     it = pending_.erase(it);
-    if (--block->pending_events == 0) free_block(block);
+    --block->pending_events;
+    if (block->is_free()) free_block(block);
   }
 }
 
 void CachingAllocator::synchronize_events() {
+  retry_unrecorded_events();  // a failure here is reported: we cannot wait for those blocks
+  synchronize_pending_events();
+}
+
+void CachingAllocator::synchronize_pending_events() {
   if (pending_.empty()) return;
   ContextGuard guard(drv_, arena_.context());
   for (auto& [event, block] : pending_) SYMMPOOL_CU_TRY(drv_, cuEventSynchronize(event));

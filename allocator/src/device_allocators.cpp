@@ -15,11 +15,17 @@ constexpr int kMaxDevices = 64;
 struct Registry {
   std::mutex mutex;
   std::array<CachingAllocator*, kMaxDevices> allocators{};
+  const DriverApi* driver = nullptr;  // null: the real driver (tests set a fake)
 };
 
 Registry& registry() {
   static auto* r = new Registry;  // immortal, see header
   return *r;
+}
+
+void check_device_index(int device) {
+  SYMMPOOL_EXPECTS(device >= 0 && device < kMaxDevices,
+                   "device index " + std::to_string(device) + " is out of range");
 }
 
 CachingAllocator* existing(int device) {
@@ -30,24 +36,27 @@ CachingAllocator* existing(int device) {
 
 }  // namespace
 
+CachingAllocator* existing_device_allocator(int device) {
+  check_device_index(device);
+  return existing(device);
+}
+
 CachingAllocator& device_allocator(int device) {
-  SYMMPOOL_EXPECTS(device >= 0 && device < kMaxDevices,
-                   "device index " + std::to_string(device) + " is out of range");
+  check_device_index(device);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   auto& slot = r.allocators[static_cast<std::size_t>(device)];
   if (slot == nullptr) {
     AllocatorOptions options;
     options.arena.multicast_requested = options.arena.env.multicast_requested;
-    slot = new CachingAllocator(real_driver(), device, options);
+    slot = new CachingAllocator(r.driver ? *r.driver : real_driver(), device, options);
   }
   return *slot;
 }
 
 void free_on_device(void* ptr, std::size_t bytes, int device, CUstream stream) {
   if (ptr == nullptr) return;
-  SYMMPOOL_EXPECTS(device >= 0 && device < kMaxDevices,
-                   "device index " + std::to_string(device) + " is out of range");
+  check_device_index(device);
   CachingAllocator* own = existing(device);
   if (own == nullptr || !own->owns(ptr)) {
     for (int d = 0; d < kMaxDevices; ++d) {
@@ -61,5 +70,24 @@ void free_on_device(void* ptr, std::size_t bytes, int device, CUstream stream) {
   }
   own->deallocate(ptr, bytes, stream);
 }
+
+namespace testing {
+
+void set_device_allocator_driver(const DriverApi* drv) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.driver = drv;
+}
+
+void destroy_device_allocators() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (CachingAllocator*& slot : r.allocators) {
+    delete slot;
+    slot = nullptr;
+  }
+}
+
+}  // namespace testing
 
 }  // namespace symmpool

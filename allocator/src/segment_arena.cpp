@@ -1,3 +1,5 @@
+#include <symmpool/detail/checked_size.hpp>
+#include <symmpool/detail/format.hpp>
 #include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
 #include <symmpool/segment_arena.hpp>
@@ -11,10 +13,6 @@ namespace symmpool {
 
 namespace {
 
-std::size_t round_up(std::size_t n, std::size_t multiple) {
-  return (n + multiple - 1) / multiple * multiple;
-}
-
 CUmemAllocationProp allocation_prop(CUdevice device, CUmemAllocationHandleType types) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -22,6 +20,17 @@ CUmemAllocationProp allocation_prop(CUdevice device, CUmemAllocationHandleType t
   prop.location.id = device;
   prop.requestedHandleTypes = types;
   return prop;
+}
+
+// Twice the device's memory, rounded to the granularity; the driver's figure
+// is trusted no more than a caller's, so the doubling is checked too.
+std::size_t default_va_size(std::size_t total_bytes, std::size_t granularity, int device) {
+  if (total_bytes > (SIZE_MAX - granularity) / 2)
+    throw out_of_memory("symmpool: device " + std::to_string(device) + " reports " +
+                        detail::format_bytes(total_bytes) +
+                        " of memory: twice that does not fit in a virtual range; set "
+                        "ArenaOptions::va_reserve_bytes");
+  return detail::round_up_checked(2 * total_bytes, granularity, "virtual range reservation");
 }
 
 int device_attribute(const DriverApi& drv, CUdevice device, CUdevice_attribute attr) {
@@ -69,16 +78,21 @@ SegmentArena::SegmentArena(const DriverApi& drv, int device, ArenaOptions option
   }
 
   if (options.va_reserve_bytes != 0) {
-    va_size_ = round_up(options.va_reserve_bytes, granularity_);
+    va_size_ = detail::round_up_checked(options.va_reserve_bytes, granularity_,
+                                        "virtual range reservation");
   } else {
     ContextGuard guard(drv_, context_);
     std::size_t free_bytes = 0, total_bytes = 0;
     SYMMPOOL_CU_TRY(drv_, cuMemGetInfo(&free_bytes, &total_bytes));
-    va_size_ = round_up(2 * total_bytes, granularity_);
+    va_size_ = default_va_size(total_bytes, granularity_, device);
   }
-  const std::size_t internal_bytes = kInternalSlots * granularity_;
-  SYMMPOOL_EXPECTS(va_size_ > 2 * internal_bytes,
-                   "a virtual range of " + std::to_string(va_size_) + " bytes leaves no room for segments");
+  // Up to kInternalSlots, never more than a quarter of the range (small
+  // ranges in tests); the same on every rank, whose ranges are equal.
+  const std::size_t slots = std::min<std::size_t>(kInternalSlots, va_size_ / granularity_ / 4);
+  SYMMPOOL_EXPECTS(slots >= 1, "a virtual range of " + std::to_string(va_size_) +
+                                   " bytes leaves no room for internal segments");
+  const std::size_t internal_bytes = slots * granularity_;
+  free_internal_slots_ = slots == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << slots) - 1;
   SYMMPOOL_CU_TRY(drv_, cuMemAddressReserve(&va_base_, va_size_, granularity_, 0, 0));
   user_va_size_ = va_size_ - internal_bytes;
   va_ranges_ = std::make_unique<detail::RangeAllocator>(user_va_size_);
@@ -122,7 +136,7 @@ CUresult SegmentArena::create_handle(std::size_t size, CUmemGenericAllocationHan
 const Segment* SegmentArena::map_new_segment(std::size_t bytes) {
   SYMMPOOL_EXPECTS(bytes > 0, "a segment needs a size above zero");
   if (bytes > user_va_size_) return nullptr;
-  const std::size_t size = round_up(bytes, granularity_);
+  const std::size_t size = detail::round_up_checked(bytes, granularity_, "segment");
   auto offset = va_ranges_->allocate(size);
   if (!offset) return nullptr;
   detail::ScopeExit release_range([&] { va_ranges_->release(*offset, size); });
@@ -132,7 +146,8 @@ const Segment* SegmentArena::map_new_segment(std::size_t bytes) {
 }
 
 const Segment* SegmentArena::map_internal_segment(int slot) {
-  SYMMPOOL_EXPECTS(slot >= 0 && slot < kInternalSlots && (free_internal_slots_ >> slot & 1u),
+  SYMMPOOL_EXPECTS(slot >= 0 && slot < kInternalSlots && (free_internal_slots_ >> slot & 1u) &&
+                       user_va_size_ + (std::size_t(slot) + 1) * granularity_ <= va_size_,
                    "internal slot " + std::to_string(slot) + " is not free");
   const Segment* segment = map_segment_at(user_va_size_ + std::size_t(slot) * granularity_, granularity_);
   if (segment != nullptr) free_internal_slots_ &= ~(std::uint64_t{1} << slot);

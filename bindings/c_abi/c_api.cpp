@@ -42,7 +42,10 @@ void symmpool_free(void* ptr, size_t size, int device, cudaStream_t stream) {
 long long symmpool_empty_cache(int device) {
   last_error.clear();
   try {
-    return static_cast<long long>(symmpool::device_allocator(device).empty_cache());
+    // A device this process never allocated on has nothing cached: creating
+    // its allocator (and CUDA context) just to empty it would be waste.
+    symmpool::CachingAllocator* allocator = symmpool::existing_device_allocator(device);
+    return allocator ? static_cast<long long>(allocator->empty_cache()) : 0;
   } catch (const std::exception& e) {
     report("symmpool_empty_cache", e);
     return -1;

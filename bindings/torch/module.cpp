@@ -24,8 +24,17 @@ py::dict stat_dict(const symmpool::Stat& s) {
   return d;
 }
 
+// Queries look at the allocator of `device` only if the process made one:
+// creating it would make a CUDA context and reserve address space on a device
+// the process may never use. A device without one has zero stats.
+symmpool::CachingAllocator* existing_allocator(int device) {
+  return call_translating_errors([&] { return symmpool::existing_device_allocator(device); });
+}
+
 py::dict memory_stats(int device) {
-  auto st = call_translating_errors([&] { return symmpool::device_allocator(device).stats(); });
+  symmpool::CachingAllocator* allocator = existing_allocator(device);
+  auto st = allocator ? call_translating_errors([&] { return allocator->stats(); })
+                      : symmpool::AllocatorStats{};
   auto reg = symmpool::torch_ext::registration_counts_of_all_backends();
   py::dict d;
   d["allocated_bytes"] = stat_dict(st.allocated_bytes);
@@ -78,23 +87,23 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "reset_peak_memory_stats",
       [](int device) {
-        call_translating_errors([&] {
-          symmpool::device_allocator(device).reset_peak_stats();
-          return 0;
-        });
+        if (symmpool::CachingAllocator* allocator = existing_allocator(device))
+          allocator->reset_peak_stats();
       },
       py::arg("device"));
   m.def(
       "empty_cache",
-      [](int device) {
-        return call_translating_errors([&] { return symmpool::device_allocator(device).empty_cache(); });
+      [](int device) -> std::size_t {
+        symmpool::CachingAllocator* allocator = existing_allocator(device);
+        return allocator ? call_translating_errors([&] { return allocator->empty_cache(); }) : 0;
       },
       py::arg("device"), py::call_guard<py::gil_scoped_release>());
   m.def(
       "owns",
       [](const at::Tensor& t) {
         if (!t.is_cuda() || t.data_ptr() == nullptr) return false;
-        return symmpool::device_allocator(t.device().index()).owns(t.data_ptr());
+        symmpool::CachingAllocator* allocator = existing_allocator(t.device().index());
+        return allocator != nullptr && allocator->owns(t.data_ptr());
       },
       py::arg("tensor"));
   m.def(

@@ -2,6 +2,8 @@
 
 #include <symmpool/error.hpp>
 
+#include <cstdint>
+
 namespace symmpool::test {
 
 using BadInputTest = FakeDriverTest;
@@ -88,6 +90,82 @@ TEST_F(BadInputTest, DriverFailureCarriesCallAndErrorString) {
     EXPECT_NE(a->allocate(4096, stream(1)), nullptr);  // and it recovers
   }
   expect_driver_clean();
+}
+
+// Runs `f` and checks it throws `E` whose text contains `needle`.
+template <typename E, typename F>
+void expect_error(F f, const std::string& needle) {
+  try {
+    f();
+    FAIL() << "expected an error containing '" << needle << "'";
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+// A (fake) device as large as size_t can count, so the total-memory check lets
+// sizes near SIZE_MAX through to the rounding, which must not wrap to a small
+// size. The virtual range is given explicitly: twice SIZE_MAX cannot be reserved.
+class HugeDeviceTest : public FakeDriverTest {
+ protected:
+  FakeDeviceConfig config() override {
+    FakeDeviceConfig c;
+    c.total_memory = SIZE_MAX;
+    return c;
+  }
+  std::unique_ptr<CachingAllocator> make_huge_allocator() {
+    AllocatorOptions options;
+    options.arena.env = {};
+    options.arena.va_reserve_bytes = 64 * MiB;
+    return std::make_unique<CachingAllocator>(fake().api(), 0, options);
+  }
+};
+
+TEST_F(HugeDeviceTest, SizesNearSizeMaxDoNotWrapWhenRounded) {
+  {
+    auto a = make_huge_allocator();
+    // Rounding to the 512-byte block size overflows.
+    expect_logic_error([&] { a->allocate(SIZE_MAX, stream(1)); }, "allocation of");
+    expect_logic_error([&] { a->allocate(SIZE_MAX - 100, stream(1)); }, "overflows size_t");
+    // A multiple of 512 whose rounding to the 2 MiB large-segment size overflows.
+    expect_logic_error([&] { a->allocate(SIZE_MAX - 511, stream(1)); }, "overflows size_t");
+    EXPECT_EQ(fake().count("cuMemCreate"), 0u);
+    EXPECT_EQ(a->stats().allocations, 0u);
+    // Half of size_t rounds fine and is simply more than the device can map.
+    expect_error<out_of_memory>([&] { a->allocate(SIZE_MAX / 2, stream(1)); }, "tried to allocate");
+    expect_error<out_of_memory>([&] { a->allocate(SIZE_MAX / 2 + 2, stream(1)); }, "tried to allocate");
+    EXPECT_EQ(a->stats().segments.current, 0);
+    void* p = a->allocate(4096, stream(1));  // and the allocator still works
+    EXPECT_NE(p, nullptr);
+    a->deallocate(p, stream(1));
+  }
+  expect_driver_clean();
+}
+
+TEST_F(HugeDeviceTest, HugeVirtualRangeRequestIsRejected) {
+  for (std::size_t bytes : {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 2 * MiB + 2}) {
+    AllocatorOptions options;
+    options.arena.env = {};
+    options.arena.va_reserve_bytes = bytes;
+    expect_logic_error([&] { CachingAllocator a(fake().api(), 0, options); },
+                       "virtual range reservation of");
+  }
+  EXPECT_EQ(fake().count("cuMemAddressReserve"), 0u);
+  expect_driver_clean();
+}
+
+// A device whose memory, doubled for the default virtual range, overflows.
+TEST_F(HugeDeviceTest, DeviceTooLargeToDoubleIsReported) {
+  for (std::size_t total : {SIZE_MAX, SIZE_MAX / 2 + 1, SIZE_MAX / 2}) {
+    fake().reset(2, [&] {
+      FakeDeviceConfig c;
+      c.total_memory = total;
+      return c;
+    }());
+    expect_error<out_of_memory>([&] { make_allocator(); }, "twice that does not fit");
+    EXPECT_EQ(fake().count("cuMemAddressReserve"), 0u);
+    expect_driver_clean();
+  }
 }
 
 }  // namespace symmpool::test

@@ -37,12 +37,16 @@ class CachingAllocator {
 
   // `bytes` on `stream`; nullptr for 0 bytes (as cudaMalloc). Throws
   // out_of_memory when even an emptied cache cannot serve it and logic_error
-  // for sizes beyond the device's memory.
+  // for sizes beyond the device's memory or too large to round up.
   void* allocate(std::size_t bytes, CUstream stream);
 
   // Frees `ptr`, reusable once the work queued on `stream` (and on any stream
   // named in record_stream) has finished. nullptr is ignored. Throws
-  // logic_error for pointers it did not hand out and double frees.
+  // logic_error for pointers it did not hand out and double frees. Throws
+  // cuda_error when an event for the other streams cannot be recorded: the
+  // free is still done, and the block stays out of the pool until a later
+  // allocate or empty_cache records the event (empty_cache reports a retry
+  // that fails again).
   void deallocate(void* ptr, CUstream stream);
   // As above, checking that `bytes` is what was asked for.
   void deallocate(void* ptr, std::size_t bytes, CUstream stream);
@@ -94,8 +98,12 @@ class CachingAllocator {
   Block* take_active(void* ptr);                // removes a live block; throws if unknown
   void release(Block* block, CUstream stream);  // a block just taken from active_
   void free_block(Block* block);
+  void record_events(Block* block);  // for its stream_uses; throws cuda_error
+  void retry_unrecorded_events();    // throws cuda_error, keeping the failed ones
+  void try_retry_unrecorded_events();
   void process_events();
-  void synchronize_events();
+  void synchronize_events();          // every free, unrecorded ones included
+  void synchronize_pending_events();  // the recorded ones
   std::size_t release_cached_segments();
   CUevent take_event();
   Pool& pool_of(const Block* block);
@@ -110,6 +118,7 @@ class CachingAllocator {
   std::unordered_map<std::uintptr_t, Block*> active_;
   std::unordered_map<std::uint64_t, Block*> segment_heads_;  // segment id -> first block
   std::deque<std::pair<CUevent, Block*>> pending_;            // frees waiting on events
+  std::vector<Block*> unrecorded_;  // frees whose events failed to record, to retry
   std::vector<CUevent> spare_events_;
   AllocatorStats stats_;
 };

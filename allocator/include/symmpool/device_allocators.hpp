@@ -10,8 +10,21 @@ namespace symmpool {
 
 CachingAllocator& device_allocator(int device);
 
+// The allocator of `device` if this process made one, else nullptr. For
+// queries (stats, empty_cache): they must not create an allocator, and with
+// it a CUDA context and a virtual range, on a device the process never used.
+CachingAllocator* existing_device_allocator(int device);
+
 // Frees `ptr` on `device`'s allocator, with a clear error when the pointer
 // belongs to another device or to no symmpool allocator.
 void free_on_device(void* ptr, std::size_t bytes, int device, CUstream stream);
+
+namespace testing {
+// For tests without a GPU: allocators made from now on use `drv` (nullptr:
+// the real driver).
+void set_device_allocator_driver(const DriverApi* drv);
+// Destroys every device allocator (tests only: live pointers become invalid).
+void destroy_device_allocators();
+}  // namespace testing
 
 }  // namespace symmpool

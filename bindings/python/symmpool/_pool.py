@@ -8,6 +8,7 @@ import os
 import torch
 
 from . import _C
+from ._device import device_index as _device_index
 
 
 def library_path() -> str:
@@ -32,14 +33,10 @@ def mem_pool() -> torch.cuda.MemPool:
     return torch.cuda.MemPool(_pluggable_allocator().allocator())
 
 
-def _device_index(device) -> int:
-    if device is None:
-        return torch.cuda.current_device()
-    return torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
-
-
 def memory_stats(device=None) -> dict:
-    """Counters of the symmpool cache of ``device`` (default: current)."""
+    """Counters of the symmpool cache of ``device`` (default: current): all
+    zero on a device this process never allocated on (asking makes no cache
+    and no CUDA context there)."""
     return _C.memory_stats(_device_index(device))
 
 
@@ -48,7 +45,8 @@ def reset_peak_memory_stats(device=None) -> None:
 
 
 def empty_cache(device=None) -> int:
-    """Gives unused cached segments back to the driver; returns the bytes freed."""
+    """Gives unused cached segments back to the driver; returns the bytes freed
+    (0 on a device this process never allocated on)."""
     return _C.empty_cache(_device_index(device))
 
 
