@@ -384,6 +384,7 @@ void* CachingAllocator::map_internal_segment(int slot) {
     throw out_of_memory("symmpool: out of memory on device " + std::to_string(device()) +
                         " for an internal segment of " + format_bytes(arena_.granularity()));
   stats_.reserved_bytes.add(static_cast<std::int64_t>(segment->size));
+  stats_.segments.add(1);
   return segment->ptr();
 }
 
@@ -395,6 +396,7 @@ void CachingAllocator::unmap_internal_segment(void* ptr) {
                        std::to_string(device()));
   ContextGuard guard(drv_, arena_.context());
   stats_.reserved_bytes.add(-static_cast<std::int64_t>(segment->size));
+  stats_.segments.add(-1);
   arena_.unmap_segment(segment);
 }
 

@@ -333,51 +333,61 @@ std::map<std::uint64_t, SymmetricHeap::Piece> SymmetricHeap::parse_segments(int 
   return listed;
 }
 
+// This rank's segments as "id offset size" lines; they are served to peers
+// from now on and kept mapped while the heap lives (keeps_mapped).
+std::string SymmetricHeap::list_for_sync(std::uint64_t* generation) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string mine;
+  for (auto& [id, p] : local_)
+    mine += std::to_string(p.id) + " " + std::to_string(p.offset) + " " + std::to_string(p.size) + "\n";
+  *generation = local_generation_;
+  mark_published();
+  return mine;
+}
+
+// Maps what each peer listed (listings[r], where listed[r]) and unmaps what
+// it no longer lists; then meets every rank again, and only then counts
+// this rank's listing (`generation`, if it listed) as synced.
+void SymmetricHeap::apply_listings(const std::vector<std::string>& listings, const std::vector<bool>& listed,
+                                   std::uint64_t generation) {
+  ContextGuard guard(drv_, allocator_.context());
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_ || !listed[static_cast<std::size_t>(r)]) continue;
+    const std::map<std::uint64_t, Piece> pieces = parse_segments(r, listings[static_cast<std::size_t>(r)]);
+    auto& mapped = peer_pieces_[static_cast<std::size_t>(r)];
+    // Released ones first: a new segment may reuse their range.
+    for (auto it = mapped.begin(); it != mapped.end();) {
+      auto now = pieces.find(it->second.id);
+      if (now != pieces.end() && now->second.offset == it->second.offset && now->second.size == it->second.size) {
+        ++it;
+      } else {
+        unmap_peer(r, it->second);
+        it = mapped.erase(it);
+      }
+    }
+    for (auto& [id, piece] : pieces) {
+      auto it = mapped.lower_bound(piece.offset);
+      if (it != mapped.end() && it->second.id == id) continue;
+      // Two of one peer's segments may not overlap.
+      const bool clash = (it != mapped.end() && it->first < piece.offset + piece.size) ||
+                         (it != mapped.begin() && std::prev(it)->first + std::prev(it)->second.size > piece.offset);
+      if (clash)
+        throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
+                               " published overlapping segments at offset " + std::to_string(piece.offset));
+      map_peer(r, piece);
+    }
+  }
+  exchange("synced", "");  // nobody releases what a peer is still importing
+  // Every rank has mapped what every other published: now it counts.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (listed[static_cast<std::size_t>(rank_)]) synced_generation_ = generation;
+}
+
 void SymmetricHeap::sync() {
   collective("sync", [&] {
-    std::string mine;
     std::uint64_t generation = 0;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& [id, p] : local_)
-        mine += std::to_string(p.id) + " " + std::to_string(p.offset) + " " + std::to_string(p.size) + "\n";
-      generation = local_generation_;
-      // Served to peers from now on, and kept mapped while the heap lives
-      // (keeps_mapped): a peer may map any of them from this point.
-      mark_published();
-    }
-    auto all = exchange("segments", mine);
-    ContextGuard guard(drv_, allocator_.context());
-    for (int r = 0; r < world_; ++r) {
-      if (r == rank_) continue;
-      const std::map<std::uint64_t, Piece> listed = parse_segments(r, all[static_cast<std::size_t>(r)]);
-      auto& mapped = peer_pieces_[static_cast<std::size_t>(r)];
-      // Released ones first: a new segment may reuse their range.
-      for (auto it = mapped.begin(); it != mapped.end();) {
-        auto now = listed.find(it->second.id);
-        if (now != listed.end() && now->second.offset == it->second.offset && now->second.size == it->second.size) {
-          ++it;
-        } else {
-          unmap_peer(r, it->second);
-          it = mapped.erase(it);
-        }
-      }
-      for (auto& [id, piece] : listed) {
-        auto it = mapped.lower_bound(piece.offset);
-        if (it != mapped.end() && it->second.id == id) continue;
-        // Two of one peer's segments may not overlap.
-        const bool clash = (it != mapped.end() && it->first < piece.offset + piece.size) ||
-                           (it != mapped.begin() && std::prev(it)->first + std::prev(it)->second.size > piece.offset);
-        if (clash)
-          throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
-                                 " published overlapping segments at offset " + std::to_string(piece.offset));
-        map_peer(r, piece);
-      }
-    }
-    exchange("synced", "");  // nobody releases what a peer is still importing
-    // Every rank has mapped what every other published: now it counts.
-    std::lock_guard<std::mutex> lock(mutex_);
-    synced_generation_ = generation;
+    auto all = exchange("segments", list_for_sync(&generation));
+    apply_listings(all, std::vector<bool>(static_cast<std::size_t>(world_), true), generation);
   });
 }
 
@@ -450,17 +460,51 @@ void* SymmetricHeap::peer_ptr(const void* local, int peer) const {
 }
 
 void SymmetricHeap::check_symmetric(const void* local, std::size_t bytes, const std::string& what) {
+  bool synced = false;
+  check_symmetric_and_sync(local, bytes, what, /*sync_if_needed=*/false, &synced);
+}
+
+// Each rank sends "<offset> <bytes>" (or "outside <bytes>"), and, when
+// asked and its segments changed since the last sync, "sync" and its
+// listing on the lines after: so ranks that reach the same check agree on
+// a sync whichever of them needs it, instead of one syncing alone.
+void SymmetricHeap::check_symmetric_and_sync(const void* local, std::size_t bytes, const std::string& what,
+                                             bool sync_if_needed, bool* synced) {
   const bool inside = allocator_.owns(local);
-  const std::string mine = inside ? std::to_string(offset_of(local)) + " " + std::to_string(bytes)
-                                  : std::string("outside ") + std::to_string(bytes);
-  auto all = collective("check_symmetric", [&] { return exchange("check", mine); });
+  std::string mine = inside ? std::to_string(offset_of(local)) + " " + std::to_string(bytes)
+                            : std::string("outside ") + std::to_string(bytes);
+  std::uint64_t generation = 0;
+  *synced = false;
+  std::vector<std::string> verdicts(static_cast<std::size_t>(world_));
+  collective("check_symmetric", [&] {
+    if (sync_if_needed && needs_sync()) mine += "\nsync\n" + list_for_sync(&generation);
+    auto all = exchange("check", mine);
+    std::vector<std::string> listings(all.size());
+    std::vector<bool> listed(all.size(), false);
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      const std::size_t newline = all[r].find('\n');
+      verdicts[r] = all[r].substr(0, newline);
+      if (newline != std::string::npos) {
+        const std::string rest = all[r].substr(newline + 1);
+        if (rest.rfind("sync\n", 0) != 0)
+          throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
+                                 " sent a malformed check");
+        listings[r] = rest.substr(5);
+        listed[r] = true;
+      }
+    }
+    if (std::find(listed.begin(), listed.end(), true) != listed.end()) {
+      apply_listings(listings, listed, generation);
+      *synced = true;
+    }
+  });
   std::string report;
   for (int r = 0; r < world_; ++r)
-    if (all[static_cast<std::size_t>(r)] != all[0])
-      report += "; rank " + std::to_string(r) + " has (offset size) " + all[static_cast<std::size_t>(r)] +
-                " where rank 0 has " + all[0];
+    if (verdicts[static_cast<std::size_t>(r)] != verdicts[0])
+      report += "; rank " + std::to_string(r) + " has (offset size) " + verdicts[static_cast<std::size_t>(r)] +
+                " where rank 0 has " + verdicts[0];
   for (int r = 0; r < world_; ++r)
-    if (all[static_cast<std::size_t>(r)].rfind("outside", 0) == 0)
+    if (verdicts[static_cast<std::size_t>(r)].rfind("outside", 0) == 0)
       report += "; rank " + std::to_string(r) + "'s buffer is not in the symmetric heap";
   if (!report.empty()) throw not_symmetric_error("buffer '" + what + "' is not symmetric" + report);
 }

@@ -232,19 +232,18 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
 }
 
 bool Communicator::is_symmetric(const void* ptr, std::size_t bytes) {
-  if (heap_.needs_sync()) {
-    detail::RelaxedCaptureMode relaxed;  // maps peer segments: allowed under capture
-    heap_.sync();
-    checked_.clear();
-  }
   auto it = checked_.find({ptr, bytes});
-  if (it != checked_.end()) return it->second;
-  bool ok = true;
+  if (it != checked_.end() && !heap_.needs_sync()) return it->second;
+  // A buffer not seen yet, or segments changed here: one exchange decides
+  // the verdict and, if any rank's segments changed, a sync on every rank.
+  bool ok = true, synced = false;
+  detail::RelaxedCaptureMode relaxed;  // may map peer segments: allowed under capture
   try {
-    heap_.check_symmetric(ptr, bytes, "");  // the same verdict on every rank
+    heap_.check_symmetric_and_sync(ptr, bytes, "", /*sync_if_needed=*/true, &synced);
   } catch (const not_symmetric_error&) {
-    ok = false;
+    ok = false;  // the same verdict on every rank
   }
+  if (synced) checked_.clear();
   checked_[{ptr, bytes}] = ok;
   return ok;
 }

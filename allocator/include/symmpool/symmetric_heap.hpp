@@ -60,6 +60,12 @@ class SymmetricHeap final : public SegmentObserver {
   // Collective: checks that `local` has the same offset and `bytes` on every
   // rank; throws not_symmetric_error naming the ranks and values otherwise.
   void check_symmetric(const void* local, std::size_t bytes, const std::string& what);
+  // The same check, and when `sync_if_needed` and any rank's segments
+  // changed since its last sync (needs_sync), a sync in the same exchange,
+  // so the ranks decide it together. `*synced`: whether a sync happened (on
+  // every rank alike), set before not_symmetric_error is thrown.
+  void check_symmetric_and_sync(const void* local, std::size_t bytes, const std::string& what,
+                                bool sync_if_needed, bool* synced);
 
   // Collective: gives every cached segment no block uses back to the
   // driver on every rank (the allocator's empty_cache keeps the ones peers
@@ -110,6 +116,9 @@ class SymmetricHeap final : public SegmentObserver {
   auto collective(const char* what, F&& step) -> decltype(step());
   void require_sound() const;
   std::map<std::uint64_t, Piece> parse_segments(int peer, const std::string& listing) const;
+  std::string list_for_sync(std::uint64_t* generation);
+  void apply_listings(const std::vector<std::string>& listings, const std::vector<bool>& listed,
+                      std::uint64_t generation);
   void map_peer(int peer, const Piece& piece);
   void unmap_peer(int peer, const Piece& piece) noexcept;
   int export_fd(std::uint64_t id);
