@@ -126,6 +126,47 @@ TEST(SymmetricHeapFake, ASegmentOneRankMappedAloneIsSyncedAtTheNextCheck) {
   EXPECT_EQ(result, "");
 }
 
+// A rank killed in the middle of the group's work (here: between two heap
+// exchanges) makes the survivors fail within the timeout, naming it, and
+// the heap stays failed: no later call uses a mapping the ranks disagree on.
+TEST(SymmetricHeapFake, ARankKilledMidwayFailsTheSurvivorsForGood) {
+  TempStoreDir dir;
+  constexpr auto kTimeout = std::chrono::seconds(2);
+  std::string result = run_ranks(3, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir.path());
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "killed", rank, w, HeapOptions{kTimeout});
+    void* a = alloc->allocate(4096, stream(1));
+    heap.sync();
+    if (rank == 2) std::_Exit(0);  // killed: no destructor, no goodbye
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      heap.check_symmetric(a, 4096, "a");
+      RANK_CHECK(false, "a check without rank 2 passed");
+    } catch (const timeout_error& e) {
+      RANK_CHECK(std::strstr(e.what(), "rank 2 never arrived"), "%s", e.what());
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    RANK_CHECK(waited < 2.0 + 1.0, "the survivor waited %.1f s", waited);
+    for (int again = 0; again < 2; ++again) {
+      try {
+        heap.sync();
+        RANK_CHECK(false, "a failed heap synced");
+      } catch (const collective_error& e) {
+        RANK_CHECK(std::strstr(e.what(), "rank 2 never arrived"), "%s", e.what());
+      }
+    }
+    try {
+      heap.peer_ptr(a, 1 - rank);
+      RANK_CHECK(false, "a failed heap handed out a peer pointer");
+    } catch (const collective_error&) {
+    }
+    alloc->deallocate(a, stream(1));
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
 TEST(SymmetricHeapFake, AsymmetricBuffersAreReportedWithRanksAndSizes) {
   const TempStoreDir store_dir;
   const std::string& dir = store_dir.path();
