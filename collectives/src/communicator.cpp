@@ -169,8 +169,6 @@ void Communicator::in_order(cudaStream_t stream, const char* op, std::size_t byt
     enqueue();  // a throw (say, a buffer that is not symmetric) leaves the order as it was
   } catch (const not_symmetric_error&) {
     throw;  // the same verdict on every rank: the caller may use NCCL
-  } catch (const multi_node_error&) {
-    throw;
   } catch (const logic_error&) {
     throw;  // bad arguments, found before any peer was involved
   } catch (const std::exception& e) {

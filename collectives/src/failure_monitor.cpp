@@ -124,8 +124,7 @@ void FailureMonitor::fail(const std::string& reason) {
 }
 
 void FailureMonitor::finish_failure(const std::string& message) {
-  static std::mutex handling;  // the first failure's handler runs before anyone acknowledges
-  std::lock_guard<std::mutex> lock(handling);
+  std::lock_guard<std::mutex> lock(handling_);  // the first failure's handler runs before anyone acknowledges
   if (failure_->set(message) && handler_) handler_(message);
   volatile_write(words_->acknowledged, 1);
 }

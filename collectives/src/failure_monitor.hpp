@@ -85,6 +85,7 @@ class FailureMonitor {
   std::vector<cudaEvent_t> spare_events_;
   std::uint64_t next_seq_ = 1;
 
+  std::mutex handling_;  // one failure handled at a time, per communicator
   std::mutex stop_mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
