@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: build, run every test, the main job and the benches in
-# one go, logs under $OUT. Stages: env build ctest pytest pytest2 train train-own bench collbench (all
+# one go, logs under $OUT. Stages: env build ctest pytest pytest2 train train-own bench hostcost collbench (all
 # but pytest2 by default), e.g. `bash scripts/gpu_check.sh build bench`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +44,9 @@ for stage in $stages; do
     bench)
       run bench.log build/bench/symmpool_alloc_bench --benchmark_out="$OUT/alloc_bench.json" \
         --benchmark_out_format=json --benchmark_repetitions=3 --benchmark_report_aggregates_only=true ;;
+    hostcost)  # host time per async collective call: nccl, symm with plain tensors, symm tensors
+      run hostcost.log $py -m torch.distributed.run --standalone --nproc-per-node="$(nvidia-smi -L | wc -l)" \
+        bench/collectives_host_cost.py --out "$OUT/collectives_host_cost.json" ;;
     collbench)
       run collbench.log build/bench/symmpool_collectives_bench \
         --benchmark_out="$OUT/collectives_bench.json" --benchmark_out_format=json

@@ -478,7 +478,7 @@ void SymmetricHeap::check_symmetric_and_sync(const void* local, std::size_t byte
   std::vector<std::string> verdicts(static_cast<std::size_t>(world_));
   collective("check_symmetric", [&] {
     if (sync_if_needed && needs_sync()) mine += "\nsync\n" + list_for_sync(&generation);
-    auto all = exchange("check", mine);
+    auto all = exchange("check " + what, mine);  // ranks checking different buffers fail here
     std::vector<std::string> listings(all.size());
     std::vector<bool> listed(all.size(), false);
     for (std::size_t r = 0; r < all.size(); ++r) {

@@ -316,15 +316,23 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::enqueued_work(const at::Tensor& outp
                                        blocking_wait_);
 }
 
-bool SymmBackend::run_on_symmpool(const at::Device& device,
+bool SymmBackend::run_on_symmpool(const at::Tensor& output, const at::Tensor& input,
                                   const std::function<void(Communicator&, cudaStream_t)>& enqueue) {
+  const at::Device device = input.device();
   c10::cuda::CUDAGuard guard(device);
-  auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   Communicator* comm = call_translating_errors([&] { return communicator(device.index()); });
   if (!comm) {
     ++nccl_fallbacks;  // the group spans nodes
     return false;
   }
+  // Plain tensors go to NCCL without asking the peers (they pass plain
+  // tensors too, or the call numbers stop matching and the group fails).
+  if (!comm->in_heap(input.data_ptr(), input.nbytes()) || !comm->in_heap(output.data_ptr(), output.nbytes())) {
+    comm->count_call_run_elsewhere();
+    ++nccl_fallbacks;
+    return false;
+  }
+  auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   try {
     enqueue(*comm, stream);
   } catch (const symmpool::not_symmetric_error&) {
@@ -348,7 +356,7 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::try_all_gather(at::Tensor& output, a
   if (!collectives_always_ &&
       choose_engine(CollectiveKind::kAllGather, output.nbytes(), getSize()) == Engine::kNccl)
     return nullptr;
-  if (!run_on_symmpool(input.device(), [&](Communicator& comm, cudaStream_t stream) {
+  if (!run_on_symmpool(output, input, [&](Communicator& comm, cudaStream_t stream) {
         comm.all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), stream);
       }))
     return nullptr;
@@ -370,7 +378,7 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::try_reduce(at::Tensor& output, at::T
   if (!collectives_always_ && choose_engine(kind, input.nbytes(), getSize()) == Engine::kNccl)
     return nullptr;
   const ReduceOp rop = op == c10d::ReduceOp::AVG ? ReduceOp::kAvg : ReduceOp::kSum;
-  if (!run_on_symmpool(input.device(), [&](Communicator& comm, cudaStream_t stream) {
+  if (!run_on_symmpool(output, input, [&](Communicator& comm, cudaStream_t stream) {
         if (scatter)
           comm.reduce_scatter(input.data_ptr(), output.data_ptr(), output.numel(), *type, rop, stream);
         else

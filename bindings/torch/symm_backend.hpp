@@ -69,14 +69,15 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
 
   // symmpool's own collectives (unless SYMMPOOL_COLLECTIVES=0). Each returns null
   // when the call must go to NCCL: unsupported shape, dtype or op (decided
-  // the same way on every rank), or buffers that are not symmetric on every
-  // rank (decided by one exchange that every rank sees). communicator() is
+  // the same way on every rank), plain tensors (decided locally: SPMD
+  // programs pass plain tensors on every rank), or buffers that are not
+  // symmetric on every rank (decided by one exchange that every rank sees). communicator() is
   // null, on every rank, when the group spans nodes.
   Communicator* communicator(c10::DeviceIndex device);
   c10::intrusive_ptr<c10d::Work> try_all_gather(at::Tensor& output, at::Tensor& input);
-  // Enqueues on the current stream; false (counted) when the symmetry check
-  // or a group spanning nodes sent the call to NCCL.
-  bool run_on_symmpool(const at::Device& device,
+  // Enqueues on the current stream; false (counted) when plain tensors, the
+  // symmetry check or a group spanning nodes sent the call to NCCL.
+  bool run_on_symmpool(const at::Tensor& output, const at::Tensor& input,
                        const std::function<void(Communicator&, cudaStream_t)>& enqueue);
   c10::intrusive_ptr<c10d::Work> try_reduce(at::Tensor& output, at::Tensor& input,
                                             c10d::ReduceOp op, bool scatter);

@@ -193,6 +193,7 @@ detail::BlockSync Communicator::block_sync(bool fused) const {
 
 void Communicator::barrier(cudaStream_t stream, BarrierKind kind) {
   check_errors();
+  begin_call("barrier");
   in_order(stream, "barrier", 0, [&] { enqueue_barrier(stream, kind); });
 }
 
@@ -229,25 +230,48 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   watchdog_->enqueue_passed(cu, epoch);
 }
 
-bool Communicator::is_symmetric(const void* ptr, std::size_t bytes) {
+bool Communicator::in_heap(const void* ptr, std::size_t bytes) const {
+  const char* first = static_cast<const char*>(ptr);
+  return allocator_.owns(first) && (bytes == 0 || allocator_.owns(first + bytes - 1));
+}
+
+// A rank that ran a call elsewhere while a peer ran it here (not SPMD) must
+// not pair its next call with that peer's on a cached verdict: the next
+// check exchanges, and the call numbers it carries tell the ranks apart.
+void Communicator::count_call_run_elsewhere() {
+  ++calls_;
+  exchange_next_check_ = true;
+}
+
+void Communicator::begin_call(const char* op) { call_ = std::string(op) + " #" + std::to_string(++calls_); }
+
+bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* what) {
+  if (!in_heap(ptr, bytes)) return false;
   auto it = checked_.find({ptr, bytes});
-  if (it != checked_.end() && !heap_.needs_sync()) return it->second;
+  if (it != checked_.end() && !heap_.needs_sync() && !exchange_next_check_) return it->second.empty();
   // A buffer not seen yet, or segments changed here: one exchange decides
   // the verdict and, if any rank's segments changed, a sync on every rank.
-  bool ok = true, synced = false;
+  std::string why_not;
+  bool synced = false;
   detail::RelaxedCaptureMode relaxed;  // may map peer segments: allowed under capture
   try {
-    heap_.check_symmetric_and_sync(ptr, bytes, "", /*sync_if_needed=*/true, &synced);
-  } catch (const not_symmetric_error&) {
-    ok = false;  // the same verdict on every rank
+    heap_.check_symmetric_and_sync(ptr, bytes, call_ + " " + what, /*sync_if_needed=*/true, &synced);
+  } catch (const not_symmetric_error& e) {
+    why_not = e.what();  // the same verdict on every rank
   }
+  exchange_next_check_ = false;
   if (synced) checked_.clear();
-  checked_[{ptr, bytes}] = ok;
-  return ok;
+  checked_[{ptr, bytes}] = why_not;
+  return why_not.empty();
 }
 
 void Communicator::require_symmetric(const void* ptr, std::size_t bytes, const char* what) {
-  if (!is_symmetric(ptr, bytes)) heap_.check_symmetric(ptr, bytes, what);  // throws, naming `what`
+  if (is_symmetric(ptr, bytes, what)) return;
+  auto it = checked_.find({ptr, bytes});
+  throw not_symmetric_error(it != checked_.end()
+                                ? it->second
+                                : "symmpool " + call_ + ": buffer '" + what + "' (" + std::to_string(bytes) +
+                                      " bytes) is not in the symmetric heap of rank " + std::to_string(rank()));
 }
 
 float Communicator::scale(ReduceOp op) const {
@@ -257,6 +281,7 @@ float Communicator::scale(ReduceOp op) const {
 void Communicator::all_gather(const void* in, void* out, std::size_t bytes_per_rank,
                               cudaStream_t stream, Algorithm algorithm, BarrierKind kind) {
   check_errors();
+  begin_call("all_gather");
   if (bytes_per_rank == 0) return;
   in_order(stream, "all_gather", bytes_per_rank * static_cast<std::size_t>(world()),
            [&] { enqueue_all_gather(in, out, bytes_per_rank, stream, algorithm, kind); });
@@ -405,6 +430,7 @@ void Communicator::two_step(const void* in, void* out, std::size_t count, DataTy
 void Communicator::reduce_scatter(const void* in, void* out, std::size_t count, DataType type,
                                   ReduceOp op, cudaStream_t stream, Algorithm algorithm) {
   check_errors();
+  begin_call("reduce_scatter");
   if (count == 0) return;
   in_order(stream, "reduce_scatter", count * static_cast<std::size_t>(world()) * element_size(type),
            [&] { enqueue_reduce_scatter(in, out, count, type, op, stream, algorithm); });
@@ -426,6 +452,7 @@ void Communicator::enqueue_reduce_scatter(const void* in, void* out, std::size_t
 void Communicator::all_reduce(const void* in, void* out, std::size_t count, DataType type,
                               ReduceOp op, cudaStream_t stream, Algorithm algorithm) {
   check_errors();
+  begin_call("all_reduce");
   if (count == 0) return;
   in_order(stream, "all_reduce", count * element_size(type),
            [&] { enqueue_all_reduce(in, out, count, type, op, stream, algorithm); });
@@ -442,8 +469,8 @@ void Communicator::enqueue_all_reduce(const void* in, void* out, std::size_t cou
     // Two-shot writes peers' outputs while they read our input: the buffers
     // must be the same one or apart, and the output symmetric.
     // Both checks run on every rank (they are collective): no short circuit.
-    const bool in_symmetric = is_symmetric(in, bytes);
-    const bool out_symmetric = is_symmetric(out, bytes);
+    const bool in_symmetric = is_symmetric(in, bytes, "all_reduce input");
+    const bool out_symmetric = is_symmetric(out, bytes, "all_reduce output");
     const bool usable = in_symmetric && out_symmetric && (in == out || !overlap(in, bytes, out, bytes));
     SYMMPOOL_EXPECTS(usable || !explicit_choice,
                      "symmpool: two-shot all_reduce needs symmetric input and output that are the "

@@ -151,3 +151,56 @@ def asymmetric_user_allocation_keeps_collectives_correct(rank: int, world: int) 
           flush=True)
     torch.cuda.synchronize()
     dist.destroy_process_group()
+
+
+def plain_tensor_on_one_rank_fails_loudly(rank: int, world: int) -> None:
+    """Not SPMD: rank 0 all-reduces a plain tensor (its call goes to NCCL,
+    decided locally) while the others all-reduce a symmpool tensor, then rank
+    0 all-reduces the symmpool tensor. No rank may pair two different calls:
+    every rank raises within the timeout + 1 s, and nobody reads a result."""
+    device, backend, buf = _symm_group(rank, world, "0")
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            dist.all_reduce(torch.ones(1024, device=device), async_op=True)  # NCCL: its peers never come
+        works = [dist.all_reduce(buf, async_op=True)]
+        torch.cuda.synchronize()
+        works.append(dist.all_reduce(buf, async_op=True))
+        for w in works:
+            w.wait()
+    except RuntimeError as e:
+        text = str(e)
+        assert "all_reduce #" in text and ("did not arrive" in text or "never arrived" in text), text
+    else:
+        raise AssertionError(f"rank {rank}: calls that differ between ranks went through")
+    waited = time.monotonic() - start
+    assert waited <= TIMEOUT_S + 1.5, f"rank {rank} raised after {waited:.1f} s"
+    print(f"[rank {rank}] the ranks' differing calls raised after {waited:.2f} s", flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # rank 0's NCCL all-reduce never completes: its teardown is not ours to test
+
+
+def tensors_on_two_devices_are_refused(rank: int, world: int) -> None:
+    """An all-gather or reduce-scatter whose output is on another GPU than its
+    input raises, naming both devices, on every rank (before any peer is
+    involved), and the group keeps working."""
+    device, backend, buf = _symm_group(rank, world, "0")
+    other = torch.device("cuda", (device.index + 1) % torch.cuda.device_count())
+    inp = backend.allocate_tensor(1024, dtype=torch.float32, device=device)
+    for op in ("all_gather", "reduce_scatter"):
+        out_numel = 1024 * world if op == "all_gather" else 1024 // world
+        out = torch.empty(out_numel, device=other)
+        try:
+            if op == "all_gather":
+                dist.all_gather_into_tensor(out, inp)
+            else:
+                dist.reduce_scatter_tensor(out, inp)
+        except RuntimeError as e:
+            assert str(device) in str(e) and str(other) in str(e), str(e)
+        else:
+            raise AssertionError(f"{op} with output on {other} and input on {device} went through")
+    buf.fill_(1.0)
+    dist.all_reduce(buf)
+    torch.cuda.synchronize()
+    assert buf[0].item() == world
+    dist.destroy_process_group()

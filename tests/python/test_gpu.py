@@ -125,3 +125,13 @@ def test_a_dead_peer_aborts_survivors_by_default(tmp_path):
 @needs_two
 def test_an_asymmetric_user_allocation_keeps_collectives_correct():
     run_workers(dist_failures.asymmetric_user_allocation_keeps_collectives_correct, gpu_count(), timeout=200)
+
+
+@needs_two
+def test_a_plain_tensor_on_one_rank_fails_every_rank_loudly():
+    run_workers(dist_failures.plain_tensor_on_one_rank_fails_loudly, gpu_count(), timeout=120)
+
+
+@needs_two
+def test_tensors_on_two_devices_are_refused_by_name():
+    run_workers(dist_failures.tensors_on_two_devices_are_refused, gpu_count(), timeout=120)

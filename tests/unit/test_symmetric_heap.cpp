@@ -126,6 +126,34 @@ TEST(SymmetricHeapFake, ASegmentOneRankMappedAloneIsSyncedAtTheNextCheck) {
   EXPECT_EQ(result, "");
 }
 
+// Ranks whose checks name different buffers (one rank ran a collective
+// elsewhere, so its call numbers run ahead) fail at once with
+// divergence_error naming both checks, instead of pairing two different calls.
+TEST(SymmetricHeapFake, ChecksOfDifferentCallsFailAtOnceNamingBoth) {
+  TempStoreDir dir;
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir.path());
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "calls", rank, w,
+                       HeapOptions{std::chrono::seconds(20)});
+    void* a = alloc->allocate(4096, stream(1));
+    heap.sync();
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      heap.check_symmetric(a, 4096, rank == 0 ? "all_gather #5 output" : "all_gather #6 output");
+      RANK_CHECK(false, "rank %d paired two different calls", rank);
+    } catch (const divergence_error& e) {
+      RANK_CHECK(std::strstr(e.what(), "all_gather #5 output") && std::strstr(e.what(), "all_gather #6 output"),
+                 "%s", e.what());
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    RANK_CHECK(waited < 5.0, "rank %d waited %.1f s for a divergence it could see at once", rank, waited);
+    alloc->deallocate(a, stream(1));
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
 // A rank killed in the middle of the group's work (here: between two heap
 // exchanges) makes the survivors fail within the timeout, naming it, and
 // the heap stays failed: no later call uses a mapping the ranks disagree on.
@@ -248,8 +276,8 @@ TEST(SymmetricHeapFake, RanksAtDifferentCollectivePointsFailAtOnce) {
         heap.check_symmetric(a, 4096, "a");
       RANK_CHECK(false, "ranks at different collective points went on");
     } catch (const divergence_error& e) {
-      RANK_CHECK(std::strstr(e.what(), rank == 0 ? "rank 1 is at 'check' where rank 0 is at 'segments'"
-                                                 : "rank 0 is at 'segments' where rank 1 is at 'check'"),
+      RANK_CHECK(std::strstr(e.what(), rank == 0 ? "rank 1 is at 'check a' where rank 0 is at 'segments'"
+                                                 : "rank 0 is at 'segments' where rank 1 is at 'check a'"),
                  "%s", e.what());
     }
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -59,6 +59,8 @@ class SymmetricHeap final : public SegmentObserver {
 
   // Collective: checks that `local` has the same offset and `bytes` on every
   // rank; throws not_symmetric_error naming the ranks and values otherwise.
+  // `what` names the buffer and must be the same on every rank (ranks at
+  // different checks raise divergence_error, naming both).
   void check_symmetric(const void* local, std::size_t bytes, const std::string& what);
   // The same check, and when `sync_if_needed` and any rank's segments
   // changed since its last sync (needs_sync), a sync in the same exchange,

@@ -97,6 +97,16 @@ class Communicator {
   // Collectives issued so far (their sequence numbers run from 1).
   std::uint64_t issued() const;
 
+  // Whether [ptr, ptr + bytes) lies in this rank's heap: local, no exchange.
+  // A buffer outside is never symmetric, decided without asking the peers,
+  // so a call on plain memory costs nothing here. The ranks must agree on
+  // which of their buffers come from the heap, as they agree on shapes; a
+  // rank that differs fails loudly (its call numbers no longer match).
+  bool in_heap(const void* ptr, std::size_t bytes) const;
+  // The caller ran a collective elsewhere (on NCCL, its buffers not in the
+  // heap): counted like ours, so every rank's call numbers stay aligned.
+  void count_call_run_elsewhere();
+
   int rank() const { return heap_.rank(); }
   int world() const { return heap_.world(); }
 
@@ -112,8 +122,12 @@ class Communicator {
                               cudaStream_t stream, Algorithm algorithm);
   void enqueue_all_reduce(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
                           cudaStream_t stream, Algorithm algorithm);
+  // Shared verdicts: one exchange per buffer not seen before (or after a
+  // sync), tagged with the call number, so ranks at different calls fail
+  // loudly instead of pairing up; a buffer outside the heap needs none.
   void require_symmetric(const void* ptr, std::size_t bytes, const char* what);
-  bool is_symmetric(const void* ptr, std::size_t bytes);
+  bool is_symmetric(const void* ptr, std::size_t bytes, const char* what);
+  void begin_call(const char* op);  // numbers a collective
   // Barriers around a kernel unless the kernel meets its peers itself.
   detail::BlockSync block_sync(bool fused) const;
   void one_shot(const void* in, std::size_t in_count, void* out, std::size_t count,
@@ -148,7 +162,11 @@ class Communicator {
   std::size_t scratch_bytes_ = 0;
   bool scratch_captured_ = false;          // scratch_ is in a captured CUDA graph
   std::vector<void*> retired_scratch_;     // outgrown but in graphs: freed with us
-  std::map<std::pair<const void*, std::size_t>, bool> checked_;  // buffers seen symmetric or not
+  std::uint64_t calls_ = 0;    // collectives asked of us or run elsewhere, same on every rank
+  std::string call_;           // "<op> #<calls_>": what the symmetry exchanges carry
+  bool exchange_next_check_ = false;  // a call ran elsewhere: verify alignment at the next check
+  // Buffers seen symmetric (empty) or not (why not), until the next sync.
+  std::map<std::pair<const void*, std::size_t>, std::string> checked_;
 };
 
 }  // namespace symmpool
