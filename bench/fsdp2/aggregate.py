@@ -156,8 +156,8 @@ def profile_error_lines(configs: list[dict]) -> list[str]:
             for c in configs for run in c["runs"] for e in run.get("profile_errors", [])]
 
 
-def _fmt(value, spec: str, missing: str = "-") -> str:
-    return missing if value is None else format(value, spec)
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else format(value, spec) + suffix
 
 
 def table(config: dict) -> str:
@@ -172,8 +172,8 @@ def table(config: dict) -> str:
                 f"{run['step_ms_median']:.1f} [{run['step_ms_p10']:.1f}-{run['step_ms_p90']:.1f}]")
         peak_pct = (None if run["device_peak_vs_stock"] is None else (run["device_peak_vs_stock"] - 1) * 100)
         lines.append(
-            f"{run['mode']:<12} {run['reps']:>4} {step:>26} {_fmt(run['step_vs_stock'], '.3f'):>7}x "
+            f"{run['mode']:<12} {run['reps']:>4} {step:>26} {_fmt(run['step_vs_stock'], '.3f', 'x'):>8} "
             f"{_fmt(run['host_ms_median'], '.1f'):>8} {_fmt(run['exposed_comm_ms_median'], '.2f'):>11} "
             f"{_fmt(run['device_peak_bytes'] and run['device_peak_bytes'] / GIB, '.2f'):>12} "
-            f"{_fmt(peak_pct, '+.2f'):>7}% {_fmt(run['max_rel_loss_diff_vs_stock'], '.1e'):>9}")
+            f"{_fmt(peak_pct, '+.2f', '%'):>8} {_fmt(run['max_rel_loss_diff_vs_stock'], '.1e'):>9}")
     return "\n".join(lines)
