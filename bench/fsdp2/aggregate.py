@@ -43,6 +43,10 @@ def per_rep(result: dict) -> dict:
         "host_ms": [max(r["host_ms"][i] for r in ranks) for i in range(steps)],
         "device_peak_bytes": _max_present(r.get("device_peak_bytes") for r in ranks),
         "device_baseline_bytes": _max_present(r.get("device_baseline_bytes") for r in ranks),
+        # what the model and training added to what the process held before the model
+        "device_peak_above_baseline_bytes": _max_present(
+            r["device_peak_bytes"] - r["device_baseline_bytes"] for r in ranks
+            if r.get("device_peak_bytes") is not None and r.get("device_baseline_bytes") is not None),
         "torch_peak_allocated_bytes": _max_present(r.get("torch_peak_allocated_bytes") for r in ranks),
         "torch_peak_reserved_bytes": _max_present(r.get("torch_peak_reserved_bytes") for r in ranks),
         "symmpool_peak_reserved_bytes": _max_present(s["reserved_bytes"]["peak"] if s else None for s in symm),
@@ -95,6 +99,7 @@ def aggregate_mode(mode: str, records: list[dict], reference: dict | None) -> di
         "device_peak_bytes": _max_present(rep["device_peak_bytes"] for rep in reps),
         "device_peak_bytes_per_rep": [rep["device_peak_bytes"] for rep in reps],
         "device_baseline_bytes_per_rep": [rep["device_baseline_bytes"] for rep in reps],
+        "device_peak_above_baseline_bytes": _max_present(rep["device_peak_above_baseline_bytes"] for rep in reps),
         "torch_peak_allocated_bytes": _max_present(rep["torch_peak_allocated_bytes"] for rep in reps),
         "torch_peak_reserved_bytes": _max_present(rep["torch_peak_reserved_bytes"] for rep in reps),
         "symmpool_peak_reserved_bytes": _max_present(rep["symmpool_peak_reserved_bytes"] for rep in reps),

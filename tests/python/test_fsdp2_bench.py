@@ -145,6 +145,7 @@ def test_aggregation_has_the_issue_shape_and_numbers():
     assert stock["step_ms_rep_medians"] == [111, 116]
     assert stock["host_ms_median"] == pytest.approx(56.25)
     assert stock["device_peak_bytes"] == 41 << 30 and stock["device_peak_bytes_per_rep"] == [40 << 30, 41 << 30]
+    assert stock["device_peak_above_baseline_bytes"] == 40 << 30  # baseline 1 GiB
     assert stock["exposed_comm_ms_median"] == pytest.approx(2.5)  # the larger rank's
     assert stock["symmpool_peak_reserved_bytes"] is None
     assert stock["max_rel_loss_diff_vs_stock"] == 0.0
