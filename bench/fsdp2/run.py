@@ -294,7 +294,8 @@ def main(argv=None) -> int:
     gpu = short_gpu_name(info["gpu_name"])
     os.makedirs(args.out_dir, exist_ok=True)
     path = args.out or default_out(args.out_dir, gpu, args.nproc)
-    log_dir = args.log_dir or tempfile.mkdtemp(prefix="fsdp2_bench_")
+    # absolute: the children run in bench/fsdp2 and write their results here
+    log_dir = os.path.abspath(args.log_dir or tempfile.mkdtemp(prefix="fsdp2_bench_"))
     os.makedirs(log_dir, exist_ok=True)
     if "SYMMPOOL_COLLECTIVES" in os.environ:
         print(f"run.py: SYMMPOOL_COLLECTIVES={os.environ['SYMMPOOL_COLLECTIVES']} from the environment is "
