@@ -76,6 +76,8 @@ def exposed(comm: list[tuple[float, float]], compute: list[tuple[float, float]])
 def summarize(events: list[dict], steps: int) -> dict:
     """Per-step milliseconds of communication, compute and exposed communication."""
     comm, compute = classify(events)
+    if not compute:  # a trace without GPU kernels: say so rather than report zero
+        raise RuntimeError("the profiler's trace holds no GPU kernel (is CUPTI working?)")
     per_step = 1e-3 / steps  # us over the window -> ms per step
     return {
         "profiled_steps": steps,

@@ -292,3 +292,8 @@ def test_a_failed_profiler_is_reported_and_keeps_the_measured_steps():
     assert stock["step_ms_median"] == 101 and stock["exposed_comm_ms_median"] is None
     assert stock["profile_errors"] == ["RuntimeError: CUPTI unavailable"]
     assert "CUPTI" in aggregate.profile_error_lines([config])[0]
+
+
+def test_a_trace_without_gpu_kernels_is_an_error_not_zero():
+    with pytest.raises(RuntimeError, match="no GPU kernel"):
+        comm_profile.summarize([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}], steps=1)
