@@ -50,7 +50,10 @@ def parse_args(argv=None):
                    help="cpu: gloo, stock mode only (tests without a GPU)")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes")
     args = p.parse_args(argv)
-    parse_config(config_name(args.preset, args.batch, args.seq))  # same checks as run.py
+    try:
+        parse_config(config_name(args.preset, args.batch, args.seq))  # same checks as run.py
+    except ValueError as e:
+        p.error(str(e))
     if args.steps < 1 or args.warmup < 0 or args.profile_steps < 0:
         p.error("--steps must be >= 1, --warmup and --profile-steps >= 0")
     if args.device == "cpu" and args.mode != "stock":
