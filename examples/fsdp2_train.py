@@ -1,6 +1,9 @@
-"""Main job: train a small transformer with FSDP2 twice, on stock NCCL and on
-the "symm" backend with FSDP2's comm buffers allocated from symmpool
+"""Example (and the loss-parity test's body): train a small transformer with
+FSDP2 twice in one process, on stock NCCL and on the "symm" backend with
+FSDP2's comm buffers allocated from symmpool
 (``set_allocate_memory_from_process_group_for_comm(True)``), and compare.
+The main job (scripts/train.sh) and the benchmark (bench/fsdp2/run.py) run
+each mode in its own process instead, for step time and memory.
 
     torchrun --nproc-per-node=<gpus> examples/fsdp2_train.py --steps 50
 

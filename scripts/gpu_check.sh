@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine: build, run every test, the main job and the benches in
-# one go, logs under $OUT. Stages: env build ctest pytest pytest2 train train-own bench hostcost collbench (all
-# but pytest2 by default), e.g. `bash scripts/gpu_check.sh build bench`.
+# one go, logs under $OUT. Stages: env build ctest pytest pytest2 train train-own bench hostcost collbench
+# fsdp2bench (all but pytest2 and fsdp2bench by default), e.g. `bash scripts/gpu_check.sh build bench`.
+# fsdp2bench runs bench/fsdp2/run.py with $FSDP2_BENCH_ARGS (default: its own defaults, the
+# issue's six configs x six modes x 3 reps: far more than 10 minutes; give --configs and
+# --time-budget), JSON and PNG into $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -38,15 +41,18 @@ for stage in $stages; do
     pytest2)  # world size 2 on a larger machine
       run pytest.log env CUDA_VISIBLE_DEVICES=0,1 $py -m pytest -v -s tests/python/test_gpu.py ;;
     train)
-      run train.log bash scripts/train.sh --steps 50 --json "$OUT/train.json" ;;
-    train-own)  # the same, with the "symm" run's collectives on symmpool's own engines
-      run train.log env SYMMPOOL_COLLECTIVES=always bash scripts/train.sh --steps 50 --json "$OUT/train_own.json" ;;
+      run train.log bash scripts/train.sh --steps 50 --no-plot --json "$OUT/train.json" ;;
+    train-own)  # the same, with every collective it can on symmpool's own engines
+      run train.log bash scripts/train.sh --steps 50 --no-plot --modes stock,symm-always --json "$OUT/train_own.json" ;;
     bench)
       run bench.log build/bench/symmpool_alloc_bench --benchmark_out="$OUT/alloc_bench.json" \
         --benchmark_out_format=json --benchmark_repetitions=3 --benchmark_report_aggregates_only=true ;;
     hostcost)  # host time per async collective call: nccl, symm with plain tensors, symm tensors
       run hostcost.log $py -m torch.distributed.run --standalone --nproc-per-node="$(nvidia-smi -L | wc -l)" \
         bench/collectives_host_cost.py --out "$OUT/collectives_host_cost.json" ;;
+    fsdp2bench)  # e.g. FSDP2_BENCH_ARGS="--configs 3.5b-b2s2048 --time-budget 540"
+      # shellcheck disable=SC2086  # the variable holds several arguments
+      run fsdp2bench.log $py bench/fsdp2/run.py --out-dir "$OUT" ${FSDP2_BENCH_ARGS:-} ;;
     collbench)
       run collbench.log build/bench/symmpool_collectives_bench \
         --benchmark_out="$OUT/collectives_bench.json" --benchmark_out_format=json

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what symmpool needs on a fresh machine and prints the Python to use.
 # - C++: cmake, ninja, GoogleTest, Google Benchmark (Debian/Ubuntu packages).
-# - Python: a python3 that imports torch 2.11 is used as is (the GPU hosts);
+# - Python: a python3 that imports torch 2.11 is used as is (the GPU hosts, which
+#   have matplotlib too: nothing to fetch there);
 #   otherwise .venv gets torch 2.11.0 (CUDA 13) from PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,5 +30,5 @@ else
   fi
   py=$(pwd)/.venv/bin/python
 fi
-"$py" -m pip install -q "scikit-build-core>=0.10" pytest numpy >&2
+"$py" -m pip install -q "scikit-build-core>=0.10" pytest numpy matplotlib >&2  # matplotlib: bench/fsdp2/plot.py
 echo "$py"

@@ -1,0 +1,110 @@
+"""Exposed communication time from a torch.profiler trace: the time the GPU
+spends on communication while no compute runs.
+
+Communication: NCCL kernels (name contains "nccl"), symmpool's kernels
+(`symmpool::detail::barrier_kernel`, `reduce_kernel`, `gather_copy_kernel`:
+the name contains "symmpool"), peer-to-peer copies (Memcpy PtoP), and
+device-to-device copies on streams that run no compute kernel (symmpool's
+copy-engine all-gather issues plain DtoD copies from peer memory mapped into
+this process, on the collective's stream or its side copy streams; FSDP2's own
+copy-in/out are kernels). Everything else on the GPU is compute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+
+def is_comm_kernel(name: str) -> bool:
+    lower = name.lower()
+    return "nccl" in lower or "symmpool" in lower
+
+
+def classify(events: list[dict]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """Chrome-trace GPU events -> (communication intervals, compute intervals),
+    in microseconds. Events other than kernels, memcpys and memsets are ignored."""
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    compute_streams = {_stream(e) for e in gpu if e["cat"] == "kernel" and not is_comm_kernel(e["name"])}
+    comm, compute = [], []
+    for e in gpu:
+        interval = (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+        if e["cat"] == "kernel":
+            is_comm = is_comm_kernel(e["name"])
+        elif e["cat"] == "gpu_memcpy":
+            is_comm = "PtoP" in e["name"] or ("DtoD" in e["name"] and _stream(e) not in compute_streams)
+        else:
+            is_comm = False
+        (comm if is_comm else compute).append(interval)
+    return comm, compute
+
+
+def _stream(event: dict):
+    args = event.get("args", {})
+    return args.get("stream", event.get("tid"))
+
+
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def length(intervals: list[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def exposed(comm: list[tuple[float, float]], compute: list[tuple[float, float]]) -> float:
+    """Length of the communication time not covered by any compute interval."""
+    comm, compute = union(comm), union(compute)
+    covered, j = 0.0, 0
+    for start, end in comm:
+        while j < len(compute) and compute[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(compute) and compute[k][0] < end:
+            covered += min(end, compute[k][1]) - max(start, compute[k][0])
+            k += 1
+    return length(comm) - covered
+
+
+def summarize(events: list[dict], steps: int) -> dict:
+    """Per-step milliseconds of communication, compute and exposed communication."""
+    comm, compute = classify(events)
+    if not compute:  # a trace without GPU kernels: say so rather than report zero
+        raise RuntimeError("the profiler's trace holds no GPU kernel (is CUPTI working?)")
+    per_step = 1e-3 / steps  # us over the window -> ms per step
+    return {
+        "profiled_steps": steps,
+        "comm_ms_per_step": length(union(comm)) * per_step,
+        "compute_ms_per_step": length(union(compute)) * per_step,
+        "exposed_comm_ms_per_step": exposed(comm, compute) * per_step,
+        "comm_kernels": len(comm),
+    }
+
+
+def profile_steps(step, steps: int) -> dict:
+    """Runs `step()` `steps` times under torch.profiler (CUDA activity only:
+    no CPU-op events, the smallest trace) and summarizes the GPU timeline."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json", prefix="fsdp2_trace_")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+    return summarize(events, steps)

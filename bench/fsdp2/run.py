@@ -1,0 +1,348 @@
+"""FSDP2 benchmark driver: configs x modes x repetitions, each run in its own
+`torchrun --standalone` process (FSDP2 state lives in reference cycles, so
+modes sharing a process would leak memory into each other), repetitions
+interleaved (rep 0 of every config and mode, then rep 1, ...; the mode order
+rotates each rep so no mode always runs first).
+
+    python bench/fsdp2/run.py                                   # the issue's configs, all modes, 3 reps
+    python bench/fsdp2/run.py --configs 3.5b-b2s2048 --modes stock,symm --reps 5
+    python bench/fsdp2/run.py --merge a.json b.json --out all.json
+
+Writes the JSON after every finished run (a killed job keeps what it had),
+then a PNG next to it and a table. Exit status 1 if a run failed (or, with
+--loss-rtol, if a mode's losses differ from stock's beyond it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import aggregate  # noqa: E402
+from configs import ISSUE_CONFIGS, MODES, config_name, parse_config, parse_modes  # noqa: E402
+
+# NVLink multicast must stay off on the shared GPU hosts (scripts/env.sh):
+# set in every child whatever the caller's environment says.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+                 "SYMMPOOL_DISABLE_MULTICAST": "1"}
+ENV_OF_NOTE = ("NCCL_", "SYMMPOOL_", "TORCH_NCCL_", "TORCH_SYMM_MEM_", "NVSHMEM_", "CUDA_VISIBLE_DEVICES",
+               "PYTORCH_CUDA_ALLOC_CONF")
+LOG_TAIL_CHARS = 4000
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", help=f"comma-separated <preset>-b<batch>s<seq>; default: {','.join(ISSUE_CONFIGS)}")
+    p.add_argument("--preset", "--model", dest="preset", help="one config from a preset (instead of --configs)")
+    p.add_argument("--batch", type=int, help="with --preset (default 2)")
+    p.add_argument("--seq", type=int, help="with --preset (default 1024)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30, help="measured steps per run")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--profile-steps", type=int, default=3, help="profiled steps after the measured ones; 0: none")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nproc", type=int, help="processes per run (default: every visible GPU; 2 with --device cpu)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--out", "--json", dest="out",
+                   help="result JSON (default: <out-dir>/fsdp2_<gpu>x<N>_<date>.json, a letter added if taken)")
+    p.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "results"))
+    p.add_argument("--log-dir", help="every run's output (default: a new directory under /tmp)")
+    p.add_argument("--run-timeout", type=float, default=300, help="seconds before a run is killed")
+    p.add_argument("--time-budget", type=float,
+                   help="seconds: launch no run that would likely end past it (estimated from finished runs)")
+    p.add_argument("--loss-rtol", type=float, help="fail if a mode's losses differ from stock's beyond this")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="combine result files into --out; runs nothing")
+    args = p.parse_args(argv)
+    try:
+        if args.merge:
+            if not args.out:
+                p.error("--merge needs --out")
+            return args
+        if args.configs and (args.preset or args.batch or args.seq):
+            p.error("give --configs or --preset/--batch/--seq, not both")
+        if args.preset or args.batch or args.seq:
+            args.configs = [parse_config(config_name(args.preset or "1b", args.batch or 2, args.seq or 1024))]
+        else:
+            args.configs = [parse_config(c.strip()) for c in (args.configs or ",".join(ISSUE_CONFIGS)).split(",")
+                            if c.strip()]
+        args.modes = parse_modes(args.modes)
+    except ValueError as e:
+        p.error(str(e))
+    if args.reps < 1 or args.steps < 1 or args.warmup < 0 or args.profile_steps < 0:
+        p.error("--reps and --steps must be >= 1, --warmup and --profile-steps >= 0")
+    if args.device == "cpu" and args.modes != ["stock"]:
+        p.error("--device cpu runs the stock mode only (--modes stock)")
+    return args
+
+
+def probe(device: str) -> dict:
+    """GPU count, name and versions, asked in a child process: the driver
+    itself must hold no CUDA context (it would use memory on GPU 0 that rank
+    0's mem_get_info counts)."""
+    code = ("import json, torch; n = torch.cuda.device_count(); print(json.dumps({"
+            "'count': n, 'gpu_name': torch.cuda.get_device_name(0) if n else None, 'torch': torch.__version__, "
+            "'cuda': torch.version.cuda, 'nccl': '.'.join(map(str, torch.cuda.nccl.version())) if n else None}))")
+    info = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                     text=True).stdout.strip().splitlines()[-1])
+    if device == "cpu":
+        info.update(gpu_name=None)
+    return info
+
+
+def short_gpu_name(name: str | None) -> str:
+    """"NVIDIA H200" -> "h200"; no GPU -> "cpu"."""
+    if not name:
+        return "cpu"
+    words = [w for w in name.lower().replace("nvidia", "").split() if w]
+    return "".join(c for c in (words[0] if words else "gpu") if c.isalnum())
+
+
+def default_out(out_dir: str, gpu: str, ranks: int) -> str:
+    stem = f"fsdp2_{gpu}x{ranks}_{datetime.date.today().isoformat()}"
+    for suffix in [""] + [chr(c) for c in range(ord("b"), ord("z") + 1)]:
+        path = os.path.join(out_dir, f"{stem}{suffix}.json")
+        if not os.path.exists(path):
+            return path
+    raise SystemExit(f"every name {stem}[b-z].json in {out_dir} is taken; give --out")
+
+
+def plan(configs, modes, reps) -> list[tuple[int, object, str]]:
+    """(rep, config, mode): reps outermost so a cut-short job has every
+    config and mode at least once; the mode order rotates by rep."""
+    return [(rep, config, modes[(i + rep) % len(modes)])
+            for rep in range(reps) for config in configs for i in range(len(modes))]
+
+
+def child_env(mode: str) -> dict:
+    env = dict(os.environ)
+    env.pop("SYMMPOOL_COLLECTIVES", None)
+    if MODES[mode][2] is not None:
+        env["SYMMPOOL_COLLECTIVES"] = MODES[mode][2]
+    env.update(MULTICAST_OFF)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def symmpool_commit() -> str | None:
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], check=True, capture_output=True,
+                              text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], check=True,
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def launch(rep: int, config, mode: str, args, log_dir: str, timeout: float) -> dict:
+    """One torchrun; a record for aggregate.py, whatever happened."""
+    stem = f"{config.name}_{mode}_rep{rep}"
+    out = os.path.join(log_dir, stem + ".json")
+    log = os.path.join(log_dir, stem + ".log")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           os.path.join(HERE, "worker.py"), "--preset", config.preset, "--batch", str(config.batch),
+           "--seq", str(config.seq), "--mode", mode, "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--profile-steps", str(args.profile_steps), "--seed", str(args.seed), "--device", args.device,
+           "--out", out]
+    record = {"config": config.name, "mode": mode, "rep": rep, "returncode": None, "reason": None,
+              "log": log, "log_tail": None, "result": None}
+    start = time.monotonic()
+    with open(log, "w") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, env=child_env(mode), stdout=f, stderr=subprocess.STDOUT, cwd=HERE,
+                                start_new_session=True)  # its own process group: a timeout kills every rank
+        try:
+            record["returncode"] = proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            record["returncode"] = proc.returncode
+    record["wall_s"] = round(time.monotonic() - start, 1)
+    if os.path.exists(out):
+        with open(out) as f:
+            record["result"] = json.load(f)
+    problems = (record["result"] or {}).get("mode_problems") or []
+    if timed_out:
+        record.update(status="timeout", reason=f"killed after {timeout:.0f} s")
+    elif record["returncode"] != 0 or record["result"] is None or problems:
+        record.update(status="failed", reason="; ".join(problems) or
+                      (f"exit code {record['returncode']}" if record["returncode"] else "the worker wrote no result"))
+    else:
+        record["status"] = "ok"
+    if record["status"] != "ok":
+        with open(log, errors="replace") as f:
+            record["log_tail"] = f.read()[-LOG_TAIL_CHARS:]
+    return record
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def estimate_s(config, records: list[dict]) -> float:
+    """A run's likely wall time: the mean of this config's finished runs, else
+    the longest run so far, else 0 (nothing to go by)."""
+    same = [r["wall_s"] for r in records if r["config"] == config.name]
+    if same:
+        return statistics.mean(same)
+    return max((r["wall_s"] for r in records), default=0.0)
+
+
+def document(context: dict, records: list[dict], not_run: list[dict]) -> dict:
+    ok = [r for r in records if r["status"] == "ok"]
+    if ok:  # versions as the workers saw them
+        worker_ctx = ok[0]["result"]["context"]
+        context.update({k: worker_ctx.get(k) for k in ("torch", "cuda", "nccl")})
+        context["ranks"] = ok[0]["result"]["world"]
+    return {"context": context, "configs": aggregate.aggregate(records), "not_run": not_run, "records": records}
+
+
+def write_json(path: str, doc: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)  # a reader never sees half a file
+
+
+def report(doc: dict, path: str, loss_rtol: float | None, plot: bool) -> int:
+    for config in doc["configs"]:
+        print()
+        print(aggregate.table(config))
+    failures = aggregate.failure_lines(doc["configs"])
+    for line in failures:
+        print("FAILED:", line)
+    for line in aggregate.profile_error_lines(doc["configs"]):
+        print("WARNING:", line)
+    for n in doc.get("not_run", []):
+        print(f"NOT RUN: {n['config']} {n['mode']} rep {n['rep']}: {n['reason']}")
+    problems = aggregate.loss_problems(doc["configs"], loss_rtol) if loss_rtol is not None else []
+    for line in problems:
+        print("LOSSES DIFFER:", line)
+    if loss_rtol is not None and not problems:
+        print(f"losses agree with stock within {loss_rtol:g} relative")
+    print(f"results: {path}")
+    if plot:
+        try:
+            import plot as plot_module
+            print(f"plot: {plot_module.plot(path)}")
+        except ImportError as e:
+            print(f"no plot ({e}); pip install matplotlib, then python {HERE}/plot.py {path}")
+    return 1 if failures or problems else 0
+
+
+def merge(paths: list[str], out: str) -> dict:
+    docs = []
+    for path in paths:
+        with open(path) as f:
+            docs.append(json.load(f))
+    first = docs[0]["context"]
+    for path, doc in zip(paths, docs):
+        for key in ("gpu", "ranks", "device"):
+            if doc["context"].get(key) != first.get(key):
+                raise SystemExit(f"cannot merge {path}: its {key} is {doc['context'].get(key)!r}, "
+                                 f"{paths[0]}'s is {first.get(key)!r}")
+    records, not_run = [], []
+    for path, doc in zip(paths, docs):
+        source = os.path.basename(path)
+        records += [dict(r, source=r.get("source", source)) for r in doc["records"]]
+        not_run += doc.get("not_run", [])
+    context = dict(first, merged_from=[os.path.basename(p) for p in paths],
+                   dates=sorted({d["context"].get("date") for d in docs if d["context"].get("date")}))
+    doc = {"context": context, "configs": aggregate.aggregate(records), "not_run": not_run, "records": records}
+    write_json(out, doc)
+    return doc
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.merge:
+        doc = merge(args.merge, args.out)
+        return report(doc, args.out, args.loss_rtol, not args.no_plot)
+
+    info = probe(args.device)
+    if args.device == "cuda" and info["count"] < 1:
+        raise SystemExit("run.py: no CUDA GPU visible (--device cpu runs the stock mode on CPU)")
+    args.nproc = args.nproc or (info["count"] if args.device == "cuda" else 2)
+    if args.device == "cuda" and args.nproc > info["count"]:
+        raise SystemExit(f"run.py: --nproc {args.nproc} but only {info['count']} GPUs are visible")
+    gpu = short_gpu_name(info["gpu_name"])
+    os.makedirs(args.out_dir, exist_ok=True)
+    path = args.out or default_out(args.out_dir, gpu, args.nproc)
+    # absolute: the children run in bench/fsdp2 and write their results here
+    log_dir = os.path.abspath(args.log_dir or tempfile.mkdtemp(prefix="fsdp2_bench_"))
+    os.makedirs(log_dir, exist_ok=True)
+    if "SYMMPOOL_COLLECTIVES" in os.environ:
+        print(f"run.py: SYMMPOOL_COLLECTIVES={os.environ['SYMMPOOL_COLLECTIVES']} from the environment is "
+              "ignored: each mode sets its own", file=sys.stderr)
+    context = {
+        "gpu": gpu, "gpu_name": info["gpu_name"], "ranks": args.nproc, "device": args.device,
+        "torch": info["torch"], "cuda": info["cuda"], "nccl": info["nccl"],
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(), "symmpool_commit": symmpool_commit(),
+        "env": {k: v for k, v in sorted(child_env("stock").items()) if k.startswith(ENV_OF_NOTE)},
+        "command": [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:] if argv is None else ["run.py"] + argv,
+        "steps": args.steps, "warmup": args.warmup, "profile_steps": args.profile_steps, "seed": args.seed,
+        "modes": args.modes, "log_dir": log_dir,
+    }
+    runs = plan(args.configs, args.modes, args.reps)
+    print(f"run.py: {len(runs)} runs on {args.nproc} x {info['gpu_name'] or 'cpu'}; logs in {log_dir}; "
+          f"results in {path}", flush=True)
+    records, not_run, began = [], [], time.monotonic()
+    for k, (rep, config, mode) in enumerate(runs, 1):
+        timeout = args.run_timeout
+        if args.time_budget is not None:
+            left = args.time_budget - (time.monotonic() - began)
+            if estimate_s(config, records) > left or left <= 0:
+                not_run += [{"config": c.name, "mode": m, "rep": r,
+                             "reason": f"time budget of {args.time_budget:.0f} s"} for r, c, m in runs[k - 1:]]
+                print(f"run.py: time budget: {len(runs) - k + 1} runs not started", flush=True)
+                break
+            timeout = min(timeout, left)
+        record = launch(rep, config, mode, args, log_dir, timeout)
+        records.append(record)
+        write_json(path, document(context, records, not_run))
+        print(f"[{k}/{len(runs)}] {_summary(record)}", flush=True)
+    write_json(path, document(context, records, not_run))
+    with open(path) as f:
+        return report(json.load(f), path, args.loss_rtol, not args.no_plot)
+
+
+def _summary(record: dict) -> str:
+    head = f"{record['config']} {record['mode']} rep {record['rep']}: "
+    if record["status"] != "ok":
+        return head + f"{record['status'].upper()} ({record['reason']}, {record['wall_s']} s; log {record['log']})"
+    rep = aggregate.per_rep(record["result"])
+    peak = rep["device_peak_bytes"]
+    return head + (f"median step {statistics.median(rep['step_ms']):.1f} ms"
+                   + (f", device peak {peak / aggregate.GIB:.2f} GiB" if peak else "")
+                   + f", {record['wall_s']} s")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,257 @@
+"""One FSDP2 training run: one (config, mode, repetition), under torchrun.
+
+    torchrun --standalone --nproc-per-node=2 bench/fsdp2/worker.py \
+        --preset 3.5b --batch 2 --seq 2048 --mode symm --out result.json
+
+run.py starts it once per (config, mode, repetition) and sets the mode's
+SYMMPOOL_COLLECTIVES in its environment (it must be set before the "symm"
+group exists); this file only records it. Rank 0 writes every rank's
+measurements to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from configs import MODES, PRESETS, config_name, model_fields, parse_config
+import llama
+
+try:  # every mode imports symmpool, so that every process looks the same
+    import symmpool
+    SYMMPOOL_IMPORT_ERROR = None
+except ImportError as e:  # only stock modes can run without it (CPU tests on an unbuilt tree)
+    symmpool, SYMMPOOL_IMPORT_ERROR = None, f"{type(e).__name__}: {e}"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--mode", required=True, choices=list(MODES))
+    p.add_argument("--steps", type=int, default=30, help="measured steps")
+    p.add_argument("--warmup", type=int, default=5, help="steps before the measured ones, not measured")
+    p.add_argument("--profile-steps", type=int, default=3,
+                   help="steps after the measured ones, under the profiler, for exposed communication; 0: none")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: gloo, stock mode only (tests without a GPU)")
+    p.add_argument("--out", required=True, help="JSON file rank 0 writes")
+    args = p.parse_args(argv)
+    try:
+        parse_config(config_name(args.preset, args.batch, args.seq))  # same checks as run.py
+    except ValueError as e:
+        p.error(str(e))
+    if args.steps < 1 or args.warmup < 0 or args.profile_steps < 0:
+        p.error("--steps must be >= 1, --warmup and --profile-steps >= 0")
+    if args.device == "cpu" and args.mode != "stock":
+        p.error(f"mode {args.mode} needs CUDA; --device cpu runs the stock mode only")
+    return args
+
+
+def used_bytes(device) -> int | None:
+    """Device memory in use as the device sees it (every allocator, the CUDA
+    context, NCCL's buffers), not only torch's."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free
+
+
+def make_mesh(args, device) -> DeviceMesh:
+    backend, _, _ = MODES[args.mode]
+    if backend == "symm":
+        if symmpool is None:
+            raise SystemExit(f"mode {args.mode} needs symmpool, which does not import: {SYMMPOOL_IMPORT_ERROR}")
+        return DeviceMesh.from_group(dist.new_group(backend=symmpool.BACKEND_NAME), "cuda")
+    return DeviceMesh.from_group(dist.group.WORLD, device.type)
+
+
+def build_model(args, mesh, device):
+    model = llama.build_on_meta(args.preset, args.seq)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    if MODES[args.mode][1]:
+        # what symmpool.allocate_fsdp_comm_buffers_from_symm does; here for "nccl" groups too
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.set_allocate_memory_from_process_group_for_comm(True)
+    model.to_empty(device=device)
+    model.init_weights(args.seed)
+    return model
+
+
+def symmpool_stats(device) -> dict | None:
+    if symmpool is None or device.type != "cuda":
+        return None
+    return symmpool.memory_stats(device)
+
+
+def run(args) -> dict:
+    """This rank's measurements."""
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    results_group = dist.new_group(backend="gloo")  # gathers results, never touches the GPU
+    mesh = make_mesh(args, device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    baseline = used_bytes(device)  # before the model: context, communicators
+    model = build_model(args, mesh, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=True)
+    spec = PRESETS[args.preset]
+    total_steps = args.warmup + args.steps + args.profile_steps
+    data = torch.Generator(device="cpu").manual_seed(args.seed * 1000 + rank)
+    # All batches made up front: no host RNG or host-to-device copy inside a step.
+    tokens = torch.randint(0, spec.vocab, (total_steps, args.batch, args.seq + 1), generator=data).to(device)
+    if device.type == "cuda":
+        sync()
+        torch.cuda.empty_cache()  # init made each full parameter once; start every mode from the same cache
+        torch.cuda.reset_peak_memory_stats(device)
+        if symmpool is not None:
+            symmpool.reset_peak_memory_stats(device)
+    losses, step_ms, host_ms, device_used = [], [], [], []
+    sample = used_bytes if device.type == "cuda" else (lambda d: None)
+
+    def step(i: int, phases: bool) -> None:
+        batch = tokens[i]
+        logits = model(batch[:, :-1])
+        if phases:
+            device_used.append(sample(device))
+        loss = F.cross_entropy(logits.float().reshape(-1, spec.vocab), batch[:, 1:].reshape(-1))
+        loss.backward()
+        if phases:
+            device_used.append(sample(device))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+
+    for i in range(total_steps - args.profile_steps):
+        measured = i >= args.warmup
+        start = time.perf_counter()
+        # Memory after forward and backward in warm-up only (the caches reach
+        # their size there); measured steps sample once, outside the timing.
+        step(i, phases=not measured)
+        host_done = time.perf_counter()  # the host's part: every call of the step has returned
+        sync()
+        end = time.perf_counter()
+        device_used.append(sample(device))
+        if measured:
+            step_ms.append((end - start) * 1e3)
+            host_ms.append((host_done - start) * 1e3)
+
+    profile = None
+    if args.profile_steps and device.type == "cuda":
+        import comm_profile
+        first = total_steps - args.profile_steps
+        it = iter(range(first, total_steps))
+        try:
+            profile = comm_profile.profile_steps(lambda: step(next(it), phases=False), args.profile_steps)
+        except Exception as e:  # the measured steps above must not be lost to the profiler
+            profile = {"error": f"{type(e).__name__}: {e}"}
+            print(f"rank {rank}: profiling failed: {profile['error']}", file=sys.stderr, flush=True)
+            for i in it:  # the remaining steps, so every mode has the same losses to compare
+                step(i, phases=False)
+        # kept apart from the peak: the profiler (CUPTI) may hold device memory of its own
+        profile["device_used_after_bytes"] = sample(device)
+    elif args.profile_steps:
+        for i in range(total_steps - args.profile_steps, total_steps):
+            step(i, phases=False)
+    sync()
+
+    mine = {
+        "rank": rank,
+        "losses": [float(x) for x in torch.stack(losses).cpu()],
+        "step_ms": step_ms,
+        "host_ms": host_ms,
+        "device_baseline_bytes": baseline,
+        "device_peak_bytes": max((u for u in device_used if u is not None), default=None),
+        "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "torch_peak_reserved_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
+        "symmpool": symmpool_stats(device),
+        "profile": profile,
+    }
+    gathered = [None] * world
+    dist.all_gather_object(gathered, mine, group=results_group)
+    dist.destroy_process_group()
+    return {"world": world, "ranks": gathered}
+
+
+def context(args) -> dict:
+    ctx = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "symmpool_import_error": SYMMPOOL_IMPORT_ERROR,
+        "symmpool_collectives": os.environ.get("SYMMPOOL_COLLECTIVES"),  # None: unset (the table decides)
+    }
+    if args.device == "cuda":
+        ctx["gpu"] = torch.cuda.get_device_name()
+        ctx["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return ctx
+
+
+def check_mode(args, result: dict) -> list[str]:
+    """Reasons the run did not do what its mode says (then its numbers would
+    mislead). Only where something crosses ranks: a 1-rank world may skip
+    collectives."""
+    if result["world"] < 2 or args.device != "cuda":
+        return []
+    stats = result["ranks"][0]["symmpool"] or {}
+    backend, flag, collectives = MODES[args.mode]
+    problems = []
+    if backend == "symm" and flag and not stats.get("allocations"):
+        problems.append("the flag is on but symmpool made no allocation")
+    if collectives == "always" and not stats.get("symm_collectives"):
+        problems.append("SYMMPOOL_COLLECTIVES=always but no collective ran on symmpool")
+    if collectives == "0" and stats.get("symm_collectives"):
+        problems.append(f"SYMMPOOL_COLLECTIVES=0 but {stats['symm_collectives']} collectives ran on symmpool")
+    expected = MODES[args.mode][2]
+    if os.environ.get("SYMMPOOL_COLLECTIVES") != expected:
+        problems.append(f"SYMMPOOL_COLLECTIVES is {os.environ.get('SYMMPOOL_COLLECTIVES')!r}, "
+                        f"mode {args.mode} needs {expected!r} (run.py sets it)")
+    return problems
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    if int(os.environ.get("RANK", 0)) != 0:
+        return 0
+    result.update(config=config_name(args.preset, args.batch, args.seq), mode=args.mode,
+                  model=model_fields(parse_config(config_name(args.preset, args.batch, args.seq))),
+                  warmup=args.warmup, steps=args.steps, profile_steps=args.profile_steps, seed=args.seed,
+                  device=args.device, context=context(args))
+    result["mode_problems"] = check_mode(args, result)
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+    r0 = result["ranks"][0]
+    step = sorted(max(r["step_ms"][i] for r in result["ranks"]) for i in range(args.steps))[args.steps // 2]
+    print(f"{result['config']} {args.mode}: {result['world']} ranks, median step {step:.1f} ms, "
+          f"first/last loss {r0['losses'][0]:.5f}/{r0['losses'][-1]:.5f}", flush=True)
+    for problem in result["mode_problems"]:
+        print(f"MODE PROBLEM: {problem}", file=sys.stderr, flush=True)
+    return 3 if result["mode_problems"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,299 @@
+"""The FSDP2 benchmark's driver without a GPU: names, plan, child environment,
+aggregation and merge on synthetic worker outputs, the exposed-communication
+arithmetic, failures and time budget, and an end-to-end 2-process stock run of
+the tiny model on CPU (FSDP2 over gloo)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench" / "fsdp2"
+sys.path.insert(0, str(BENCH))
+
+import aggregate  # noqa: E402
+import comm_profile  # noqa: E402
+import configs  # noqa: E402
+import run  # noqa: E402
+
+REQUIRED_RUN_KEYS = {
+    "mode", "reps", "steps_per_rep", "step_ms_median", "step_ms_p10", "step_ms_p90", "step_ms_rep_medians",
+    "host_ms_median", "exposed_comm_ms_median", "device_peak_bytes", "device_peak_bytes_per_rep",
+    "torch_peak_allocated_bytes", "torch_peak_reserved_bytes", "symmpool_peak_reserved_bytes",
+    "max_rel_loss_diff_vs_stock", "failures",
+}
+REQUIRED_MODEL_KEYS = {"preset", "params", "layers", "dim", "mlp", "heads", "vocab", "batch", "seq"}
+
+
+def fake_result(step_ms, losses, peak, world=2, symm=None, exposed=1.5):
+    """What worker.py writes, with the same numbers on every rank except the
+    step times of rank 1, which are 1 ms slower (the slowest rank counts)."""
+    ranks = []
+    for rank in range(world):
+        ranks.append({
+            "rank": rank, "losses": list(losses), "step_ms": [s + rank for s in step_ms],
+            "host_ms": [s / 2 for s in step_ms], "device_baseline_bytes": 1 << 30,
+            "device_peak_bytes": peak - (1 << 20) * rank, "torch_peak_allocated_bytes": peak // 2,
+            "torch_peak_reserved_bytes": peak // 2 + 100,
+            "symmpool": symm and {"reserved_bytes": {"current": 0, "peak": symm}, "symm_collectives": 7,
+                                  "nccl_fallbacks": 0},
+            "profile": {"exposed_comm_ms_per_step": exposed + rank, "comm_ms_per_step": 4.0,
+                        "compute_ms_per_step": 9.0, "profiled_steps": 3},
+        })
+    return {"world": world, "ranks": ranks, "context": {"torch": "2.11.0", "cuda": "13.0", "nccl": "2.28.9"},
+            "mode_problems": []}
+
+
+def record(mode, rep, result=None, status="ok", config="3.5b-b2s2048", **extra):
+    return dict({"config": config, "mode": mode, "rep": rep, "status": status, "returncode": 0 if result else 1,
+                 "reason": None if result else "exit code 1", "wall_s": 10.0, "log_tail": None, "result": result},
+                **extra)
+
+
+LOSSES = [10.5, 10.0, 9.0]
+RECORDS = [
+    record("stock", 0, fake_result([100, 110, 120], LOSSES, 40 << 30)),
+    record("symm", 0, fake_result([90, 95, 100], [10.5, 10.0, 9.0 * (1 + 2e-6)], 40 << 30, symm=3 << 30)),
+    record("stock", 1, fake_result([105, 115, 125], LOSSES, 41 << 30)),
+    record("symm", 1, None, status="failed", log_tail="RuntimeError: boom"),
+    record("symm-noflag", 0, fake_result([130, 130, 130], LOSSES, 42 << 30)),
+]
+
+
+def test_config_names_parse_and_bad_ones_say_what_is_known():
+    c = configs.parse_config("3.5b-b2s2048")
+    assert (c.preset, c.batch, c.seq, c.spec.layers) == ("3.5b", 2, 2048, 16)
+    for name in configs.ISSUE_CONFIGS:
+        configs.parse_config(name)
+    with pytest.raises(ValueError, match="unknown model preset '9b'; known: tiny"):
+        configs.parse_config("9b-b2s2048")
+    with pytest.raises(ValueError, match="not <preset>-b<batch>s<seq>"):
+        configs.parse_config("3.5b")
+    with pytest.raises(ValueError, match="unknown mode"):
+        configs.parse_modes("stock,fast")
+    assert configs.parse_modes("symm, stock") == ["symm", "stock"]
+
+
+def test_run_rejects_bad_input_with_a_message(capsys):
+    for argv, text in ([["--configs", "3.5b-b2"]], "not <preset>"), ([["--modes", "stok"]], "unknown mode"), \
+                      ([["--configs", "1b-b1s64", "--preset", "1b"]], "not both"), \
+                      ([["--device", "cpu", "--modes", "symm"]], "stock mode only"):
+        with pytest.raises(SystemExit) as e:
+            run.parse_args(*argv)
+        assert e.value.code == 2
+        assert text in capsys.readouterr().err
+
+
+def test_preset_options_make_one_config():
+    args = run.parse_args(["--preset", "1b", "--steps", "20", "--seq", "512"])
+    assert [c.name for c in args.configs] == ["1b-b2s512"]
+    assert run.parse_args([]).configs[0].name == configs.ISSUE_CONFIGS[0]
+
+
+def test_param_counts_match_the_models_on_meta():
+    import llama
+
+    for name, spec in configs.PRESETS.items():
+        model = llama.build_on_meta(name, 16)
+        assert sum(p.numel() for p in model.parameters()) == configs.param_count(spec), name
+    assert 0.9e9 < configs.param_count(configs.PRESETS["1b"]) < 1.1e9
+    assert 3.4e9 < configs.param_count(configs.PRESETS["3.5b"]) < 3.6e9
+    assert 6.5e9 < configs.param_count(configs.PRESETS["7b"]) < 7e9
+
+
+def test_plan_interleaves_repetitions_and_rotates_modes():
+    cs = [configs.parse_config("1b-b1s64"), configs.parse_config("tiny-b1s64")]
+    order = [(rep, c.name, m) for rep, c, m in run.plan(cs, ["stock", "symm", "symm-noflag"], 2)]
+    assert order[:3] == [(0, "1b-b1s64", "stock"), (0, "1b-b1s64", "symm"), (0, "1b-b1s64", "symm-noflag")]
+    assert [o[0] for o in order] == [0] * 6 + [1] * 6
+    assert order[6:9] == [(1, "1b-b1s64", "symm"), (1, "1b-b1s64", "symm-noflag"), (1, "1b-b1s64", "stock")]
+
+
+def test_child_environment_sets_the_mode_and_keeps_multicast_off(monkeypatch):
+    monkeypatch.setenv("SYMMPOOL_COLLECTIVES", "always")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    for mode, expected in [("symm", None), ("symm-always", "always"), ("symm-nccl", "0"), ("stock", None)]:
+        env = run.child_env(mode)
+        assert env.get("SYMMPOOL_COLLECTIVES") == expected, mode
+        assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+        assert env["NVSHMEM_DISABLE_NVLS"] == "1"
+
+
+def test_percentile_interpolates_like_numpy():
+    values = list(range(1, 11))
+    assert aggregate.percentile(values, 10) == pytest.approx(1.9)
+    assert aggregate.percentile(values, 90) == pytest.approx(9.1)
+    assert aggregate.percentile([5.0], 90) == 5.0
+
+
+def test_aggregation_has_the_issue_shape_and_numbers():
+    [config] = aggregate.aggregate(RECORDS)
+    assert config["name"] == "3.5b-b2s2048"
+    assert REQUIRED_MODEL_KEYS <= config["model"].keys()
+    assert [r["mode"] for r in config["runs"]] == ["stock", "symm", "symm-noflag"]  # MODES order
+    for r in config["runs"]:
+        assert REQUIRED_RUN_KEYS <= r.keys()
+    stock, symm, noflag = config["runs"]
+    # every measured step of every rep, the slower rank (rank 1: +1 ms)
+    assert stock["reps"] == 2 and stock["steps_per_rep"] == [3]
+    assert stock["step_ms_median"] == pytest.approx(113.5)
+    assert stock["step_ms_p10"] == pytest.approx(aggregate.percentile([101, 111, 121, 106, 116, 126], 10))
+    assert stock["step_ms_rep_medians"] == [111, 116]
+    assert stock["host_ms_median"] == pytest.approx(56.25)
+    assert stock["device_peak_bytes"] == 41 << 30 and stock["device_peak_bytes_per_rep"] == [40 << 30, 41 << 30]
+    assert stock["device_peak_above_baseline_bytes"] == 40 << 30  # baseline 1 GiB
+    assert stock["exposed_comm_ms_median"] == pytest.approx(2.5)  # the larger rank's
+    assert stock["symmpool_peak_reserved_bytes"] is None
+    assert stock["max_rel_loss_diff_vs_stock"] == 0.0
+    assert symm["reps"] == 1 and symm["symmpool_peak_reserved_bytes"] == 3 << 30
+    assert symm["max_rel_loss_diff_vs_stock"] == pytest.approx(2e-6)
+    assert symm["step_vs_stock"] == pytest.approx(96 / 113.5)
+    [failure] = symm["failures"]
+    assert failure["rep"] == 1 and failure["status"] == "failed" and "boom" in failure["log_tail"]
+    assert noflag["device_peak_vs_stock"] == pytest.approx(42 / 41)
+    assert aggregate.loss_problems([config], 1e-5) == []
+    assert "symm" in aggregate.loss_problems([config], 1e-6)[0]
+    assert "rep 1: failed" in aggregate.failure_lines([config])[0]
+    text = aggregate.table(config)
+    assert "symm-noflag" in text and "113.5 [" in text
+
+
+def test_a_mode_whose_every_run_failed_is_listed_not_dropped():
+    [config] = aggregate.aggregate([record("stock", 0, None, status="timeout")])
+    [stock] = config["runs"]
+    assert stock["reps"] == 0 and stock["step_ms_median"] is None and stock["failures"][0]["status"] == "timeout"
+    assert "stock" in aggregate.table(config)
+
+
+def test_documents_merge_and_machines_must_match(tmp_path):
+    context = {"gpu": "h200", "ranks": 2, "device": "cuda", "date": "2026-11-23"}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    run.write_json(str(a), run.document(dict(context), RECORDS[:2], []))
+    run.write_json(str(b), run.document(dict(context), RECORDS[2:], [{"config": "x", "mode": "stock", "rep": 2,
+                                                                      "reason": "time budget"}]))
+    merged = run.merge([str(a), str(b)], str(tmp_path / "m.json"))
+    assert json.loads((tmp_path / "m.json").read_text())["configs"] == merged["configs"]
+    stock = merged["configs"][0]["runs"][0]
+    assert stock["reps"] == 2 and stock["device_peak_bytes"] == 41 << 30
+    assert merged["context"]["merged_from"] == ["a.json", "b.json"] and len(merged["not_run"]) == 1
+    other = tmp_path / "c.json"
+    run.write_json(str(other), run.document(dict(context, gpu="h100"), RECORDS[:1], []))
+    with pytest.raises(SystemExit, match="its gpu is .h100."):
+        run.merge([str(a), str(other)], str(tmp_path / "n.json"))
+
+
+def test_exposed_communication_is_what_no_compute_covers():
+    def ev(cat, name, ts, dur, stream):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+    events = [
+        ev("kernel", "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 0, 10, 20),
+        ev("kernel", "void symmpool::detail::(anonymous namespace)::reduce_kernel<float>(...)", 30, 10, 20),
+        ev("kernel", "sm90_xmma_gemm_bf16bf16_bf16f32", 5, 3, 7),  # covers 3 of the first 10
+        ev("kernel", "elementwise_kernel", 35, 10, 7),  # covers 5 of the second 10
+        ev("gpu_memcpy", "Memcpy PtoP (Device -> Device)", 50, 4, 7),  # peer copy: communication
+        ev("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 60, 2, 21),  # no compute on stream 21: communication
+        ev("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 70, 2, 7),  # on the compute stream: compute
+        ev("gpu_memset", "Memset (Device)", 80, 1, 20),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 100},  # not on the GPU
+    ]
+    comm, compute = comm_profile.classify(events)
+    assert len(comm) == 4 and len(compute) == 4
+    assert comm_profile.exposed(comm, compute) == pytest.approx(7 + 5 + 4 + 2)
+    summary = comm_profile.summarize(events, steps=2)
+    assert summary["exposed_comm_ms_per_step"] == pytest.approx(18 / 2 / 1000)
+    assert summary["comm_ms_per_step"] == pytest.approx(26 / 2 / 1000)
+    assert comm_profile.exposed([(0, 10)], [(0, 4), (2, 6), (8, 20)]) == pytest.approx(2)
+
+
+def test_time_budget_stops_launching_and_every_run_is_accounted_for(tmp_path, monkeypatch):
+    clock = [0.0]
+    launched = []
+
+    def fake_launch(rep, config, mode, args, log_dir, timeout):
+        launched.append((rep, mode, timeout))
+        clock[0] += 100
+        return record(mode, rep, fake_result([100, 100, 100], LOSSES, 1 << 30), config=config.name,
+                      wall_s=100.0, log=None)
+
+    monkeypatch.setattr(run, "launch", fake_launch)
+    monkeypatch.setattr(run.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(run, "probe", lambda device: {"count": 2, "gpu_name": "NVIDIA H200", "torch": "2.11.0",
+                                                      "cuda": "13.0", "nccl": "2.28.9"})
+    out = tmp_path / "r.json"
+    rc = run.main(["--configs", "1b-b2s1024", "--modes", "stock,symm", "--reps", "3", "--time-budget", "250",
+                   "--out", str(out), "--no-plot", "--log-dir", str(tmp_path)])
+    assert rc == 0
+    assert len(launched) == 2 and launched[1][2] == 150  # a run's timeout never outlasts the budget
+    doc = json.loads(out.read_text())
+    assert len(doc["records"]) == 2 and len(doc["not_run"]) == 4
+    assert all("time budget" in n["reason"] for n in doc["not_run"])
+
+
+def test_failed_and_hung_children_are_recorded_with_their_output(tmp_path, monkeypatch):
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "worker.py").write_text(
+        "import sys, time\n"
+        "if '--mode' in sys.argv and sys.argv[sys.argv.index('--mode') + 1] == 'stock':\n"
+        "    print('CUDA out of memory (fake)', file=sys.stderr); sys.exit(7)\n"
+        "time.sleep(120)\n")
+    monkeypatch.setattr(run, "HERE", str(fake))
+    args = run.parse_args(["--configs", "tiny-b1s8", "--modes", "stock,symm", "--nproc", "1"])
+    cfg = args.configs[0]
+    failed = run.launch(0, cfg, "stock", args, str(tmp_path), timeout=60)
+    assert failed["status"] == "failed" and failed["returncode"] != 0
+    assert "out of memory (fake)" in failed["log_tail"]
+    hung = run.launch(0, cfg, "symm", args, str(tmp_path), timeout=5)
+    assert hung["status"] == "timeout" and "killed after 5 s" in hung["reason"]
+
+
+def test_plot_writes_a_png_next_to_the_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    import plot
+
+    path = tmp_path / "fsdp2_h200x2_2026-11-23.json"
+    run.write_json(str(path), run.document({"gpu": "h200", "ranks": 2}, RECORDS, []))
+    png = plot.plot(str(path))
+    assert png == str(tmp_path / "fsdp2_h200x2_2026-11-23.png") and os.path.getsize(png) > 1000
+
+
+def test_two_process_stock_run_of_the_tiny_model_on_cpu(tmp_path):
+    """FSDP2 over gloo: the whole path (meta init, fully_shard, to_empty,
+    deterministic init, AdamW, torchrun, the JSON) without a GPU."""
+    out = tmp_path / "cpu.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "run.py"), "--device", "cpu", "--nproc", "2", "--configs", "tiny-b2s32",
+         "--modes", "stock", "--reps", "2", "--steps", "3", "--warmup", "1", "--out", str(out),
+         "--log-dir", str(tmp_path / "logs"), "--loss-rtol", "0", "--no-plot"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["context"]["ranks"] == 2 and doc["context"]["device"] == "cpu"
+    [config] = doc["configs"]
+    [stock] = config["runs"]
+    assert REQUIRED_RUN_KEYS <= stock.keys() and stock["reps"] == 2 and stock["failures"] == []
+    assert stock["max_rel_loss_diff_vs_stock"] == 0.0  # same seed and data: CPU runs are bit-equal
+    losses = doc["records"][0]["result"]["ranks"][0]["losses"]
+    assert len(losses) == 1 + 3 + 3 and 5 < losses[0] < 9  # about ln(1024) = 6.9 at the start
+    assert config["model"]["params"] == configs.param_count(configs.PRESETS["tiny"])
+
+
+def test_a_failed_profiler_is_reported_and_keeps_the_measured_steps():
+    result = fake_result([100, 100, 100], LOSSES, 1 << 30)
+    for r in result["ranks"]:
+        r["profile"] = {"error": "RuntimeError: CUPTI unavailable"}
+    [config] = aggregate.aggregate([record("stock", 0, result)])
+    [stock] = config["runs"]
+    assert stock["step_ms_median"] == 101 and stock["exposed_comm_ms_median"] is None
+    assert stock["profile_errors"] == ["RuntimeError: CUPTI unavailable"]
+    assert "CUPTI" in aggregate.profile_error_lines([config])[0]
+
+
+def test_a_trace_without_gpu_kernels_is_an_error_not_zero():
+    with pytest.raises(RuntimeError, match="no GPU kernel"):
+        comm_profile.summarize([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}], steps=1)
