@@ -24,4 +24,4 @@ fi
 # The JSON goes to a scratch directory unless --json says where; the
 # benchmark's committed results live in bench/results.
 exec "$py" bench/fsdp2/run.py --preset 1b --batch 2 --seq 1024 --steps 20 --warmup 3 \
-  --modes stock,symm --reps 1 --loss-rtol 1e-5 --out-dir "${TMPDIR:-/tmp}/symmpool_train" "$@"
+  --modes stock,symm --reps 1 --deterministic --loss-rtol 1e-5 --out-dir "${TMPDIR:-/tmp}/symmpool_train" "$@"

@@ -55,6 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--profile-steps", type=int, default=3, help="profiled steps after the measured ones; 0: none")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels in every run (for loss comparisons; may cost speed)")
     p.add_argument("--nproc", type=int, help="processes per run (default: every visible GPU; 2 with --device cpu)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--out", "--json", dest="out",
@@ -128,8 +130,10 @@ def plan(configs, modes, reps) -> list[tuple[int, object, str]]:
             for rep in range(reps) for config in configs for i in range(len(modes))]
 
 
-def child_env(mode: str) -> dict:
+def child_env(mode: str, deterministic: bool = False) -> dict:
     env = dict(os.environ)
+    if deterministic:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS's condition for deterministic GEMMs
     env.pop("SYMMPOOL_COLLECTIVES", None)
     if MODES[mode][2] is not None:
         env["SYMMPOOL_COLLECTIVES"] = MODES[mode][2]
@@ -158,14 +162,14 @@ def launch(rep: int, config, mode: str, args, log_dir: str, timeout: float) -> d
            os.path.join(HERE, "worker.py"), "--preset", config.preset, "--batch", str(config.batch),
            "--seq", str(config.seq), "--mode", mode, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--profile-steps", str(args.profile_steps), "--seed", str(args.seed), "--device", args.device,
-           "--out", out]
+           "--out", out] + (["--deterministic"] if args.deterministic else [])
     record = {"config": config.name, "mode": mode, "rep": rep, "returncode": None, "reason": None,
               "log": log, "log_tail": None, "result": None}
     start = time.monotonic()
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
-        proc = subprocess.Popen(cmd, env=child_env(mode), stdout=f, stderr=subprocess.STDOUT, cwd=HERE,
+        proc = subprocess.Popen(cmd, env=child_env(mode, args.deterministic), stdout=f, stderr=subprocess.STDOUT, cwd=HERE,
                                 start_new_session=True)  # its own process group: a timeout kills every rank
         try:
             record["returncode"] = proc.wait(timeout=timeout)

@@ -46,6 +46,8 @@ def parse_args(argv=None):
                    help="steps after the measured ones, under the profiler, for exposed communication; 0: none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels (run.py also sets CUBLAS_WORKSPACE_CONFIG): for loss comparisons")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu: gloo, stock mode only (tests without a GPU)")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes")
@@ -70,12 +72,20 @@ def used_bytes(device) -> int | None:
     return total - free
 
 
-def make_mesh(args, device) -> DeviceMesh:
+def init_world(args, device) -> None:
+    """The default group's CUDA backend is the mode's ("nccl" or "symm"), as a
+    user switching to symmpool would write it: every mode then has exactly one
+    NCCL communicator, so device memory compares like with like."""
     backend, _, _ = MODES[args.mode]
-    if backend == "symm":
-        if symmpool is None:
-            raise SystemExit(f"mode {args.mode} needs symmpool, which does not import: {SYMMPOOL_IMPORT_ERROR}")
-        return DeviceMesh.from_group(dist.new_group(backend=symmpool.BACKEND_NAME), "cuda")
+    if backend == "symm" and symmpool is None:
+        raise SystemExit(f"mode {args.mode} needs symmpool, which does not import: {SYMMPOOL_IMPORT_ERROR}")
+    if device.type == "cuda":
+        dist.init_process_group(f"cpu:gloo,cuda:{backend}", device_id=device)
+    else:
+        dist.init_process_group("gloo")
+
+
+def make_mesh(args, device) -> DeviceMesh:
     return DeviceMesh.from_group(dist.group.WORLD, device.type)
 
 
@@ -106,10 +116,11 @@ def run(args) -> dict:
     if args.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
-        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    if args.deterministic:  # flash-attention's backward and some GEMMs vary between runs otherwise
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    init_world(args, device)
     results_group = dist.new_group(backend="gloo")  # gathers results, never touches the GPU
     mesh = make_mesh(args, device)
     rank, world = dist.get_rank(), dist.get_world_size()

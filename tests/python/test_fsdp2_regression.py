@@ -35,7 +35,7 @@ def bench(tmp_path_factory):
     modes = ["stock", *PEAK_BOUND]
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench/fsdp2/run.py"), "--configs", CONFIG, "--modes", ",".join(modes),
-         "--reps", "1", "--steps", "5", "--warmup", "3", "--profile-steps", "0", "--no-plot",
+         "--reps", "1", "--steps", "5", "--warmup", "3", "--profile-steps", "0", "--no-plot", "--deterministic",
          "--run-timeout", "300", "--out", str(out), "--log-dir", str(tmp / "logs")],
         capture_output=True, text=True, timeout=1800)
     print(proc.stdout[-6000:], proc.stderr[-3000:])
