@@ -243,7 +243,13 @@ void Communicator::count_call_run_elsewhere() {
   exchange_next_check_ = true;
 }
 
-void Communicator::begin_call(const char* op) { call_ = std::string(op) + " #" + std::to_string(++calls_); }
+void Communicator::begin_call(const char* op) {
+  call_op_ = op;
+  ++calls_;
+}
+
+// Built only when a check needs it: not on every call's hot path.
+std::string Communicator::call_label() const { return std::string(call_op_) + " #" + std::to_string(calls_); }
 
 bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* what) {
   if (!in_heap(ptr, bytes)) return false;
@@ -255,7 +261,7 @@ bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* 
   bool synced = false;
   detail::RelaxedCaptureMode relaxed;  // may map peer segments: allowed under capture
   try {
-    heap_.check_symmetric_and_sync(ptr, bytes, call_ + " " + what, /*sync_if_needed=*/true, &synced);
+    heap_.check_symmetric_and_sync(ptr, bytes, call_label() + " " + what, /*sync_if_needed=*/true, &synced);
   } catch (const not_symmetric_error& e) {
     why_not = e.what();  // the same verdict on every rank
   }
@@ -270,7 +276,7 @@ void Communicator::require_symmetric(const void* ptr, std::size_t bytes, const c
   auto it = checked_.find({ptr, bytes});
   throw not_symmetric_error(it != checked_.end()
                                 ? it->second
-                                : "symmpool " + call_ + ": buffer '" + what + "' (" + std::to_string(bytes) +
+                                : "symmpool " + call_label() + ": buffer '" + what + "' (" + std::to_string(bytes) +
                                       " bytes) is not in the symmetric heap of rank " + std::to_string(rank()));
 }
 

@@ -128,6 +128,7 @@ class Communicator {
   void require_symmetric(const void* ptr, std::size_t bytes, const char* what);
   bool is_symmetric(const void* ptr, std::size_t bytes, const char* what);
   void begin_call(const char* op);  // numbers a collective
+  std::string call_label() const;   // "<op> #<number>" of the current call
   // Barriers around a kernel unless the kernel meets its peers itself.
   detail::BlockSync block_sync(bool fused) const;
   void one_shot(const void* in, std::size_t in_count, void* out, std::size_t count,
@@ -163,7 +164,7 @@ class Communicator {
   bool scratch_captured_ = false;          // scratch_ is in a captured CUDA graph
   std::vector<void*> retired_scratch_;     // outgrown but in graphs: freed with us
   std::uint64_t calls_ = 0;    // collectives asked of us or run elsewhere, same on every rank
-  std::string call_;           // "<op> #<calls_>": what the symmetry exchanges carry
+  const char* call_op_ = "";   // the current call's op; with calls_, what symmetry exchanges carry
   bool exchange_next_check_ = false;  // a call ran elsewhere: verify alignment at the next check
   // Buffers seen symmetric (empty) or not (why not), until the next sync.
   std::map<std::pair<const void*, std::size_t>, std::string> checked_;
