@@ -1,6 +1,7 @@
 // How symmpool's collectives fail when the group is broken: a peer that
 // stops coming times out with an error naming it (and work queued behind
-// drains), and ranks that share a GPU are refused when their heap forms.
+// drains), a communicator that fails to form leaves nothing behind, and
+// ranks that share a GPU are refused when their heap forms.
 
 #include "process_group.hpp"
 #include "rank_checks.hpp"
@@ -103,6 +104,41 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
     return failures;
   });
   ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
+  EXPECT_EQ(result, "");
+}
+
+// A communicator whose construction fails after it took its internal slot
+// (its peer joined allocate_internal, then never came to the sync that
+// follows) gives the slot back: the next communicator of this process takes
+// the same slot, so later groups' offsets do not shift.
+TEST(Collectives, ACommunicatorThatFailsToFormGivesItsSlotBack) {
+  SYMMPOOL_GPUS_OR_SKIP(gpus, 2);
+  shared_store_dir();
+  std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
+    int failures = 0;
+    RANK_CUDA(cudaSetDevice(rank));
+    FileStore store(shared_store_dir());
+    CachingAllocator& alloc = device_allocator(rank);
+    SymmetricHeap heap(real_driver(), alloc, store, "half-formed", rank, world, HeapOptions{std::chrono::seconds(3)});
+    const std::uint64_t free_before = alloc.free_internal_slots();
+    if (rank == 1) {  // takes part in allocate_internal only, as a peer that dies right after would
+      void* slot = heap.allocate_internal();
+      store.get("test/rank0-done", std::chrono::seconds(60));
+      heap.release_internal(slot);
+      return 0;
+    }
+    try {
+      Communicator comm(heap, alloc, std::chrono::seconds(3));
+      RANK_EXPECT(false, "a communicator formed without its peer");
+    } catch (const std::exception& e) {
+      std::printf("[rank 0] the communicator did not form: %s\n", e.what());
+    }
+    const std::uint64_t free_after = alloc.free_internal_slots();
+    RANK_EXPECT(free_after == free_before, "internal slots free before 0x%llx, after the failed constructor 0x%llx",
+                static_cast<unsigned long long>(free_before), static_cast<unsigned long long>(free_after));
+    store.set("test/rank0-done", "");
+    return failures;
+  });
   EXPECT_EQ(result, "");
 }
 

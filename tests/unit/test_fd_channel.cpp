@@ -411,12 +411,6 @@ TEST(FdChannel, RunningOutOfDescriptorsDoesNotSpinTheServer) {
 
 namespace {
 
-std::string heap_store_dir() {
-  char tmpl[] = "/tmp/symmpool-fdchan-XXXXXX";
-  const char* d = ::mkdtemp(tmpl);
-  return d ? d : "/tmp";
-}
-
 std::unique_ptr<CachingAllocator> heap_allocator(int device) {
   FakeDriver::instance().reset(3);
   AllocatorOptions options;
@@ -457,7 +451,8 @@ TEST(SymmetricHeapChannel, AMalformedHelloIsRefusedNamingTheRankAndField) {
   int i = 0;
   for (const Case& c : cases) {
     const std::string group = "badhello" + std::to_string(i++);
-    FileStore store(heap_store_dir());
+    const TempStoreDir dir;  // removed at the end of each case
+    FileStore store(dir.path());
     store.set("symmpool/" + group + "/round/0/1", "hello\n" + c.hello);
     auto alloc = heap_allocator(0);
     try {
@@ -476,10 +471,10 @@ TEST(SymmetricHeapChannel, AMalformedHelloIsRefusedNamingTheRankAndField) {
 // segment after its sync, and rank 1, holding rank 0's socket and secret,
 // can fetch exactly the published one.
 TEST(SymmetricHeapChannel, OnlyPublishedSegmentsAreServed) {
-  const std::string dir = heap_store_dir();
+  const TempStoreDir dir;  // removed when the test ends, after its ranks
   std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
     auto alloc = heap_allocator(rank);
-    FileStore store(dir);
+    FileStore store(dir.path());
     SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "pub", rank, w,
                        HeapOptions{std::chrono::seconds(20)});
     if (rank == 0) {
