@@ -1,6 +1,8 @@
 """Host time of one asynchronous collective call, from Python, as FSDP2 and a
 training loop pay it: on a "nccl" group, on a "symm" group with plain tensors
-(the call goes to NCCL) and on a "symm" group with symmpool tensors.
+(the call goes to NCCL) and on a "symm" group with symmpool tensors; and the
+same calls on the groups' backend objects (nccl-backend, symm-backend), past
+torch.distributed's Python wrapper, to tell its cost from the backends'.
 
     torchrun --standalone --nproc-per-node=2 bench/collectives_host_cost.py \
         --out bench/results/collectives_host_cost_h200x2_<date>.json
@@ -23,11 +25,15 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, ReduceScatterOptions
 
 import symmpool
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 PATHS = ("nccl", "symm-plain", "symm-tensors")
+# The same calls made on the group's backend object, past torch.distributed's
+# Python wrapper: the difference is what the wrapper costs either way.
+BACKEND_PATHS = ("nccl-backend", "symm-backend")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -38,7 +44,7 @@ def percentile(values: list[float], q: float) -> float:
 def make_buffers(op: str, path: str, backend, elements: int, world: int, device) -> tuple:
     """(input, output) of `elements` bf16 per rank, from symmpool for symm-tensors."""
     def empty(n):
-        if path == "symm-tensors":
+        if path in ("symm-tensors", "symm-backend"):
             return backend.allocate_tensor(n, dtype=torch.bfloat16, device=device)
         return torch.empty(n, dtype=torch.bfloat16, device=device)
 
@@ -56,6 +62,14 @@ def make_buffers(op: str, path: str, backend, elements: int, world: int, device)
 
 
 def call(op: str, inp, out, group):
+    if not isinstance(group, dist.ProcessGroup):  # a backend object: its c10d methods directly
+        if op == "all_gather":
+            return group._allgather_base(out, inp, AllgatherOptions())
+        if op == "reduce_scatter":
+            opts = ReduceScatterOptions()
+            opts.reduceOp = dist.ReduceOp.SUM
+            return group._reduce_scatter_base(out, inp, opts)
+        return group.allreduce([out], AllreduceOptions())
     if op == "all_gather":
         return dist.all_gather_into_tensor(out, inp, group=group, async_op=True)
     if op == "reduce_scatter":
@@ -84,8 +98,15 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--sync-every", type=int, default=10)
+    p.add_argument("--paths", default=",".join(PATHS + BACKEND_PATHS),
+                   help=f"comma-separated, from {', '.join(PATHS + BACKEND_PATHS)}")
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, from {', '.join(OPS)}")
     p.add_argument("--out", help="JSON written by rank 0")
     args = p.parse_args()
+    paths, ops = args.paths.split(","), args.ops.split(",")
+    unknown = [x for x in paths if x not in PATHS + BACKEND_PATHS] + [x for x in ops if x not in OPS]
+    if unknown:
+        p.error(f"unknown paths or ops: {', '.join(unknown)}")
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local_rank)
@@ -95,18 +116,19 @@ def main() -> int:
     nccl_group = dist.new_group(backend="nccl")
     symm_group = dist.new_group(backend=symmpool.BACKEND_NAME)
     backend = symm_group._get_backend(device)
-    groups = {"nccl": nccl_group, "symm-plain": symm_group, "symm-tensors": symm_group}
+    groups = {"nccl": nccl_group, "symm-plain": symm_group, "symm-tensors": symm_group,
+              "nccl-backend": nccl_group._get_backend(device), "symm-backend": backend}
     elements = args.bytes // 2
 
-    buffers = {(op, path): make_buffers(op, path, backend, elements, world, device) for op in OPS for path in PATHS}
+    buffers = {(op, path): make_buffers(op, path, backend, elements, world, device) for op in ops for path in paths}
     for (op, path), (inp, out) in buffers.items():  # communicators, registration, first checks
         time_calls(op, inp, out, groups[path], args.warmup, args.sync_every)
 
     samples = {key: [] for key in buffers}
     engines = {}
     for _ in range(args.reps):  # interleaved: each path sees the same machine noise
-        for op in OPS:
-            for path in PATHS:
+        for op in ops:
+            for path in paths:
                 inp, out = buffers[(op, path)]
                 before = symmpool.memory_stats(device)
                 samples[(op, path)] += time_calls(op, inp, out, groups[path], args.calls, args.sync_every)
@@ -124,7 +146,8 @@ def main() -> int:
     if rank == 0:
         print(f"{'op':<15} {'path':<13} {'median us':>9} {'p10':>7} {'p90':>7}  engine (last repetition)")
         for r in results:
-            engine = f"symmpool {r['symmpool_calls']}, nccl {r['handed_to_nccl']}" if r["path"] != "nccl" else "nccl"
+            engine = (f"symmpool {r['symmpool_calls']}, nccl {r['handed_to_nccl']}"
+                      if r["path"].startswith("symm") else "nccl")
             print(f"{r['op']:<15} {r['path']:<13} {r['host_us_median']:>9.1f} {r['host_us_p10']:>7.1f} "
                   f"{r['host_us_p90']:>7.1f}  {engine}")
         if args.out:
