@@ -4,8 +4,8 @@
 // the current stream on it (and the host too under TORCH_NCCL_BLOCKING_WAIT,
 // up to the timeout); a failure of the group's communicator is reported by
 // wait(), isCompleted(), isSuccess() and exception(), also after the
-// communicator is gone; the Future carries the device, so callbacks
-// (DDP comm hooks) run after the collective on their own streams.
+// communicator is gone; the Future (made on first use) carries the device,
+// so callbacks (DDP comm hooks) run after the collective on their own streams.
 
 #include <symmpool/detail/failure_record.hpp>
 
@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <memory>
+#include <mutex>
 
 namespace symmpool::torch_ext {
 
@@ -32,7 +33,7 @@ class SymmWork final : public c10d::Work {
   void synchronize() override;
   void blockCurrentStream() override;
   std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return sequence_; }
 
  private:
@@ -40,10 +41,11 @@ class SymmWork final : public c10d::Work {
 
   std::vector<at::Tensor> outputs_;
   std::uint64_t sequence_;
-  c10::Device device_;
+  c10::cuda::CUDAStream stream_;  // the collective's
   at::cuda::CUDAEvent done_;
   std::shared_ptr<const detail::FailureRecord> failure_;
   bool blocking_wait_;
+  std::once_flag future_made_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 

@@ -158,6 +158,37 @@ def symm_collectives_replay_in_a_cuda_graph(rank: int, world: int, collectives: 
     dist.destroy_process_group()
 
 
+def async_work_orders_other_streams_after_the_collective(rank: int, world: int) -> None:
+    """A symmpool all-reduce held back on its stream by a long sleep: a
+    callback on its Future (as a DDP comm hook's) and Work.wait() on another
+    stream both see the reduced values, never the inputs."""
+    set_collectives_mode("always")
+    import symmpool
+
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+    backend = dist.group.WORLD._get_backend(device)
+    x = backend.allocate_tensor(1 << 20, dtype=torch.float32, device=device)
+    side = torch.cuda.Stream(device)
+    for trial in range(3):
+        x.fill_(rank + 1 + trial)
+        expected = world * (world + 1) / 2 + world * trial
+        routed = symmpool.memory_stats(device)["symm_collectives"]
+        torch.cuda._sleep(100_000_000)  # ~50 ms: the collective ends long after the host moves on
+        work = dist.all_reduce(x, async_op=True)
+        assert symmpool.memory_stats(device)["symm_collectives"] == routed + 1, "not run by symmpool"
+        with torch.cuda.stream(side):
+            if trial % 2 == 0:
+                result = work.get_future().then(lambda fut: fut.value()[0] * 2).wait()
+                expected *= 2
+            else:
+                work.wait()
+                result = x.clone()
+        torch.cuda.synchronize()
+        wrong = (result != expected).sum().item()
+        assert wrong == 0, f"trial {trial}: {wrong} of {result.numel()} values are not {expected} (first {result[0].item()})"
+    dist.destroy_process_group()
+
+
 def fsdp2_loss_parity(rank: int, world: int, steps: int, collectives: str, replicate: int = 1) -> None:
     set_collectives_mode(collectives)
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))

@@ -57,6 +57,11 @@ def test_symm_collectives_replay_in_a_cuda_graph(collectives, warm_up):
 
 
 @needs_two
+def test_async_work_orders_other_streams_after_the_collective():
+    run_workers(dist_workers.async_work_orders_other_streams_after_the_collective, gpu_count(), timeout=120)
+
+
+@needs_two
 @pytest.mark.parametrize("collectives", ["0", "table", "always"])
 def test_fsdp2_losses_match_with_symm_allocation(collectives):
     run_workers(dist_workers.fsdp2_loss_parity, gpu_count(), 20, collectives, timeout=400)
