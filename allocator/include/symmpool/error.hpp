@@ -1,6 +1,8 @@
 #pragma once
-// Errors, the RMM way: a few exception types and macros that throw them with
-// the failed call, file, line and the library's own error string.
+// Errors, the RMM way: every exception type symmpool throws, and the macros
+// that throw them with the failed call, file, line and the library's own
+// error string. Callers catch these by type: not_symmetric_error and
+// multi_node_error are the only ones that may mean "use NCCL instead".
 
 #include <cuda.h>
 
@@ -38,6 +40,24 @@ struct nccl_error : std::runtime_error {
 // as "run this call on NCCL instead": any other error is a real failure.
 struct not_symmetric_error : logic_error {
   using logic_error::logic_error;
+};
+
+// The group's ranks are not all on one node: a heap cannot span nodes (its
+// peers map each other's memory). Every rank throws it, so callers can agree
+// to use NCCL instead.
+struct multi_node_error : logic_error {
+  using logic_error::logic_error;
+};
+
+// A wait ran out: a peer never arrived or never published.
+struct timeout_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The ranks of a group reached different collective points (their
+// allocations or calls diverged): every rank that notices throws it.
+struct divergence_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 // A collective failed (a peer never arrived, the group's ranks diverged) and

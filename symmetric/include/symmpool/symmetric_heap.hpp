@@ -22,13 +22,6 @@
 
 namespace symmpool {
 
-// The group's ranks are not all on one node: a heap cannot span nodes (its
-// peers map each other's memory). Every rank throws it, so callers can agree
-// to use NCCL instead.
-struct multi_node_error : logic_error {
-  using logic_error::logic_error;
-};
-
 struct HeapOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};  // for every wait on a peer
 };

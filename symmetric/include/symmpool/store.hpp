@@ -2,6 +2,8 @@
 // Where ranks exchange metadata: a small key-value store. The torch bindings
 // adapt c10d's store; C++-only users have FileStore (a shared directory).
 
+#include <symmpool/error.hpp>  // timeout_error
+
 #include <sys/types.h>
 
 #include <chrono>
@@ -10,17 +12,6 @@
 #include <string>
 
 namespace symmpool {
-
-// A wait ran out: a peer never arrived or never published.
-struct timeout_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-// The ranks of a group reached different collective points (their
-// allocations or calls diverged): every rank that notices throws it.
-struct divergence_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 class Store {
  public:
