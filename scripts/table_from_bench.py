@@ -5,7 +5,7 @@ world size: per op, the largest size up to which symmpool (its default
 algorithm) is never slower than NCCL by more than the tolerance, eager and
 in CUDA graphs, and which symmpool variant was fastest at each size.
 
-    python3 scripts/table_from_bench.py bench/results/collectives_h200x2_2026-11-22d.json
+    python3 scripts/table_from_bench.py bench/results/collectives_h200x2_2026-11-22_final-defaults.json
 """
 import argparse
 import json

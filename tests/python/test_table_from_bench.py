@@ -21,8 +21,8 @@ def entry_line(result_file):
 
 def test_each_measured_world_size_matches_its_benchmark_file():
     for result_file, expected in [
-        ("collectives_h200x2_2026-11-22d.json", "{2, kAnySize, kAnySize, 256 * kMiB}"),
-        ("collectives_h200x4_2026-11-22.json", "{4, kAnySize, kAnySize, 16 * kMiB}"),
+        ("collectives_h200x2_2026-11-22_final-defaults.json", "{2, kAnySize, kAnySize, 256 * kMiB}"),
+        ("collectives_h200x4_2026-11-22_first-run.json", "{4, kAnySize, kAnySize, 16 * kMiB}"),
     ]:
         assert result_file in HEADER, f"the header no longer cites {result_file}"
         assert entry_line(result_file) == expected

@@ -4,8 +4,8 @@
 // eager 64 KiB..1 GiB and 8 KiB..8 MiB in CUDA graphs, NCCL on the same
 // buffers); world sizes not measured go to NCCL. scripts/table_from_bench.py
 // derives an entry from a benchmark file (tests/python/test_table_from_bench.py
-// checks the entries below against the files they cite). "(run c)": from
-// collectives_h200x2_2026-11-22c.json, before the 64-block cap.
+// checks the entries below against the files they cite). "(uncapped grid)": from
+// collectives_h200x2_2026-11-22_uncapped-grid.json, before the 64-block cap.
 // Choices depend only on the op, the size and the world size, so every rank
 // makes the same. Not on the dtype: at 2 ranks fp32 reductions win and lose
 // at the same sizes as bf16 (collectives_dtype_h200x2_2026-11-22.json), and
@@ -31,11 +31,11 @@ struct SymmpoolLimits {
 };
 
 inline constexpr SymmpoolLimits kMeasuredLimits[] = {
-    // collectives_h200x2_2026-11-22d.json, symmpool / NCCL: AG 64 KiB
+    // collectives_h200x2_2026-11-22_final-defaults.json, symmpool / NCCL: AG 64 KiB
     // 7.1/9.7 us, 1 GiB 323/315 GB/s; RS 64 KiB 7.3/10.1 us, 1 GiB 297/258;
     // AR 256 MiB 313/296 but 1 GiB 321/329.
     {2, kAnySize, kAnySize, 256 * kMiB},
-    // collectives_h200x4_2026-11-22.json, symmpool / NCCL: AG 64 KiB
+    // collectives_h200x4_2026-11-22_first-run.json, symmpool / NCCL: AG 64 KiB
     // 7.7/20.5 us, 1 GiB 2236/2340 us; RS 64 KiB 7.6/11.1 us, 1 GiB 2524/2523
     // (even); AR 16 MiB 92.9/96.9 us but 64 MiB 339/332, 1 GiB 5037/4577.
     {4, kAnySize, kAnySize, 16 * kMiB},
@@ -58,13 +58,13 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
   (void)world;
   switch (op) {
     // 2 ranks: kernel 202 vs push 178 GB/s at 16 MiB, push 252 vs kernel 221
-    // at 64 MiB (run c); 4 ranks: kernel 46.8 vs push 65.1 us at 16 MiB, push
+    // at 64 MiB (uncapped grid); 4 ranks: kernel 46.8 vs push 65.1 us at 16 MiB, push
     // 598 vs kernel 647 us at 256 MiB.
     case CollectiveKind::kAllGather:
       return bytes <= 16 * kMiB ? Algorithm::kKernel : Algorithm::kCopyEnginePush;
     case CollectiveKind::kReduceScatter:  // one-shot beat two-step at every size, 2 and 4 ranks
       return Algorithm::kOneShot;
-    // In place, 2 ranks: two-shot 5.7 vs one-shot 6.7 us at 8 KiB (run c),
+    // In place, 2 ranks: two-shot 5.7 vs one-shot 6.7 us at 8 KiB (uncapped grid),
     // 321 vs 281 GB/s at 1 GiB; 4 ranks: two-shot won at every size.
     case CollectiveKind::kAllReduce:
       return Algorithm::kTwoShot;     // (all_reduce falls back to one-shot where two-shot cannot run)
