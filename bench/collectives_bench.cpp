@@ -23,6 +23,7 @@
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/driver_api.hpp>
 #include <symmpool/nccl_registration.hpp>
+#include <symmpool/symmetric_group.hpp>
 
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
@@ -399,9 +400,8 @@ int main(int argc, char** argv) {
     R.alloc->add_observer(&hook, true);
     symmpool::detail::ScopeExit detach([&] { R.alloc->remove_observer(&hook, true); });
     symmpool::FileStore store(dir);
-    symmpool::SymmetricHeap heap(symmpool::real_driver(), *R.alloc, store, "bench", rank, world);
-    Communicator comm(heap, *R.alloc);
-    R.comm = &comm;
+    symmpool::SymmetricGroup group(symmpool::real_driver(), *R.alloc, store, "bench", rank, world);
+    R.comm = &group.communicator();
 
     std::vector<char*> my_args = args;
     if (rank != 0)  // only rank 0 writes files

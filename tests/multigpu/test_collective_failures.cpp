@@ -9,6 +9,7 @@
 #include <symmpool/communicator.hpp>
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/error.hpp>
+#include <symmpool/symmetric_group.hpp>
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -46,8 +47,8 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
     cudaStream_t s;
     RANK_CUDA(cudaStreamCreate(&s));
     struct Group {
-      std::unique_ptr<SymmetricHeap> heap;
-      std::unique_ptr<Communicator> comm;
+      std::unique_ptr<SymmetricGroup> members;
+      Communicator* comm = nullptr;
       int handled = 0;
       std::string heard;
     };
@@ -56,9 +57,11 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
     auto* gathered = static_cast<char*>(alloc.allocate(kBytes * world, reinterpret_cast<CUstream>(s)));
     for (int g = 0; g < 3; ++g) {
       Group& group = groups[g];
-      group.heap = std::make_unique<SymmetricHeap>(real_driver(), alloc, store, "dies" + std::to_string(g), rank, world);
-      group.comm = std::make_unique<Communicator>(*group.heap, alloc, Communicator::kDefaultBarrierTimeout,
-                                                  [&group](const std::string& m) { ++group.handled; group.heard = m; });
+      SymmetricGroupOptions options;
+      options.on_failure = [&group](const std::string& m) { ++group.handled; group.heard = m; };
+      group.members = std::make_unique<SymmetricGroup>(real_driver(), alloc, store, "dies" + std::to_string(g),
+                                                       rank, world, std::move(options));
+      group.comm = &group.members->communicator();
       // While both ranks are here: a symmetric buffer that a fused
       // all-gather has already used, so what follows needs no heap exchange.
       group.comm->all_gather(gathered + rank * kBytes, gathered, kBytes, s, Algorithm::kKernel);
@@ -100,7 +103,7 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
         RANK_EXPECT(std::chrono::steady_clock::now() - before < std::chrono::milliseconds(100), "slow to raise");
       }
     }
-    for (Group& g : groups) g.comm.reset();  // returns: nothing waits on the dead peer
+    for (Group& g : groups) g.members.reset();  // returns: nothing waits on the dead peer
     return failures;
   });
   ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");

@@ -1,0 +1,14 @@
+#include <symmpool/symmetric_group.hpp>
+
+#include <utility>
+
+namespace symmpool {
+
+SymmetricGroup::SymmetricGroup(const DriverApi& driver, CachingAllocator& allocator, Store& store,
+                               const std::string& name, int rank, int world, SymmetricGroupOptions options)
+    : heap_(std::make_unique<SymmetricHeap>(driver, allocator, store, name, rank, world,
+                                            HeapOptions{options.heap_timeout})),
+      communicator_(std::make_unique<Communicator>(*heap_, allocator, options.barrier_timeout,
+                                                   std::move(options.on_failure))) {}
+
+}  // namespace symmpool
