@@ -39,38 +39,8 @@ void load(Fn& fn, const char* symbol) {
 
 DriverApi load_real_driver() {
   DriverApi d;
-#define SYMMPOOL_LOAD(name) load(d.name, #name)
-  SYMMPOOL_LOAD(cuGetErrorString);
-  SYMMPOOL_LOAD(cuDeviceGet);
-  SYMMPOOL_LOAD(cuDeviceGetCount);
-  SYMMPOOL_LOAD(cuDeviceGetAttribute);
-  SYMMPOOL_LOAD(cuDevicePrimaryCtxRetain);
-  SYMMPOOL_LOAD(cuDevicePrimaryCtxRelease);
-  SYMMPOOL_LOAD(cuCtxGetCurrent);
-  SYMMPOOL_LOAD(cuCtxSetCurrent);
-  SYMMPOOL_LOAD(cuMemGetInfo);
-  SYMMPOOL_LOAD(cuMemGetAllocationGranularity);
-  SYMMPOOL_LOAD(cuMemCreate);
-  SYMMPOOL_LOAD(cuMemRelease);
-  SYMMPOOL_LOAD(cuMemAddressReserve);
-  SYMMPOOL_LOAD(cuMemAddressFree);
-  SYMMPOOL_LOAD(cuMemMap);
-  SYMMPOOL_LOAD(cuMemUnmap);
-  SYMMPOOL_LOAD(cuMemSetAccess);
-  SYMMPOOL_LOAD(cuMemExportToShareableHandle);
-  SYMMPOOL_LOAD(cuMemImportFromShareableHandle);
-  SYMMPOOL_LOAD(cuMulticastGetGranularity);
-  SYMMPOOL_LOAD(cuMulticastCreate);
-  SYMMPOOL_LOAD(cuMulticastAddDevice);
-  SYMMPOOL_LOAD(cuMulticastBindMem);
-  SYMMPOOL_LOAD(cuMulticastUnbind);
-  SYMMPOOL_LOAD(cuEventCreate);
-  SYMMPOOL_LOAD(cuEventRecord);
-  SYMMPOOL_LOAD(cuEventQuery);
-  SYMMPOOL_LOAD(cuEventSynchronize);
-  SYMMPOOL_LOAD(cuEventDestroy);
-  SYMMPOOL_LOAD(cuStreamWriteValue32);
-  SYMMPOOL_LOAD(cuStreamWaitValue32);
+#define SYMMPOOL_LOAD(name) load(d.name, #name);
+  SYMMPOOL_DRIVER_FUNCTIONS(SYMMPOOL_LOAD)
 #undef SYMMPOOL_LOAD
   return d;
 }

@@ -390,38 +390,8 @@ CUresult fake_cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned in
 
 DriverApi make_api() {
   DriverApi d;
-#define FAKE_SET(name) d.name = &fake_##name
-  FAKE_SET(cuGetErrorString);
-  FAKE_SET(cuDeviceGet);
-  FAKE_SET(cuDeviceGetCount);
-  FAKE_SET(cuDeviceGetAttribute);
-  FAKE_SET(cuDevicePrimaryCtxRetain);
-  FAKE_SET(cuDevicePrimaryCtxRelease);
-  FAKE_SET(cuCtxGetCurrent);
-  FAKE_SET(cuCtxSetCurrent);
-  FAKE_SET(cuMemGetInfo);
-  FAKE_SET(cuMemGetAllocationGranularity);
-  FAKE_SET(cuMemCreate);
-  FAKE_SET(cuMemRelease);
-  FAKE_SET(cuMemAddressReserve);
-  FAKE_SET(cuMemAddressFree);
-  FAKE_SET(cuMemMap);
-  FAKE_SET(cuMemUnmap);
-  FAKE_SET(cuMemSetAccess);
-  FAKE_SET(cuMemExportToShareableHandle);
-  FAKE_SET(cuMemImportFromShareableHandle);
-  FAKE_SET(cuMulticastGetGranularity);
-  FAKE_SET(cuMulticastCreate);
-  FAKE_SET(cuMulticastAddDevice);
-  FAKE_SET(cuMulticastBindMem);
-  FAKE_SET(cuMulticastUnbind);
-  FAKE_SET(cuEventCreate);
-  FAKE_SET(cuEventRecord);
-  FAKE_SET(cuEventQuery);
-  FAKE_SET(cuEventSynchronize);
-  FAKE_SET(cuEventDestroy);
-  FAKE_SET(cuStreamWriteValue32);
-  FAKE_SET(cuStreamWaitValue32);
+#define FAKE_SET(name) d.name = &fake_##name;
+  SYMMPOOL_DRIVER_FUNCTIONS(FAKE_SET)
 #undef FAKE_SET
   return d;
 }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace symmpool::test {
 
@@ -19,9 +20,22 @@ inline CUstream stream(int n) { return reinterpret_cast<CUstream>(static_cast<st
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;
 
+// Runs `f` and checks it throws E whose text contains `needle`.
+template <typename E, typename F>
+void expect_error(F f, const std::string& needle) {
+  try {
+    f();
+    FAIL() << "expected an error containing '" << needle << "'";
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 class FakeDriverTest : public ::testing::Test {
  protected:
-  void SetUp() override { fake().reset(2, config()); }
+  static constexpr int kDevices = 2;  // fake GPUs in every test
+
+  void SetUp() override { fake().reset(kDevices, config()); }
   virtual FakeDeviceConfig config() { return {}; }
 
   static FakeDriver& fake() { return FakeDriver::instance(); }
@@ -36,12 +50,30 @@ class FakeDriverTest : public ::testing::Test {
     return std::make_unique<CachingAllocator>(fake().api(), device, options);
   }
 
+  // Every test ends with the fake driver clean: what the test made (its
+  // allocators, arenas, hooks) is gone by now and must have given back every
+  // handle, mapping, reservation, event and NCCL registration. A subclass
+  // that overrides TearDown calls this one last.
+  void TearDown() override {
+    if (!IsSkipped()) expect_driver_clean();
+  }
+
+  // The same check, for a test that resets the fake part way (each reset
+  // drops what was left), before it does.
   static void expect_driver_clean() {
-    EXPECT_EQ(fake().live_handles(), 0u);
-    EXPECT_EQ(fake().live_mappings(), 0u);
-    EXPECT_EQ(fake().live_reservations(), 0u);
-    EXPECT_EQ(fake().live_events(), 0u);
-    EXPECT_EQ(fake().used_memory(0), 0u);
+    const std::string test = current_test_name();
+    EXPECT_EQ(fake().live_handles(), 0u) << "handles left by " << test;
+    EXPECT_EQ(fake().live_mappings(), 0u) << "mappings left by " << test;
+    EXPECT_EQ(fake().live_reservations(), 0u) << "reservations left by " << test;
+    EXPECT_EQ(fake().live_events(), 0u) << "events left by " << test;
+    EXPECT_EQ(fake().live_nccl_registrations(), 0u) << "NCCL registrations left by " << test;
+    for (int d = 0; d < kDevices; ++d)
+      EXPECT_EQ(fake().used_memory(d), 0u) << "device " << d << " memory left by " << test;
+  }
+
+  static std::string current_test_name() {
+    const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    return info ? std::string(info->test_suite_name()) + "." + info->name() : "(no test)";
   }
 };
 

@@ -11,158 +11,134 @@ namespace symmpool::test {
 using CachingAllocatorTest = FakeDriverTest;
 
 TEST_F(CachingAllocatorTest, SmallRequestsShareOneSegment) {
-  {
-    auto a = make_allocator();
-    void* p = a->allocate(1000, stream(1));
-    void* q = a->allocate(3000, stream(1));
-    ASSERT_NE(p, nullptr);
-    ASSERT_NE(q, nullptr);
-    EXPECT_EQ(static_cast<char*>(q) - static_cast<char*>(p), 1024);  // 1000 rounds to 1024
-    auto st = a->stats();
-    EXPECT_EQ(st.segments.current, 1);
-    EXPECT_EQ(st.reserved_bytes.current, static_cast<std::int64_t>(2 * MiB));
-    EXPECT_EQ(st.allocated_bytes.current, 1024 + 3072);
-    EXPECT_EQ(st.requested_bytes.current, 4000);
-    EXPECT_EQ(st.cache_misses, 1u);
-    EXPECT_EQ(st.cache_hits, 1u);  // q was cut from p's segment
-    std::memset(p, 1, 1000);
-    std::memset(q, 2, 3000);
-    EXPECT_EQ(static_cast<char*>(p)[999], 1);
-    a->deallocate(p, stream(1));
-    a->deallocate(q, stream(1));
-    EXPECT_EQ(a->stats().allocated_bytes.current, 0);
-  }
-  expect_driver_clean();
+  auto a = make_allocator();
+  void* p = a->allocate(1000, stream(1));
+  void* q = a->allocate(3000, stream(1));
+  ASSERT_NE(p, nullptr);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(static_cast<char*>(q) - static_cast<char*>(p), 1024);  // 1000 rounds to 1024
+  auto st = a->stats();
+  EXPECT_EQ(st.segments.current, 1);
+  EXPECT_EQ(st.reserved_bytes.current, static_cast<std::int64_t>(2 * MiB));
+  EXPECT_EQ(st.allocated_bytes.current, 1024 + 3072);
+  EXPECT_EQ(st.requested_bytes.current, 4000);
+  EXPECT_EQ(st.cache_misses, 1u);
+  EXPECT_EQ(st.cache_hits, 1u);  // q was cut from p's segment
+  std::memset(p, 1, 1000);
+  std::memset(q, 2, 3000);
+  EXPECT_EQ(static_cast<char*>(p)[999], 1);
+  a->deallocate(p, stream(1));
+  a->deallocate(q, stream(1));
+  EXPECT_EQ(a->stats().allocated_bytes.current, 0);
 }
 
 TEST_F(CachingAllocatorTest, SegmentSizesFollowRequestClasses) {
-  {
-    auto a = make_allocator();
-    a->allocate(1 * MiB, stream(1));       // small pool: 2 MiB segment
-    a->allocate(1 * MiB + 1, stream(1));   // large, under 10 MiB: 20 MiB segment
-    a->allocate(33 * MiB + 7, stream(1));  // large: rounded to 34 MiB
-    std::vector<std::size_t> sizes;
-    for (const Segment& s : a->segments()) sizes.push_back(s.size);
-    std::sort(sizes.begin(), sizes.end());
-    EXPECT_EQ(sizes, (std::vector<std::size_t>{2 * MiB, 20 * MiB, 34 * MiB}));
-    // Live allocations are reported when the allocator goes away.
-  }
-  expect_driver_clean();
+  auto a = make_allocator();
+  a->allocate(1 * MiB, stream(1));       // small pool: 2 MiB segment
+  a->allocate(1 * MiB + 1, stream(1));   // large, under 10 MiB: 20 MiB segment
+  a->allocate(33 * MiB + 7, stream(1));  // large: rounded to 34 MiB
+  std::vector<std::size_t> sizes;
+  for (const Segment& s : a->segments()) sizes.push_back(s.size);
+  std::sort(sizes.begin(), sizes.end());
+  EXPECT_EQ(sizes, (std::vector<std::size_t>{2 * MiB, 20 * MiB, 34 * MiB}));
+  // Live allocations are reported when the allocator goes away.
 }
 
 TEST_F(CachingAllocatorTest, FreedBlocksAreReusedAndMerged) {
-  {
-    auto a = make_allocator();
-    void* x = a->allocate(4 * MiB, stream(1));
-    void* y = a->allocate(4 * MiB, stream(1));
-    void* z = a->allocate(4 * MiB, stream(1));
-    EXPECT_EQ(a->stats().segments.current, 1);  // all inside one 20 MiB segment
-    a->deallocate(y, stream(1));
-    a->deallocate(x, stream(1));  // merges with y's block
-    void* w = a->allocate(8 * MiB, stream(1));
-    EXPECT_EQ(w, x) << "x and y should have merged into one 8 MiB block";
-    EXPECT_EQ(a->stats().segments.current, 1);
-    a->deallocate(w, stream(1));
-    a->deallocate(z, stream(1));
-    // Everything merged back: one 20 MiB block serves a 20 MiB request.
-    void* whole = a->allocate(20 * MiB - 512, stream(1));
-    EXPECT_EQ(whole, x);
-    a->deallocate(whole, stream(1));
-  }
-  expect_driver_clean();
+  auto a = make_allocator();
+  void* x = a->allocate(4 * MiB, stream(1));
+  void* y = a->allocate(4 * MiB, stream(1));
+  void* z = a->allocate(4 * MiB, stream(1));
+  EXPECT_EQ(a->stats().segments.current, 1);  // all inside one 20 MiB segment
+  a->deallocate(y, stream(1));
+  a->deallocate(x, stream(1));  // merges with y's block
+  void* w = a->allocate(8 * MiB, stream(1));
+  EXPECT_EQ(w, x) << "x and y should have merged into one 8 MiB block";
+  EXPECT_EQ(a->stats().segments.current, 1);
+  a->deallocate(w, stream(1));
+  a->deallocate(z, stream(1));
+  // Everything merged back: one 20 MiB block serves a 20 MiB request.
+  void* whole = a->allocate(20 * MiB - 512, stream(1));
+  EXPECT_EQ(whole, x);
+  a->deallocate(whole, stream(1));
 }
 
 TEST_F(CachingAllocatorTest, EmptyCacheReleasesOnlyUnusedSegments) {
-  {
-    auto a = make_allocator();
-    void* keep = a->allocate(100, stream(1));
-    void* drop = a->allocate(12 * MiB, stream(1));
-    a->deallocate(drop, stream(1));
-    EXPECT_EQ(a->stats().segments.current, 2);
-    EXPECT_EQ(a->empty_cache(), 12 * MiB);
-    EXPECT_EQ(a->stats().segments.current, 1);
-    EXPECT_EQ(fake().used_memory(0), 2 * MiB);
-    a->deallocate(keep, stream(1));
-    EXPECT_EQ(a->empty_cache(), 2 * MiB);
-    EXPECT_EQ(fake().used_memory(0), 0u);
-    EXPECT_EQ(a->stats().reserved_bytes.peak, static_cast<std::int64_t>(14 * MiB));
-    a->reset_peak_stats();
-    EXPECT_EQ(a->stats().reserved_bytes.peak, 0);
-  }
-  expect_driver_clean();
+  auto a = make_allocator();
+  void* keep = a->allocate(100, stream(1));
+  void* drop = a->allocate(12 * MiB, stream(1));
+  a->deallocate(drop, stream(1));
+  EXPECT_EQ(a->stats().segments.current, 2);
+  EXPECT_EQ(a->empty_cache(), 12 * MiB);
+  EXPECT_EQ(a->stats().segments.current, 1);
+  EXPECT_EQ(fake().used_memory(0), 2 * MiB);
+  a->deallocate(keep, stream(1));
+  EXPECT_EQ(a->empty_cache(), 2 * MiB);
+  EXPECT_EQ(fake().used_memory(0), 0u);
+  EXPECT_EQ(a->stats().reserved_bytes.peak, static_cast<std::int64_t>(14 * MiB));
+  a->reset_peak_stats();
+  EXPECT_EQ(a->stats().reserved_bytes.peak, 0);
 }
 
 TEST_F(CachingAllocatorTest, OutOfMemoryEmptiesTheCacheAndRetries) {
-  {
-    auto a = make_allocator();
-    // Fill the 1 GiB device with cached, unused segments.
-    std::vector<void*> ps;
-    for (int i = 0; i < 40; ++i) ps.push_back(a->allocate(24 * MiB, stream(1)));
-    for (void* p : ps) a->deallocate(p, stream(1));
-    void* big = a->allocate(512 * MiB, stream(1));
-    EXPECT_NE(big, nullptr);
-    EXPECT_EQ(a->stats().oom_retries, 1u);
-    a->deallocate(big, stream(1));
-  }
-  expect_driver_clean();
+  auto a = make_allocator();
+  // Fill the 1 GiB device with cached, unused segments.
+  std::vector<void*> ps;
+  for (int i = 0; i < 40; ++i) ps.push_back(a->allocate(24 * MiB, stream(1)));
+  for (void* p : ps) a->deallocate(p, stream(1));
+  void* big = a->allocate(512 * MiB, stream(1));
+  EXPECT_NE(big, nullptr);
+  EXPECT_EQ(a->stats().oom_retries, 1u);
+  a->deallocate(big, stream(1));
 }
 
 TEST_F(CachingAllocatorTest, OutOfMemoryErrorNamesTheSizes) {
-  {
-    auto a = make_allocator();
-    void* held = a->allocate(800 * MiB, stream(1));
-    try {
-      a->allocate(300 * MiB, stream(1));
-      FAIL() << "expected out_of_memory";
-    } catch (const out_of_memory& e) {
-      std::string msg = e.what();
-      EXPECT_NE(msg.find("out of memory on device 0"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("tried to allocate 300.00 MiB"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("800.00 MiB"), std::string::npos) << msg;  // reserved
-      EXPECT_NE(msg.find("224.00 MiB"), std::string::npos) << msg;  // device free
-    }
-    EXPECT_EQ(a->stats().ooms, 1u);
-    a->deallocate(held, stream(1));
+  auto a = make_allocator();
+  void* held = a->allocate(800 * MiB, stream(1));
+  try {
+    a->allocate(300 * MiB, stream(1));
+    FAIL() << "expected out_of_memory";
+  } catch (const out_of_memory& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("out of memory on device 0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("tried to allocate 300.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("800.00 MiB"), std::string::npos) << msg;  // reserved
+    EXPECT_NE(msg.find("224.00 MiB"), std::string::npos) << msg;  // device free
   }
-  expect_driver_clean();
+  EXPECT_EQ(a->stats().ooms, 1u);
+  a->deallocate(held, stream(1));
 }
 
 TEST_F(CachingAllocatorTest, StatisticsTrackPeaksAndCounts) {
-  {
-    auto a = make_allocator();
-    void* p = a->allocate(5 * MiB, stream(1));
-    void* q = a->allocate(5 * MiB, stream(1));
-    a->deallocate(p, stream(1));
-    a->deallocate(q, stream(1));
-    auto st = a->stats();
-    EXPECT_EQ(st.allocations, 2u);
-    EXPECT_EQ(st.frees, 2u);
-    EXPECT_EQ(st.allocated_bytes.peak, static_cast<std::int64_t>(10 * MiB));
-    EXPECT_EQ(st.active_blocks.peak, 2);
-    EXPECT_EQ(st.active_blocks.current, 0);
-    EXPECT_EQ(st.segment_maps, 1u);
-  }
-  expect_driver_clean();
+  auto a = make_allocator();
+  void* p = a->allocate(5 * MiB, stream(1));
+  void* q = a->allocate(5 * MiB, stream(1));
+  a->deallocate(p, stream(1));
+  a->deallocate(q, stream(1));
+  auto st = a->stats();
+  EXPECT_EQ(st.allocations, 2u);
+  EXPECT_EQ(st.frees, 2u);
+  EXPECT_EQ(st.allocated_bytes.peak, static_cast<std::int64_t>(10 * MiB));
+  EXPECT_EQ(st.active_blocks.peak, 2);
+  EXPECT_EQ(st.active_blocks.current, 0);
+  EXPECT_EQ(st.segment_maps, 1u);
 }
 
 TEST_F(CachingAllocatorTest, ThreadSafeUnderConcurrentUse) {
-  {
-    auto a = make_allocator();
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 4; ++t) {
-      threads.emplace_back([&, t] {
-        for (int i = 0; i < 2000; ++i) {
-          void* p = a->allocate(static_cast<std::size_t>((i % 7 + 1) * 4096), stream(t + 1));
-          static_cast<char*>(p)[0] = static_cast<char>(t);
-          a->deallocate(p, stream(t + 1));
-        }
-      });
-    }
-    for (auto& th : threads) th.join();
-    EXPECT_EQ(a->stats().allocations, 8000u);
-    EXPECT_EQ(a->stats().active_blocks.current, 0);
+  auto a = make_allocator();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 2000; ++i) {
+        void* p = a->allocate(static_cast<std::size_t>((i % 7 + 1) * 4096), stream(t + 1));
+        static_cast<char*>(p)[0] = static_cast<char>(t);
+        a->deallocate(p, stream(t + 1));
+      }
+    });
   }
-  expect_driver_clean();
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(a->stats().allocations, 8000u);
+  EXPECT_EQ(a->stats().active_blocks.current, 0);
 }
 
 }  // namespace symmpool::test

@@ -21,27 +21,21 @@ class MulticastGatingTest : public FakeDriverTest {
 };
 
 TEST_F(MulticastGatingTest, EnabledOnlyWhenRequestedSupportedAndAllowed) {
-  {
-    auto a = make_allocator(0, /*multicast=*/true);
-    EXPECT_TRUE(a->multicast().enabled) << a->multicast().reason;
-    EXPECT_EQ(a->granularity(), 4 * MiB);  // lcm of 2 MiB memory and 4 MiB multicast
-    void* p = a->allocate(4096, stream(1));
-    EXPECT_EQ(a->segments().at(0).size, 4 * MiB);
-    EXPECT_TRUE(a->segments().at(0).multicast_capable);
-    EXPECT_EQ(fake().count("cuMulticastGetGranularity"), 1u);
-    a->deallocate(p, stream(1));
-  }
-  expect_driver_clean();
+  auto a = make_allocator(0, /*multicast=*/true);
+  EXPECT_TRUE(a->multicast().enabled) << a->multicast().reason;
+  EXPECT_EQ(a->granularity(), 4 * MiB);  // lcm of 2 MiB memory and 4 MiB multicast
+  void* p = a->allocate(4096, stream(1));
+  EXPECT_EQ(a->segments().at(0).size, 4 * MiB);
+  EXPECT_TRUE(a->segments().at(0).multicast_capable);
+  EXPECT_EQ(fake().count("cuMulticastGetGranularity"), 1u);
+  a->deallocate(p, stream(1));
 }
 
 TEST_F(MulticastGatingTest, NotRequestedMeansNoMulticastCall) {
-  {
-    auto a = make_allocator(0, /*multicast=*/false);
-    EXPECT_FALSE(a->multicast().enabled);
-    a->deallocate(a->allocate(4096, stream(1)), stream(1));
-    EXPECT_EQ(fake().count_prefix("cuMulticast"), 0u);
-  }
-  expect_driver_clean();
+  auto a = make_allocator(0, /*multicast=*/false);
+  EXPECT_FALSE(a->multicast().enabled);
+  a->deallocate(a->allocate(4096, stream(1)), stream(1));
+  EXPECT_EQ(fake().count_prefix("cuMulticast"), 0u);
 }
 
 // Each variable alone turns multicast off before any cuMulticast* call.
@@ -62,7 +56,6 @@ TEST_P(MulticastEnvTest, EnvironmentVariableDisablesMulticast) {
     EXPECT_EQ(a->granularity(), 2 * MiB);
   }
   EXPECT_EQ(fake().count_prefix("cuMulticast"), 0u);
-  expect_driver_clean();
 }
 
 INSTANTIATE_TEST_SUITE_P(EachVariable, MulticastEnvTest,
@@ -85,7 +78,6 @@ TEST_F(UnsupportedMulticastTest, DeviceWithoutSupportMakesNoMulticastCall) {
     a->deallocate(a->allocate(4096, stream(1)), stream(1));
   }
   EXPECT_EQ(fake().count_prefix("cuMulticast"), 0u);
-  expect_driver_clean();
 }
 
 TEST(Environment, ReadsTheThreeVariables) {

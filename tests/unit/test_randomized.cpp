@@ -41,59 +41,56 @@ bool tag_intact(const void* p, std::size_t size, std::uint64_t tag) {
 // held events and periodic empty_cache: live blocks never overlap, their
 // contents survive, and at the end nothing is left anywhere.
 TEST_F(RandomizedTest, HundredThousandOperationsLeaveNothingBehind) {
-  {
-    auto a = make_allocator();
-    std::mt19937_64 rng(12345);
-    std::map<std::uintptr_t, Live> live;
-    auto pick_size = [&]() -> std::size_t {
-      std::uint64_t r = rng() % 100;
-      if (r < 70) return 1 + rng() % (64 * KiB);
-      if (r < 95) return 1 * MiB + rng() % (8 * MiB);
-      return 16 * MiB + rng() % (48 * MiB);
-    };
-    std::uint64_t next_tag = 1;
-    for (int op = 0; op < 100000; ++op) {
-      const bool do_alloc = live.empty() || (live.size() < 200 && rng() % 2 == 0);
-      if (do_alloc) {
-        std::size_t size = pick_size();
-        CUstream s = stream(1 + static_cast<int>(rng() % 3));
-        void* p = a->allocate(size, s);
-        auto address = reinterpret_cast<std::uintptr_t>(p);
-        auto next = live.lower_bound(address);
-        ASSERT_TRUE(next == live.end() || address + size <= next->first) << "overlaps next block";
-        if (next != live.begin()) {
-          auto prev = std::prev(next);
-          ASSERT_LE(prev->first + prev->second.size, address) << "overlaps previous block";
-        }
-        write_tag(p, size, next_tag);
-        live[address] = Live{size, s, next_tag++};
-        if (rng() % 10 == 0) a->record_stream(p, stream(1 + static_cast<int>(rng() % 3)));
-      } else {
-        auto it = live.begin();
-        std::advance(it, static_cast<std::ptrdiff_t>(rng() % live.size()));
-        void* p = reinterpret_cast<void*>(it->first);
-        ASSERT_TRUE(tag_intact(p, it->second.size, it->second.tag)) << "block contents clobbered";
-        a->deallocate(p, it->second.size, it->second.stream);
-        live.erase(it);
+  auto a = make_allocator();
+  std::mt19937_64 rng(12345);
+  std::map<std::uintptr_t, Live> live;
+  auto pick_size = [&]() -> std::size_t {
+    std::uint64_t r = rng() % 100;
+    if (r < 70) return 1 + rng() % (64 * KiB);
+    if (r < 95) return 1 * MiB + rng() % (8 * MiB);
+    return 16 * MiB + rng() % (48 * MiB);
+  };
+  std::uint64_t next_tag = 1;
+  for (int op = 0; op < 100000; ++op) {
+    const bool do_alloc = live.empty() || (live.size() < 200 && rng() % 2 == 0);
+    if (do_alloc) {
+      std::size_t size = pick_size();
+      CUstream s = stream(1 + static_cast<int>(rng() % 3));
+      void* p = a->allocate(size, s);
+      auto address = reinterpret_cast<std::uintptr_t>(p);
+      auto next = live.lower_bound(address);
+      ASSERT_TRUE(next == live.end() || address + size <= next->first) << "overlaps next block";
+      if (next != live.begin()) {
+        auto prev = std::prev(next);
+        ASSERT_LE(prev->first + prev->second.size, address) << "overlaps previous block";
       }
-      if (op % 1000 == 0) fake().hold_events(rng() % 2 == 0);
-      if (op % 700 == 0) fake().complete_events();
-      if (op % 5000 == 4999) a->empty_cache();
+      write_tag(p, size, next_tag);
+      live[address] = Live{size, s, next_tag++};
+      if (rng() % 10 == 0) a->record_stream(p, stream(1 + static_cast<int>(rng() % 3)));
+    } else {
+      auto it = live.begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(rng() % live.size()));
+      void* p = reinterpret_cast<void*>(it->first);
+      ASSERT_TRUE(tag_intact(p, it->second.size, it->second.tag)) << "block contents clobbered";
+      a->deallocate(p, it->second.size, it->second.stream);
+      live.erase(it);
     }
-    for (auto& [address, l] : live) a->deallocate(reinterpret_cast<void*>(address), l.size, l.stream);
-    fake().complete_events();
-    a->empty_cache();
-    auto st = a->stats();
-    EXPECT_EQ(st.allocated_bytes.current, 0);
-    EXPECT_EQ(st.requested_bytes.current, 0);
-    EXPECT_EQ(st.active_blocks.current, 0);
-    EXPECT_EQ(st.segments.current, 0);
-    EXPECT_EQ(st.reserved_bytes.current, 0);
-    EXPECT_EQ(st.allocations, st.frees);
-    EXPECT_GT(st.cache_hits, st.cache_misses);
-    EXPECT_EQ(fake().used_memory(0), 0u);
+    if (op % 1000 == 0) fake().hold_events(rng() % 2 == 0);
+    if (op % 700 == 0) fake().complete_events();
+    if (op % 5000 == 4999) a->empty_cache();
   }
-  expect_driver_clean();
+  for (auto& [address, l] : live) a->deallocate(reinterpret_cast<void*>(address), l.size, l.stream);
+  fake().complete_events();
+  a->empty_cache();
+  auto st = a->stats();
+  EXPECT_EQ(st.allocated_bytes.current, 0);
+  EXPECT_EQ(st.requested_bytes.current, 0);
+  EXPECT_EQ(st.active_blocks.current, 0);
+  EXPECT_EQ(st.segments.current, 0);
+  EXPECT_EQ(st.reserved_bytes.current, 0);
+  EXPECT_EQ(st.allocations, st.frees);
+  EXPECT_GT(st.cache_hits, st.cache_misses);
+  EXPECT_EQ(fake().used_memory(0), 0u);
 }
 
 // About 2.5 s in a plain build and 35 s in the Debug ASan/UBSan build of
@@ -211,7 +208,7 @@ class PropertyRun {
 
   // Frees on the block's stream or, one time in four, another one; rarely with
   // a cuEventRecord failure injected (the free must still happen, see
-  // FailedEventRecordKeepsTheBlockAndRetries) or followed by a double free.
+  // FailedEventTest.KeepsTheBlockAndRetries) or followed by a double free.
   void free_at(std::map<std::uintptr_t, ModelBlock>::iterator it) {
     void* p = reinterpret_cast<void*>(it->first);
     const ModelBlock m = it->second;
@@ -302,23 +299,20 @@ class PropertyRun {
 // sizes and stats match. Then everything is freed and nothing is left.
 TEST_F(RandomizedTest, OperationsAgreeWithAReferenceModel) {
   constexpr std::uint64_t kSeed = 20240917;
-  {
-    auto a = make_allocator();
-    PropertyRun run(*a, kSeed);
-    for (int op = 0; op < kPropertyOperations; ++op) {
-      run.step(op);
-      ASSERT_FALSE(HasFatalFailure());
-    }
-    run.finish();
+  auto a = make_allocator();
+  PropertyRun run(*a, kSeed);
+  for (int op = 0; op < kPropertyOperations; ++op) {
+    run.step(op);
     ASSERT_FALSE(HasFatalFailure());
-    EXPECT_GT(run.event_failures(), 0u) << "no injected event failure was exercised";
-    const AllocatorStats st = a->stats();
-    EXPECT_EQ(st.allocated_bytes.current, 0) << run;
-    EXPECT_EQ(st.segments.current, 0) << run;
-    EXPECT_EQ(st.reserved_bytes.current, 0) << run;
-    EXPECT_EQ(st.allocations, st.frees) << run;
   }
-  expect_driver_clean();
+  run.finish();
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_GT(run.event_failures(), 0u) << "no injected event failure was exercised";
+  const AllocatorStats st = a->stats();
+  EXPECT_EQ(st.allocated_bytes.current, 0) << run;
+  EXPECT_EQ(st.segments.current, 0) << run;
+  EXPECT_EQ(st.reserved_bytes.current, 0) << run;
+  EXPECT_EQ(st.allocations, st.frees) << run;
 }
 
 }  // namespace symmpool::test

@@ -10,59 +10,49 @@ namespace symmpool::test {
 using SegmentArenaTest = FakeDriverTest;
 
 TEST_F(SegmentArenaTest, RoundsToGranularityAndMapsReadWrite) {
-  {
-    SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
-    EXPECT_EQ(arena.granularity(), 2 * MiB);
-    EXPECT_EQ(arena.va_reserved_bytes(), 2 * (1u << 30));  // twice the device memory
-    const Segment* s = arena.map_new_segment(3 * MiB);
-    ASSERT_NE(s, nullptr);
-    EXPECT_EQ(s->size, 4 * MiB);
-    EXPECT_EQ(s->address, arena.va_base() + s->offset);
-    EXPECT_EQ(s->handle_types, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    std::memset(s->ptr(), 0xab, s->size);  // the fake backs it with memory
-    EXPECT_EQ(static_cast<unsigned char*>(s->ptr())[s->size - 1], 0xab);
-    EXPECT_EQ(arena.find(s->address + 5), s);
-    EXPECT_EQ(arena.find(s->address + s->size), nullptr);
-    EXPECT_EQ(fake().used_memory(0), 4 * MiB);
-    EXPECT_EQ(fake().count("cuMemSetAccess"), 1u);
-  }
-  expect_driver_clean();
+  SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
+  EXPECT_EQ(arena.granularity(), 2 * MiB);
+  EXPECT_EQ(arena.va_reserved_bytes(), 2 * (1u << 30));  // twice the device memory
+  const Segment* s = arena.map_new_segment(3 * MiB);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->size, 4 * MiB);
+  EXPECT_EQ(s->address, arena.va_base() + s->offset);
+  EXPECT_EQ(s->handle_types, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  std::memset(s->ptr(), 0xab, s->size);  // the fake backs it with memory
+  EXPECT_EQ(static_cast<unsigned char*>(s->ptr())[s->size - 1], 0xab);
+  EXPECT_EQ(arena.find(s->address + 5), s);
+  EXPECT_EQ(arena.find(s->address + s->size), nullptr);
+  EXPECT_EQ(fake().used_memory(0), 4 * MiB);
+  EXPECT_EQ(fake().count("cuMemSetAccess"), 1u);
 }
 
 TEST_F(SegmentArenaTest, OutOfMemoryReturnsNullAndLeavesNothing) {
-  {
-    SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
-    EXPECT_EQ(arena.map_new_segment(2u << 30), nullptr);  // more than the device holds
-    fake().fail("cuMemMap", CUDA_ERROR_OUT_OF_MEMORY);
-    EXPECT_EQ(arena.map_new_segment(2 * MiB), nullptr);
-    EXPECT_EQ(arena.segment_count(), 0u);
-    EXPECT_EQ(fake().live_handles(), 0u);
-    EXPECT_NE(arena.map_new_segment(2 * MiB), nullptr);  // the range went back too
-  }
-  expect_driver_clean();
+  SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
+  EXPECT_EQ(arena.map_new_segment(2u << 30), nullptr);  // more than the device holds
+  fake().fail("cuMemMap", CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(arena.map_new_segment(2 * MiB), nullptr);
+  EXPECT_EQ(arena.segment_count(), 0u);
+  EXPECT_EQ(fake().live_handles(), 0u);
+  EXPECT_NE(arena.map_new_segment(2 * MiB), nullptr);  // the range went back too
 }
 
 TEST_F(SegmentArenaTest, FailedStepThrowsNamingTheCallAndUndoes) {
-  {
-    SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
-    fake().fail("cuMemSetAccess", CUDA_ERROR_INVALID_VALUE);
-    try {
-      arena.map_new_segment(2 * MiB);
-      FAIL() << "expected cuda_error";
-    } catch (const cuda_error& e) {
-      EXPECT_NE(std::string(e.what()).find("cuMemSetAccess"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("invalid argument"), std::string::npos) << e.what();
-    }
-    EXPECT_EQ(fake().live_handles(), 0u);
-    EXPECT_EQ(fake().live_mappings(), 0u);
+  SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
+  fake().fail("cuMemSetAccess", CUDA_ERROR_INVALID_VALUE);
+  try {
+    arena.map_new_segment(2 * MiB);
+    FAIL() << "expected cuda_error";
+  } catch (const cuda_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuMemSetAccess"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("invalid argument"), std::string::npos) << e.what();
   }
-  expect_driver_clean();
+  EXPECT_EQ(fake().live_handles(), 0u);
+  EXPECT_EQ(fake().live_mappings(), 0u);
 }
 
 TEST_F(SegmentArenaTest, RejectsDevicesThatDoNotExist) {
   EXPECT_THROW(SegmentArena(fake().api(), 7, ArenaOptions{false, 0, Environment{}}), logic_error);
   EXPECT_THROW(SegmentArena(fake().api(), -1, ArenaOptions{false, 0, Environment{}}), logic_error);
-  expect_driver_clean();
 }
 
 class FabricArenaTest : public FakeDriverTest {
@@ -75,18 +65,15 @@ class FabricArenaTest : public FakeDriverTest {
 };
 
 TEST_F(FabricArenaTest, UsesFabricWhereSupportedAndFallsBack) {
-  {
-    SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
-    const Segment* a = arena.map_new_segment(2 * MiB);
-    ASSERT_NE(a, nullptr);
-    EXPECT_TRUE(a->handle_types & CU_MEM_HANDLE_TYPE_FABRIC);
-    // A system that advertises fabric but refuses it (no IMEX channel).
-    fake().fail("cuMemCreate", CUDA_ERROR_NOT_PERMITTED);
-    const Segment* b = arena.map_new_segment(2 * MiB);
-    ASSERT_NE(b, nullptr);
-    EXPECT_EQ(b->handle_types, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  }
-  expect_driver_clean();
+  SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
+  const Segment* a = arena.map_new_segment(2 * MiB);
+  ASSERT_NE(a, nullptr);
+  EXPECT_TRUE(a->handle_types & CU_MEM_HANDLE_TYPE_FABRIC);
+  // A system that advertises fabric but refuses it (no IMEX channel).
+  fake().fail("cuMemCreate", CUDA_ERROR_NOT_PERMITTED);
+  const Segment* b = arena.map_new_segment(2 * MiB);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->handle_types, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 }
 
 }  // namespace symmpool::test

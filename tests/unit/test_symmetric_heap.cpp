@@ -4,6 +4,7 @@
 
 #include "fake_fixture.hpp"
 #include "process_group.hpp"
+#include "rank_checks.hpp"
 
 #include <symmpool/error.hpp>
 #include <symmpool/symmetric_heap.hpp>
@@ -25,16 +26,6 @@ std::unique_ptr<CachingAllocator> fake_allocator(int device) {
   options.arena.env = Environment{};
   return std::make_unique<CachingAllocator>(FakeDriver::instance().api(), device, options);
 }
-
-#define RANK_CHECK(cond, ...)                                   \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      std::fprintf(stderr, "[rank %d] check failed: %s: ", rank, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                        \
-      std::fprintf(stderr, "\n");                               \
-      return 1;                                                 \
-    }                                                           \
-  } while (0)
 
 // Forms `group`'s heap on fake GPU `device`, expecting it to fail with E
 // whose message contains `expected`; 0 when it did, 1 (reported) otherwise.

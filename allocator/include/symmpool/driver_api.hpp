@@ -7,39 +7,49 @@
 
 namespace symmpool {
 
+// Every CUDA driver function symmpool calls, listed once (an X-macro): a user
+// defines X(name) and expands SYMMPOOL_DRIVER_FUNCTIONS(X). DriverApi below
+// declares the members, driver_api.cpp loads #name at CUDA_VERSION, and
+// fake_driver.cpp sets each to its fake_##name. Adding a function is one line
+// here plus its fake. `name` is cuda.h's unversioned name: where the headers
+// map it to a versioned one (cuMemGetInfo -> cuMemGetInfo_v2) the member's
+// name and type follow, and asking at CUDA_VERSION returns that same ABI.
+#define SYMMPOOL_DRIVER_FUNCTIONS(X) \
+  X(cuGetErrorString)                \
+  X(cuDeviceGet)                     \
+  X(cuDeviceGetCount)                \
+  X(cuDeviceGetAttribute)            \
+  X(cuDevicePrimaryCtxRetain)        \
+  X(cuDevicePrimaryCtxRelease)       \
+  X(cuCtxGetCurrent)                 \
+  X(cuCtxSetCurrent)                 \
+  X(cuMemGetInfo)                    \
+  X(cuMemGetAllocationGranularity)   \
+  X(cuMemCreate)                     \
+  X(cuMemRelease)                    \
+  X(cuMemAddressReserve)             \
+  X(cuMemAddressFree)                \
+  X(cuMemMap)                        \
+  X(cuMemUnmap)                      \
+  X(cuMemSetAccess)                  \
+  X(cuMemExportToShareableHandle)    \
+  X(cuMemImportFromShareableHandle)  \
+  X(cuMulticastGetGranularity)       \
+  X(cuMulticastCreate)               \
+  X(cuMulticastAddDevice)            \
+  X(cuMulticastBindMem)              \
+  X(cuMulticastUnbind)               \
+  X(cuEventCreate)                   \
+  X(cuEventRecord)                   \
+  X(cuEventQuery)                    \
+  X(cuEventSynchronize)              \
+  X(cuEventDestroy)                  \
+  X(cuStreamWriteValue32)            \
+  X(cuStreamWaitValue32)
+
 struct DriverApi {
-#define SYMMPOOL_DRIVER_FN(name) decltype(&::name) name = nullptr
-  SYMMPOOL_DRIVER_FN(cuGetErrorString);
-  SYMMPOOL_DRIVER_FN(cuDeviceGet);
-  SYMMPOOL_DRIVER_FN(cuDeviceGetCount);
-  SYMMPOOL_DRIVER_FN(cuDeviceGetAttribute);
-  SYMMPOOL_DRIVER_FN(cuDevicePrimaryCtxRetain);
-  SYMMPOOL_DRIVER_FN(cuDevicePrimaryCtxRelease);
-  SYMMPOOL_DRIVER_FN(cuCtxGetCurrent);
-  SYMMPOOL_DRIVER_FN(cuCtxSetCurrent);
-  SYMMPOOL_DRIVER_FN(cuMemGetInfo);
-  SYMMPOOL_DRIVER_FN(cuMemGetAllocationGranularity);
-  SYMMPOOL_DRIVER_FN(cuMemCreate);
-  SYMMPOOL_DRIVER_FN(cuMemRelease);
-  SYMMPOOL_DRIVER_FN(cuMemAddressReserve);
-  SYMMPOOL_DRIVER_FN(cuMemAddressFree);
-  SYMMPOOL_DRIVER_FN(cuMemMap);
-  SYMMPOOL_DRIVER_FN(cuMemUnmap);
-  SYMMPOOL_DRIVER_FN(cuMemSetAccess);
-  SYMMPOOL_DRIVER_FN(cuMemExportToShareableHandle);
-  SYMMPOOL_DRIVER_FN(cuMemImportFromShareableHandle);
-  SYMMPOOL_DRIVER_FN(cuMulticastGetGranularity);
-  SYMMPOOL_DRIVER_FN(cuMulticastCreate);
-  SYMMPOOL_DRIVER_FN(cuMulticastAddDevice);
-  SYMMPOOL_DRIVER_FN(cuMulticastBindMem);
-  SYMMPOOL_DRIVER_FN(cuMulticastUnbind);
-  SYMMPOOL_DRIVER_FN(cuEventCreate);
-  SYMMPOOL_DRIVER_FN(cuEventRecord);
-  SYMMPOOL_DRIVER_FN(cuEventQuery);
-  SYMMPOOL_DRIVER_FN(cuEventSynchronize);
-  SYMMPOOL_DRIVER_FN(cuEventDestroy);
-  SYMMPOOL_DRIVER_FN(cuStreamWriteValue32);
-  SYMMPOOL_DRIVER_FN(cuStreamWaitValue32);
+#define SYMMPOOL_DRIVER_FN(name) decltype(&::name) name = nullptr;
+  SYMMPOOL_DRIVER_FUNCTIONS(SYMMPOOL_DRIVER_FN)
 #undef SYMMPOOL_DRIVER_FN
 
   // The driver's own text for `code`, or a generic one.
