@@ -1,4 +1,4 @@
-// symmpool._C: the "symm" backend factory and allocator statistics.
+// symmpool._C: the "symm" backend factory, allocator and routing statistics.
 
 #include "symm_backend.hpp"
 #include "torch_errors.hpp"
@@ -114,6 +114,17 @@ PYBIND11_MODULE(_C, m) {
         return py::make_tuple(mc.enabled, mc.reason);
       },
       py::arg("device"));
+  m.def(
+      "routing_counts",
+      [] {
+        const auto counts = symmpool::torch_ext::routing_counts();
+        py::dict d;
+        for (int r = 0; r < symmpool::kRouteReasons; ++r)
+          d[symmpool::to_string(static_cast<symmpool::RouteReason>(r))] = counts[r];
+        return d;
+      },
+      "Collectives the symm backends of this process routed, by reason: where each ran and why "
+      "(SYMMPOOL_DEBUG_ROUTING=1 prints each decision to stderr).");
   m.def(
       "table_world_sizes",
       [] {

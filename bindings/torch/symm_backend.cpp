@@ -13,14 +13,11 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <limits>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <functional>
-#include <optional>
 #include <set>
 
 namespace symmpool::torch_ext {
@@ -29,17 +26,6 @@ namespace {
 
 std::mutex live_backends_mutex;
 std::set<const SymmBackend*> live_backends;
-std::atomic<std::uint64_t> routed_collectives{0};
-std::atomic<std::uint64_t> nccl_fallbacks{0};
-
-std::optional<DataType> symmpool_type(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DataType::kFloat32;
-    case at::kHalf: return DataType::kFloat16;
-    case at::kBFloat16: return DataType::kBFloat16;
-    default: return std::nullopt;
-  }
-}
 
 // TORCH_NCCL_ASYNC_ERROR_HANDLING, read as ProcessGroupNCCL reads it
 // (default 3, SkipCleanUp): 1 and 3 tear the process down on a failed
@@ -60,10 +46,9 @@ bool blocking_wait() {
 SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          c10::intrusive_ptr<Options> options)
     : ProcessGroupNCCL(store, rank, size, std::move(options)),
+      router_(*this, Environment::from_process(),
+              [this](c10::DeviceIndex device) { return communicator(device); }),
       store_for_heap_(store) {
-  const Environment env = Environment::from_process();
-  collectives_enabled_ = env.collectives_enabled;
-  collectives_always_ = env.collectives_always;
   blocking_wait_ = blocking_wait();
   std::lock_guard<std::mutex> lock(live_backends_mutex);
   live_backends.insert(this);
@@ -208,8 +193,11 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::allreduce(std::vector<at::Tensor>& t
                                                       const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(!tensors.empty(), "symm allreduce: no tensors");
   return registering(tensors[0].device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
-    if (tensors.size() == 1)
-      if (auto work = try_reduce(tensors[0], tensors[0], opts.reduceOp, /*scatter=*/false)) return work;
+    if (tensors.size() > 1)
+      router_.route_several(CollectiveKind::kAllReduce, tensors);
+    else if (auto work = on_symmpool(CollectiveKind::kAllReduce, tensors[0], tensors[0], opts.reduceOp,
+                                     c10d::OpType::ALLREDUCE))
+      return work;
     return ProcessGroupNCCL::allreduce(tensors, opts);
   });
 }
@@ -217,7 +205,9 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::allreduce(std::vector<at::Tensor>& t
 c10::intrusive_ptr<c10d::Work> SymmBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions& opts) {
   return registering(input.device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
-    if (auto work = try_all_gather(output, input)) return work;
+    if (auto work = on_symmpool(CollectiveKind::kAllGather, output, input, c10d::ReduceOp::SUM,
+                                c10d::OpType::_ALLGATHER_BASE))
+      return work;
     return ProcessGroupNCCL::_allgather_base(output, input, opts);
   });
 }
@@ -227,6 +217,7 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::allgather_into_tensor_coalesced(
     const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(!inputs.empty(), "symm allgather_into_tensor_coalesced: no tensors");
   return registering(inputs[0].device(), [&] {
+    router_.route_several(CollectiveKind::kAllGather, outputs);
     return ProcessGroupNCCL::allgather_into_tensor_coalesced(outputs, inputs, opts);
   });
 }
@@ -234,7 +225,9 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> SymmBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   return registering(input.device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
-    if (auto work = try_reduce(output, input, opts.reduceOp, /*scatter=*/true)) return work;
+    if (auto work = on_symmpool(CollectiveKind::kReduceScatter, output, input, opts.reduceOp,
+                                c10d::OpType::_REDUCE_SCATTER_BASE))
+      return work;
     return ProcessGroupNCCL::_reduce_scatter_base(output, input, opts);
   });
 }
@@ -244,6 +237,7 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::reduce_scatter_tensor_coalesced(
     const c10d::ReduceScatterOptions& opts) {
   TORCH_CHECK(!inputs.empty(), "symm reduce_scatter_tensor_coalesced: no tensors");
   return registering(inputs[0].device(), [&] {
+    router_.route_several(CollectiveKind::kReduceScatter, inputs);
     return ProcessGroupNCCL::reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   });
 }
@@ -310,84 +304,13 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   return comm_.get();
 }
 
-c10::intrusive_ptr<c10d::Work> SymmBackend::enqueued_work(const at::Tensor& output, c10d::OpType type) {
+c10::intrusive_ptr<c10d::Work> SymmBackend::on_symmpool(CollectiveKind kind, at::Tensor& output,
+                                                        at::Tensor& input, c10d::ReduceOp::RedOpType op,
+                                                        c10d::OpType type) {
+  if (router_.route(kind, output, input, op).engine == Engine::kNccl) return nullptr;
   return c10::make_intrusive<SymmWork>(std::vector<at::Tensor>{output}, type, comm_->issued(),
                                        c10::cuda::getCurrentCUDAStream(output.device().index()), failure_,
                                        blocking_wait_);
 }
-
-bool SymmBackend::run_on_symmpool(const at::Tensor& output, const at::Tensor& input,
-                                  const std::function<void(Communicator&, cudaStream_t)>& enqueue) {
-  const at::Device device = input.device();
-  c10::cuda::CUDAGuard guard(device);
-  Communicator* comm = call_translating_errors([&] { return communicator(device.index()); });
-  if (!comm) {
-    ++nccl_fallbacks;  // the group spans nodes
-    return false;
-  }
-  // Plain tensors go to NCCL without asking the peers (they pass plain
-  // tensors too, or the call numbers stop matching and the group fails).
-  if (!comm->in_heap(input.data_ptr(), input.nbytes()) || !comm->in_heap(output.data_ptr(), output.nbytes())) {
-    comm->count_call_run_elsewhere();
-    ++nccl_fallbacks;
-    return false;
-  }
-  auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  try {
-    enqueue(*comm, stream);
-  } catch (const symmpool::not_symmetric_error&) {
-    ++nccl_fallbacks;  // not symmetric on every rank: every rank saw the same check
-    return false;
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, e.what());  // a real failure: never hidden behind NCCL
-  }
-  ++routed_collectives;
-  return true;
-}
-
-c10::intrusive_ptr<c10d::Work> SymmBackend::try_all_gather(at::Tensor& output, at::Tensor& input) {
-  TORCH_CHECK(output.device() == input.device(), "symm all_gather: output on ", output.device(),
-              ", input on ", input.device());
-  if (!collectives_enabled_ || !input.is_cuda() || getSize() > Communicator::kMaxRanks ||
-      !input.is_contiguous() || !output.is_contiguous() ||
-      input.scalar_type() != output.scalar_type() ||
-      output.numel() != input.numel() * getSize() || input.numel() == 0)
-    return nullptr;
-  if (!collectives_always_ &&
-      choose_engine(CollectiveKind::kAllGather, output.nbytes(), getSize()) == Engine::kNccl)
-    return nullptr;
-  if (!run_on_symmpool(output, input, [&](Communicator& comm, cudaStream_t stream) {
-        comm.all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), stream);
-      }))
-    return nullptr;
-  return enqueued_work(output, c10d::OpType::_ALLGATHER_BASE);
-}
-
-c10::intrusive_ptr<c10d::Work> SymmBackend::try_reduce(at::Tensor& output, at::Tensor& input,
-                                                       c10d::ReduceOp op, bool scatter) {
-  const auto type = symmpool_type(input.scalar_type());
-  const bool supported_op = op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG;
-  TORCH_CHECK(output.device() == input.device(), scatter ? "symm reduce_scatter" : "symm all_reduce",
-              ": output on ", output.device(), ", input on ", input.device());
-  const int64_t expected = scatter ? output.numel() * getSize() : output.numel();
-  if (!collectives_enabled_ || !type || !supported_op || !input.is_cuda() ||
-      getSize() > Communicator::kMaxRanks || !input.is_contiguous() || !output.is_contiguous() ||
-      input.scalar_type() != output.scalar_type() || input.numel() != expected || output.numel() == 0)
-    return nullptr;
-  const auto kind = scatter ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
-  if (!collectives_always_ && choose_engine(kind, input.nbytes(), getSize()) == Engine::kNccl)
-    return nullptr;
-  const ReduceOp rop = op == c10d::ReduceOp::AVG ? ReduceOp::kAvg : ReduceOp::kSum;
-  if (!run_on_symmpool(output, input, [&](Communicator& comm, cudaStream_t stream) {
-        if (scatter)
-          comm.reduce_scatter(input.data_ptr(), output.data_ptr(), output.numel(), *type, rop, stream);
-        else
-          comm.all_reduce(input.data_ptr(), output.data_ptr(), output.numel(), *type, rop, stream);
-      }))
-    return nullptr;
-  return enqueued_work(output, scatter ? c10d::OpType::_REDUCE_SCATTER_BASE : c10d::OpType::ALLREDUCE);
-}
-
-CollectiveCounts collective_counts() { return {routed_collectives.load(), nccl_fallbacks.load()}; }
 
 }  // namespace symmpool::torch_ext

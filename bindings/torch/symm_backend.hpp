@@ -1,19 +1,22 @@
 #pragma once
-// c10d backend "symm": a ProcessGroupNCCL whose allocate_tensor hands out
-// symmpool memory registered with the group's NCCL communicator, and whose
-// all-gather, reduce-scatter and all-reduce run on symmpool's collectives
-// where the algorithm table prefers them (NCCL otherwise, and for buffers
-// that are not symmetric on every rank). A failed symmpool collective fails
-// the group for good: every later collective raises its error.
+// c10d backend "symm", its c10d side: a ProcessGroupNCCL whose
+// allocate_tensor hands out symmpool memory registered with the group's NCCL
+// communicator (registration hooks per device), whose splits are "symm"
+// groups too, and which builds the group's symmetric heap and communicator on
+// the first collective that may run on symmpool. Which engine runs each
+// all-gather, reduce-scatter and all-reduce is the router's call
+// (collective_router.hpp); the rest, and whatever the router hands back,
+// runs on NCCL. A failed symmpool collective fails the group for good: every
+// later collective raises its error.
 
-#include <symmpool/algorithm_table.hpp>
+#include "collective_router.hpp"
+
 #include <symmpool/communicator.hpp>
 #include <symmpool/detail/failure_record.hpp>
 #include <symmpool/nccl_registration.hpp>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -65,28 +68,19 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   void detach_all() noexcept;
   void release_symmetric_state() noexcept;  // communicator, heap, registrations
   void raise_if_failed() const;             // the group's sticky failure, if any
-  c10::intrusive_ptr<c10d::Work> enqueued_work(const at::Tensor& output, c10d::OpType type);
 
-  // symmpool's own collectives (unless SYMMPOOL_COLLECTIVES=0). Each returns null
-  // when the call must go to NCCL: unsupported shape, dtype or op (decided
-  // the same way on every rank), plain tensors (decided locally: SPMD
-  // programs pass plain tensors on every rank), or buffers that are not
-  // symmetric on every rank (decided by one exchange that every rank sees). communicator() is
-  // null, on every rank, when the group spans nodes.
+  // The group's communicator, made on the first call the router may send to
+  // symmpool (collective: every rank gets there together); null, on every
+  // rank, when the group spans nodes.
   Communicator* communicator(c10::DeviceIndex device);
-  c10::intrusive_ptr<c10d::Work> try_all_gather(at::Tensor& output, at::Tensor& input);
-  // Enqueues on the current stream; false (counted) when plain tensors, the
-  // symmetry check or a group spanning nodes sent the call to NCCL.
-  bool run_on_symmpool(const at::Tensor& output, const at::Tensor& input,
-                       const std::function<void(Communicator&, cudaStream_t)>& enqueue);
-  c10::intrusive_ptr<c10d::Work> try_reduce(at::Tensor& output, at::Tensor& input,
-                                            c10d::ReduceOp op, bool scatter);
+  // The call's Work when the router ran it on symmpool; null when NCCL must.
+  c10::intrusive_ptr<c10d::Work> on_symmpool(CollectiveKind kind, at::Tensor& output, at::Tensor& input,
+                                             c10d::ReduceOp::RedOpType op, c10d::OpType type);
 
   mutable std::mutex mutex_;
   std::map<c10::DeviceIndex, std::unique_ptr<NcclRegistrationHook>> hooks_;
 
-  bool collectives_enabled_ = false;
-  bool collectives_always_ = false;  // ignore the algorithm table
+  CollectiveRouter router_;
   c10::intrusive_ptr<c10d::Store> store_for_heap_;
   std::unique_ptr<Store> heap_store_;
   std::unique_ptr<SymmetricHeap> heap_;
@@ -96,14 +90,6 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   bool blocking_wait_ = false;  // TORCH_NCCL_BLOCKING_WAIT: wait() blocks the host
   std::shared_ptr<const detail::FailureRecord> failure_;  // the communicator's, kept after it goes
 };
-
-// Collectives the symm backends of this process ran themselves, and calls
-// they handed to NCCL after a symmetry check failed.
-struct CollectiveCounts {
-  std::uint64_t routed = 0;
-  std::uint64_t fallbacks = 0;
-};
-CollectiveCounts collective_counts();
 
 // Sum of the registration counts of every live symm backend of this process.
 RegistrationCounts registration_counts_of_all_backends();

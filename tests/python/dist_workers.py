@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import tempfile
 import time
 
 import torch
@@ -186,6 +187,53 @@ def async_work_orders_other_streams_after_the_collective(rank: int, world: int) 
         torch.cuda.synchronize()
         wrong = (result != expected).sum().item()
         assert wrong == 0, f"trial {trial}: {wrong} of {result.numel()} values are not {expected} (first {result[0].item()})"
+    dist.destroy_process_group()
+
+
+def routing_decisions_are_counted_and_traced(rank: int, world: int) -> None:
+    """Each call is counted under the reason that sent it where it ran, and
+    SYMMPOOL_DEBUG_ROUTING=1 prints each decision to stderr."""
+    set_collectives_mode("always")
+    os.environ["SYMMPOOL_DEBUG_ROUTING"] = "1"
+    import symmpool
+
+    trace = tempfile.TemporaryFile()
+    saved_stderr = os.dup(2)
+    os.dup2(trace.fileno(), 2)  # the backend prints from C++
+    try:
+        device = init_group(rank, world, "cpu:gloo,cuda:symm")
+        backend = dist.group.WORLD._get_backend(device)
+        n = 1024
+        symm_in = backend.allocate_tensor(n, dtype=torch.bfloat16, device=device).fill_(1)
+        symm_out = backend.allocate_tensor(n * world, dtype=torch.bfloat16, device=device)
+        plain = torch.ones(n, dtype=torch.bfloat16, device=device)
+        ints = backend.allocate_tensor(n, dtype=torch.int32, device=device).fill_(1)
+        calls = [  # what the trace says, then the call
+            (f"all_gather of {symm_out.nbytes} bytes -> symmpool: SYMMPOOL_COLLECTIVES=always",
+             lambda: dist.all_gather_into_tensor(symm_out, symm_in)),
+            (f"all_reduce of {plain.nbytes} bytes -> NCCL: buffer not in symmpool heap",
+             lambda: dist.all_reduce(plain)),
+            (f"all_reduce of {ints.nbytes} bytes -> NCCL: dtype not supported", lambda: dist.all_reduce(ints)),
+            (f"all_reduce of {symm_in.nbytes} bytes -> NCCL: reduce op not supported",
+             lambda: dist.all_reduce(symm_in, op=dist.ReduceOp.MAX)),
+        ]
+        for decision, call in calls:
+            reason = decision.split(": ", 1)[1]
+            before = symmpool._C.routing_counts()
+            call()
+            after = symmpool._C.routing_counts()
+            changed = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+            assert changed == {reason: 1}, f"rank {rank}: counted {changed}, expected {reason!r}"
+        torch.cuda.synchronize()
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved_stderr, 2)
+        os.close(saved_stderr)
+    trace.seek(0)
+    lines = [line for line in trace.read().decode().splitlines() if "symm routing:" in line]
+    assert len(lines) == len(calls), lines
+    for line, (decision, _) in zip(lines, calls):
+        assert line.startswith(f"[rank {rank}] symm routing: group ") and decision in line, line
     dist.destroy_process_group()
 
 

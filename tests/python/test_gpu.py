@@ -62,6 +62,11 @@ def test_async_work_orders_other_streams_after_the_collective():
 
 
 @needs_two
+def test_routing_decisions_are_counted_by_reason_and_traced():
+    run_workers(dist_workers.routing_decisions_are_counted_and_traced, gpu_count(), timeout=120)
+
+
+@needs_two
 @pytest.mark.parametrize("collectives", ["0", "table", "always"])
 def test_fsdp2_losses_match_with_symm_allocation(collectives):
     run_workers(dist_workers.fsdp2_loss_parity, gpu_count(), 20, collectives, timeout=400)

@@ -57,3 +57,11 @@ def test_table_world_sizes_come_from_the_cpp_table():
     sizes = symmpool._C.table_world_sizes()
     assert sizes == sorted(set(sizes)) and 2 in sizes, sizes
     assert all(isinstance(w, int) and 2 <= w <= 8 for w in sizes), sizes
+
+
+def test_routing_counts_name_every_reason():
+    counts = symmpool._C.routing_counts()
+    for reason in ("collectives disabled", "table prefers NCCL at this size", "buffer not in symmpool heap",
+                   "group spans nodes", "SYMMPOOL_COLLECTIVES=always"):
+        assert reason in counts, counts
+    assert all(isinstance(n, int) and n >= 0 for n in counts.values()), counts

@@ -18,6 +18,8 @@ struct Environment {
   // SYMMPOOL_COLLECTIVES=always (tests), and never with SYMMPOOL_COLLECTIVES=0.
   bool collectives_enabled = true;
   bool collectives_always = false;
+  // SYMMPOOL_DEBUG_ROUTING=1: the backend prints where each collective runs, and why.
+  bool debug_routing = false;
   // SYMMPOOL_MAX_BLOCKS: cap on the grid of reduction kernels too large to
   // meet their peers inside (they hold SMs that overlapping compute wants),
   // as NCCL_MAX_CTAS caps NCCL's; empty when unset, checked by the user.

@@ -1,0 +1,132 @@
+#include "collective_router.hpp"
+
+#include "torch_errors.hpp"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <atomic>
+#include <cstdio>
+
+namespace symmpool::torch_ext {
+
+namespace {
+
+// Every symm backend of the process counts here: memory_stats() reads them.
+std::array<std::atomic<std::uint64_t>, kRouteReasons> decisions{};
+
+std::optional<DataType> symmpool_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DataType::kFloat32;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    default: return std::nullopt;
+  }
+}
+
+constexpr RouteDecision nccl(RouteReason reason) { return {Engine::kNccl, reason}; }
+
+}  // namespace
+
+CollectiveRouter::CollectiveRouter(const c10d::Backend& group, const Environment& env,
+                                   CommunicatorOf communicator)
+    : group_(group),
+      settings_{env.collectives_enabled, env.collectives_always},
+      trace_(env.debug_routing),
+      communicator_(std::move(communicator)) {}
+
+RouteDecision CollectiveRouter::route(CollectiveKind kind, const at::Tensor& output, const at::Tensor& input,
+                                      c10d::ReduceOp::RedOpType op) {
+  TORCH_CHECK(output.device() == input.device(), "symm ", to_string(kind), ": output on ", output.device(),
+              ", input on ", input.device());
+  const std::optional<DataType> type = symmpool_type(input.scalar_type());
+  CollectiveCall call;
+  call.kind = kind;
+  call.world = group_.getSize();
+  call.on_cuda = input.is_cuda();
+  call.contiguous = input.is_contiguous() && output.is_contiguous();
+  call.same_dtype = input.scalar_type() == output.scalar_type();
+  call.dtype_supported = type.has_value();
+  call.reduce_op_supported = op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG;
+  call.input_numel = input.numel();
+  call.output_numel = output.numel();
+  call.element_size = input.element_size();
+  RouteDecision decision = route_by_shape(call, settings_);
+  if (decision.engine == Engine::kSymmpool) decision = run_on_symmpool(kind, output, input, type, op, decision);
+  record(kind, table_bytes(call), decision);
+  return decision;
+}
+
+RouteDecision CollectiveRouter::run_on_symmpool(CollectiveKind kind, const at::Tensor& output,
+                                                const at::Tensor& input, std::optional<DataType> type,
+                                                c10d::ReduceOp::RedOpType op, RouteDecision eligible) {
+  const at::Device device = input.device();
+  c10::cuda::CUDAGuard guard(device);
+  Communicator* comm = call_translating_errors([&] { return communicator_(device.index()); });
+  if (!comm) return nccl(RouteReason::kGroupSpansNodes);
+  // Plain tensors go to NCCL without asking the peers (they pass plain
+  // tensors too, or the call numbers stop matching and the group fails).
+  if (!comm->in_heap(input.data_ptr(), input.nbytes()) || !comm->in_heap(output.data_ptr(), output.nbytes())) {
+    comm->count_call_run_elsewhere();
+    return nccl(RouteReason::kNotInHeap);
+  }
+  auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const ReduceOp rop = op == c10d::ReduceOp::AVG ? ReduceOp::kAvg : ReduceOp::kSum;
+  try {
+    switch (kind) {
+      case CollectiveKind::kAllGather:
+        comm->all_gather(input.data_ptr(), output.data_ptr(), input.nbytes(), stream);
+        break;
+      case CollectiveKind::kReduceScatter:
+        comm->reduce_scatter(input.data_ptr(), output.data_ptr(), output.numel(), *type, rop, stream);
+        break;
+      case CollectiveKind::kAllReduce:
+        comm->all_reduce(input.data_ptr(), output.data_ptr(), output.numel(), *type, rop, stream);
+        break;
+    }
+  } catch (const symmpool::not_symmetric_error&) {
+    return nccl(RouteReason::kNotSymmetric);  // every rank saw the same check
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, e.what());  // a real failure: never hidden behind NCCL
+  }
+  return eligible;
+}
+
+void CollectiveRouter::route_several(CollectiveKind kind, const std::vector<at::Tensor>& tensors) {
+  std::size_t bytes = 0;
+  if (trace_)
+    for (const at::Tensor& t : tensors) bytes += t.nbytes();
+  record(kind, bytes, nccl(RouteReason::kSeveralTensors));
+}
+
+void CollectiveRouter::record(CollectiveKind kind, std::size_t bytes, RouteDecision decision) const {
+  const std::uint64_t seen =
+      decisions[static_cast<int>(decision.reason)].fetch_add(1, std::memory_order_relaxed) + 1;
+  if (!trace_) return;
+  const std::string& name = group_.getGroupDesc().empty() ? group_.getGroupUid() : group_.getGroupDesc();
+  std::fprintf(stderr, "[rank %d] symm routing: group %s (%d ranks) %s of %zu bytes -> %s: %s (%llu so far)\n",
+               group_.getRank(), name.c_str(), group_.getSize(), to_string(kind), bytes,
+               decision.engine == Engine::kSymmpool ? "symmpool" : "NCCL", to_string(decision.reason),
+               static_cast<unsigned long long>(seen));
+}
+
+std::array<std::uint64_t, kRouteReasons> routing_counts() {
+  std::array<std::uint64_t, kRouteReasons> counts{};
+  for (int r = 0; r < kRouteReasons; ++r) counts[r] = decisions[r].load(std::memory_order_relaxed);
+  return counts;
+}
+
+CollectiveCounts collective_counts() {
+  CollectiveCounts counts;
+  const auto by_reason = routing_counts();
+  for (int r = 0; r < kRouteReasons; ++r) {
+    const auto reason = static_cast<RouteReason>(r);
+    if (runs_on_symmpool(reason))
+      counts.routed += by_reason[r];
+    else if (is_nccl_fallback(reason))
+      counts.fallbacks += by_reason[r];
+  }
+  return counts;
+}
+
+}  // namespace symmpool::torch_ext

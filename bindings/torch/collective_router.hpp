@@ -1,0 +1,74 @@
+#pragma once
+// Where each collective of a "symm" group runs. The router decides once per
+// call, in route(): first from the call alone (symmpool/collective_routing.hpp:
+// settings, dtype, op, layout, sizes, then the algorithm table), the same
+// way on every rank; then, for a call symmpool may take, from the group's
+// communicator, which enqueues it. Every decision is counted by its reason;
+// with SYMMPOOL_DEBUG_ROUTING=1 (read when the group is made) each one is
+// also printed to stderr.
+
+#include <symmpool/collective_routing.hpp>
+#include <symmpool/communicator.hpp>
+#include <symmpool/environment.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+namespace symmpool::torch_ext {
+
+class CollectiveRouter {
+ public:
+  // The group's communicator on `device`, made on the first call that may
+  // run on symmpool (every rank reaches it together); null, on every rank,
+  // when the group spans nodes.
+  using CommunicatorOf = std::function<Communicator*(c10::DeviceIndex device)>;
+
+  // `group`: the backend routed for (its rank, size and name), outlives us.
+  CollectiveRouter(const c10d::Backend& group, const Environment& env, CommunicatorOf communicator);
+
+  // Where one collective runs. Outputs on another device than the inputs
+  // raise. A call symmpool may take goes to NCCL when the group spans nodes,
+  // or when a buffer is outside this rank's heap (plain tensors: decided
+  // without asking the peers, counted as a call run elsewhere); otherwise it
+  // is enqueued on the current stream, and goes to NCCL when its buffers are
+  // not symmetric on every rank (one check that every rank sees). Any other
+  // failure raises: it is never hidden behind NCCL. `op`: reductions only.
+  RouteDecision route(CollectiveKind kind, const at::Tensor& output, const at::Tensor& input,
+                      c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM);
+  // A call of several tensors: NCCL's, counted and traced like the others
+  // (`tensors`: those whose bytes the table would look at).
+  void route_several(CollectiveKind kind, const std::vector<at::Tensor>& tensors);
+
+ private:
+  // The call enqueued on symmpool (`eligible` comes back), or why not.
+  RouteDecision run_on_symmpool(CollectiveKind kind, const at::Tensor& output, const at::Tensor& input,
+                                std::optional<DataType> type, c10d::ReduceOp::RedOpType op,
+                                RouteDecision eligible);
+  void record(CollectiveKind kind, std::size_t bytes, RouteDecision decision) const;
+
+  const c10d::Backend& group_;
+  RoutingSettings settings_;
+  bool trace_ = false;
+  CommunicatorOf communicator_;
+};
+
+// Calls the symm backends of this process routed, by reason.
+std::array<std::uint64_t, kRouteReasons> routing_counts();
+
+// Collectives the symm backends of this process ran themselves, and calls
+// symmpool turned down (group spanning nodes, buffers outside the heap or
+// not symmetric) that NCCL ran.
+struct CollectiveCounts {
+  std::uint64_t routed = 0;
+  std::uint64_t fallbacks = 0;
+};
+CollectiveCounts collective_counts();
+
+}  // namespace symmpool::torch_ext

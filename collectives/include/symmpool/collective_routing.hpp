@@ -1,0 +1,135 @@
+#pragma once
+// Where the "symm" backend runs a collective, as far as the call's shape,
+// the settings and the algorithm table tell: plain values, no torch types.
+// Every rank passes the same shapes and settings, so every rank reaches the
+// same answer without asking its peers. The router
+// (bindings/torch/collective_router.hpp) then adds what only the group's
+// communicator can tell: whether the group spans nodes, whether the buffers
+// lie in this rank's heap, whether they are symmetric on every rank.
+
+#include <symmpool/algorithm_table.hpp>
+#include <symmpool/detail/peer_pointers.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace symmpool {
+
+// Why a call runs where it does; to_string gives the text traces print.
+enum class RouteReason : std::uint8_t {
+  // symmpool runs it.
+  kTablePrefersSymmpool,
+  kCollectivesAlways,
+  // NCCL runs it, decided from the call alone.
+  kCollectivesDisabled,
+  kSeveralTensors,
+  kNotCuda,
+  kTooManyRanks,
+  kDtypeNotSupported,
+  kDtypesDiffer,
+  kReduceOpNotSupported,
+  kNotContiguous,
+  kSizesDoNotMatch,
+  kEmpty,
+  kTablePrefersNccl,
+  // NCCL runs it, decided by the communicator (counted as NCCL fallbacks).
+  kGroupSpansNodes,
+  kNotInHeap,
+  kNotSymmetric,
+};
+inline constexpr int kRouteReasons = static_cast<int>(RouteReason::kNotSymmetric) + 1;
+
+constexpr const char* to_string(RouteReason r) {
+  switch (r) {
+    case RouteReason::kTablePrefersSymmpool: return "table prefers symmpool at this size";
+    case RouteReason::kCollectivesAlways: return "SYMMPOOL_COLLECTIVES=always";
+    case RouteReason::kCollectivesDisabled: return "collectives disabled";
+    case RouteReason::kSeveralTensors: return "several tensors in one call";
+    case RouteReason::kNotCuda: return "not a CUDA tensor";
+    case RouteReason::kTooManyRanks: return "more ranks than symmpool supports";
+    case RouteReason::kDtypeNotSupported: return "dtype not supported";
+    case RouteReason::kDtypesDiffer: return "input and output dtypes differ";
+    case RouteReason::kReduceOpNotSupported: return "reduce op not supported";
+    case RouteReason::kNotContiguous: return "not contiguous";
+    case RouteReason::kSizesDoNotMatch: return "sizes do not match the group";
+    case RouteReason::kEmpty: return "empty tensor";
+    case RouteReason::kTablePrefersNccl: return "table prefers NCCL at this size";
+    case RouteReason::kGroupSpansNodes: return "group spans nodes";
+    case RouteReason::kNotInHeap: return "buffer not in symmpool heap";
+    case RouteReason::kNotSymmetric: return "buffer not symmetric on every rank";
+  }
+  return "unknown";
+}
+
+// The calls memory_stats() counts as "symm_collectives".
+constexpr bool runs_on_symmpool(RouteReason r) {
+  return r == RouteReason::kTablePrefersSymmpool || r == RouteReason::kCollectivesAlways;
+}
+
+// The calls memory_stats() counts as "nccl_fallbacks": symmpool was asked
+// and turned them down.
+constexpr bool is_nccl_fallback(RouteReason r) {
+  return r == RouteReason::kGroupSpansNodes || r == RouteReason::kNotInHeap ||
+         r == RouteReason::kNotSymmetric;
+}
+
+constexpr const char* to_string(CollectiveKind k) {
+  return k == CollectiveKind::kAllGather       ? "all_gather"
+         : k == CollectiveKind::kReduceScatter ? "reduce_scatter"
+                                               : "all_reduce";
+}
+
+struct RouteDecision {
+  Engine engine;
+  RouteReason reason;
+};
+
+// SYMMPOOL_COLLECTIVES: unset (the table decides), "0" or "always".
+struct RoutingSettings {
+  bool enabled = true;
+  bool always = false;  // ignore the table
+};
+
+// One collective as plain values. all_gather: output holds world inputs;
+// reduce_scatter: input holds world outputs; all_reduce: as many of each.
+struct CollectiveCall {
+  CollectiveKind kind = CollectiveKind::kAllGather;
+  int world = 1;
+  bool on_cuda = true;
+  bool contiguous = true;         // input and output
+  bool same_dtype = true;
+  bool dtype_supported = true;    // one symmpool reduces (all-gather copies any)
+  bool reduce_op_supported = true;  // sum or avg (all-gather has none)
+  std::int64_t input_numel = 0, output_numel = 0;
+  std::size_t element_size = 0;
+};
+
+// What the table looks at: all-gather output, reduce-scatter input,
+// all-reduce buffer.
+constexpr std::size_t table_bytes(const CollectiveCall& c) {
+  const std::int64_t numel = c.kind == CollectiveKind::kAllGather ? c.output_numel : c.input_numel;
+  return static_cast<std::size_t>(numel) * c.element_size;
+}
+
+constexpr RouteDecision route_by_shape(const CollectiveCall& c, RoutingSettings settings) {
+  const bool reduces = c.kind != CollectiveKind::kAllGather;
+  const bool sizes_match = c.kind == CollectiveKind::kAllGather       ? c.output_numel == c.input_numel * c.world
+                           : c.kind == CollectiveKind::kReduceScatter ? c.input_numel == c.output_numel * c.world
+                                                                      : c.input_numel == c.output_numel;
+  auto nccl = [](RouteReason r) { return RouteDecision{Engine::kNccl, r}; };
+  if (!settings.enabled) return nccl(RouteReason::kCollectivesDisabled);
+  if (!c.on_cuda) return nccl(RouteReason::kNotCuda);
+  if (c.world > detail::kMaxRanks) return nccl(RouteReason::kTooManyRanks);
+  if (reduces && !c.dtype_supported) return nccl(RouteReason::kDtypeNotSupported);
+  if (!c.same_dtype) return nccl(RouteReason::kDtypesDiffer);
+  if (reduces && !c.reduce_op_supported) return nccl(RouteReason::kReduceOpNotSupported);
+  if (!c.contiguous) return nccl(RouteReason::kNotContiguous);
+  if (!sizes_match) return nccl(RouteReason::kSizesDoNotMatch);
+  if ((reduces ? c.output_numel : c.input_numel) == 0) return nccl(RouteReason::kEmpty);
+  if (settings.always) return {Engine::kSymmpool, RouteReason::kCollectivesAlways};
+  if (choose_engine(c.kind, table_bytes(c), c.world) == Engine::kNccl)
+    return nccl(RouteReason::kTablePrefersNccl);
+  return {Engine::kSymmpool, RouteReason::kTablePrefersSymmpool};
+}
+
+}  // namespace symmpool
