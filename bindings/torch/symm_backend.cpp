@@ -142,8 +142,7 @@ void SymmBackend::register_if_ready(const at::Device& device) {
 }
 
 void SymmBackend::release_symmetric_state() noexcept {
-  comm_.reset();  // before the heap it maps through
-  heap_.reset();
+  group_.reset();  // the communicator, then the heap it maps through
   detach_all();
 }
 
@@ -249,7 +248,7 @@ void SymmBackend::shutdown() {
 
 void SymmBackend::abort() {
   // Barriers give up at once (a peer may be dead), then every peer mapping goes.
-  if (comm_) comm_->abort("the process group was aborted");
+  if (group_) group_->communicator().abort("the process group was aborted");
   release_symmetric_state();
   ProcessGroupNCCL::abort();
 }
@@ -260,10 +259,10 @@ void SymmBackend::raise_if_failed() const {
 
 Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   if (spans_nodes_) return nullptr;
-  if (comm_) {
+  if (group_) {
     TORCH_CHECK(device == heap_device_, "symm collectives use one device per process group: this "
                 "group's heap is on cuda:", int(heap_device_), ", got cuda:", int(device));
-    return comm_.get();
+    return &group_->communicator();
   }
   // Collective: every rank reaches its first routed collective together.
   // Every wait on a peer (store keys, barriers) gets the group's timeout, as
@@ -276,20 +275,14 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   // stream, so let it run, as ProcessGroupNCCL does for NCCL's setup.
   c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
   heap_store_ = std::make_unique<C10dStore>(store_for_heap_);
-  try {
-    heap_ = std::make_unique<SymmetricHeap>(real_driver(), device_allocator(device), *heap_store_,
-                                            "heap", getRank(), getSize(), HeapOptions{timeout});
-  } catch (const multi_node_error& e) {
-    // Every rank saw the same hellos, so every rank gives up here together.
-    TORCH_WARN_ONCE("symm: ", e.what(), "; this group's collectives run on NCCL");
-    spans_nodes_ = true;
-    return nullptr;
-  }
+  SymmetricGroupOptions options;
+  options.heap_timeout = timeout;
+  options.barrier_timeout = timeout;
   // As ProcessGroupNCCL's watchdog: say what failed, then tear the process
   // down where TORCH_NCCL_ASYNC_ERROR_HANDLING asks, before any stream gets
   // past the failed collective.
   const bool abort_process = failure_aborts_process();
-  auto on_failure = [abort_process, rank = getRank()](const std::string& message) {
+  options.on_failure = [abort_process, rank = getRank()](const std::string& message) {
     std::fprintf(stderr, "[rank %d] %s\n", rank, message.c_str());
     if (abort_process) {
       std::fprintf(stderr, "[rank %d] symm: aborting the process (TORCH_NCCL_ASYNC_ERROR_HANDLING; set it to 0 "
@@ -298,17 +291,25 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
       std::abort();
     }
   };
-  comm_ = std::make_unique<Communicator>(*heap_, device_allocator(device), timeout, on_failure);
-  failure_ = comm_->failure();
+  try {
+    group_ = std::make_unique<SymmetricGroup>(real_driver(), device_allocator(device), *heap_store_, "heap",
+                                              getRank(), getSize(), std::move(options));
+  } catch (const multi_node_error& e) {
+    // Every rank saw the same hellos, so every rank gives up here together.
+    TORCH_WARN_ONCE("symm: ", e.what(), "; this group's collectives run on NCCL");
+    spans_nodes_ = true;
+    return nullptr;
+  }
+  failure_ = group_->communicator().failure();
   heap_device_ = device;
-  return comm_.get();
+  return &group_->communicator();
 }
 
 c10::intrusive_ptr<c10d::Work> SymmBackend::on_symmpool(CollectiveKind kind, at::Tensor& output,
                                                         at::Tensor& input, c10d::ReduceOp::RedOpType op,
                                                         c10d::OpType type) {
   if (router_.route(kind, output, input, op).engine == Engine::kNccl) return nullptr;
-  return c10::make_intrusive<SymmWork>(std::vector<at::Tensor>{output}, type, comm_->issued(),
+  return c10::make_intrusive<SymmWork>(std::vector<at::Tensor>{output}, type, group_->communicator().issued(),
                                        c10::cuda::getCurrentCUDAStream(output.device().index()), failure_,
                                        blocking_wait_);
 }

@@ -11,7 +11,7 @@
 
 #include "collective_router.hpp"
 
-#include <symmpool/communicator.hpp>
+#include <symmpool/symmetric_group.hpp>
 #include <symmpool/detail/failure_record.hpp>
 #include <symmpool/nccl_registration.hpp>
 
@@ -83,8 +83,7 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   CollectiveRouter router_;
   c10::intrusive_ptr<c10d::Store> store_for_heap_;
   std::unique_ptr<Store> heap_store_;
-  std::unique_ptr<SymmetricHeap> heap_;
-  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<SymmetricGroup> group_;  // made by the first call that may run on symmpool
   c10::DeviceIndex heap_device_ = -1;
   bool spans_nodes_ = false;  // found when the heap formed: every call goes to NCCL
   bool blocking_wait_ = false;  // TORCH_NCCL_BLOCKING_WAIT: wait() blocks the host
