@@ -9,7 +9,6 @@
 #include <symmpool/communicator.hpp>
 #include <symmpool/cuda_try.hpp>
 #include <symmpool/detail/scope_exit.hpp>
-#include <symmpool/environment.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -32,31 +31,6 @@ bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_by
 const char* at(const void* p, std::size_t offset) { return static_cast<const char*>(p) + offset; }
 char* at(void* p, std::size_t offset) { return static_cast<char*>(p) + offset; }
 
-// SYMMPOOL_MAX_BLOCKS or the default. 2x H200, 256 MiB reduce-scatter under 8
-// matmuls (bench/results/collectives_grid_cap_h200x2_2026-11-22.json):
-// 528 blocks 328 GB/s at 1 GiB alone but matmuls 24.9% slower; 64 blocks
-// 298 GB/s and 11.2% (NCCL: 260 GB/s, 12.2%); 32 blocks 166 GB/s.
-constexpr int kDefaultMaxBlocks = 64;
-constexpr int kLargestGrid = 65535;
-
-constexpr int kDefaultCopyStreams = 1;
-
-// A whole number in [lowest, highest] from the environment variable `name`.
-int setting(const std::string& text, const char* name, int fallback, int lowest, int highest) {
-  if (text.empty()) return fallback;
-  std::size_t used = 0;
-  long value = 0;
-  try {
-    value = std::stol(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  SYMMPOOL_EXPECTS(used == text.size() && value >= lowest && value <= highest,
-                   std::string(name) + " must be a whole number from " + std::to_string(lowest) + " to " +
-                       std::to_string(highest) + ", got '" + text + "'");
-  return static_cast<int>(value);
-}
-
 void expect_algorithm(bool ok, Algorithm a, const char* op) {
   SYMMPOOL_EXPECTS(ok, std::string("symmpool: algorithm '") + to_string(a) + "' does not apply to " + op);
 }
@@ -64,17 +38,16 @@ void expect_algorithm(bool ok, Algorithm a, const char* op) {
 }  // namespace
 
 Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
-                           std::chrono::seconds barrier_timeout, FailureHandler on_failure)
+                           std::chrono::seconds barrier_timeout, FailureHandler on_failure,
+                           const CollectiveOptions& options)
     : heap_(heap), allocator_(allocator) {
   const int longest = static_cast<int>(kLongestBarrierTimeout.count());
   SYMMPOOL_EXPECTS(barrier_timeout.count() >= 1 && barrier_timeout.count() <= longest,
                    "symmpool: the barrier timeout must be 1 to " + std::to_string(longest) +
                        " s, got " + std::to_string(barrier_timeout.count()) + " s");
-  const Environment env = Environment::from_process();
-  max_blocks_ = setting(env.max_blocks, "SYMMPOOL_MAX_BLOCKS", kDefaultMaxBlocks, 1, kLargestGrid);
-  const int copy_streams = setting(env.copy_streams, "SYMMPOOL_COPY_STREAMS", kDefaultCopyStreams, 1, 8);
-  timeout_seconds_ = setting(env.barrier_timeout, "SYMMPOOL_BARRIER_TIMEOUT",
-                             static_cast<int>(barrier_timeout.count()), 1, longest);
+  options.check();  // from_environment() checked its own; options set in code may be off
+  max_blocks_ = options.max_blocks;
+  timeout_seconds_ = static_cast<int>(options.barrier_timeout.value_or(barrier_timeout).count());
   SYMMPOOL_EXPECTS(world() <= kMaxRanks, "symmpool collectives support up to " +
                                              std::to_string(kMaxRanks) + " ranks, got " +
                                              std::to_string(world()));
@@ -116,7 +89,7 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   int khz = 0;
   SYMMPOOL_CUDA_TRY(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, allocator_.device()));
   timeout_cycles_ = static_cast<long long>(khz) * 1000LL * timeout_seconds_;
-  copies_ = std::make_unique<detail::CopyStreams>(copy_streams);
+  copies_ = std::make_unique<detail::CopyStreams>(options.copy_streams);
   order_ = std::make_unique<detail::IssueOrder>();
   if (!on_failure)
     on_failure = [](const std::string& message) { std::fprintf(stderr, "%s\n", message.c_str()); };

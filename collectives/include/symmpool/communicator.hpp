@@ -11,11 +11,12 @@
 //   all_reduce     one-shot, or two-shot (reduce a chunk, push it everywhere)
 //   barrier        kernel or stream memory operations on signal pads
 // Kernels of small messages meet their peers inside (one launch per call);
-// larger ones are bracketed by barrier kernels. SYMMPOOL_MAX_BLOCKS and
-// SYMMPOOL_COPY_STREAMS, read at construction, cap the grid of the larger
-// reductions and split copy-engine copies over streams (README, Collectives);
-// SYMMPOOL_BARRIER_TIMEOUT (seconds) overrides how long any barrier waits
-// for a peer before it gives up.
+// larger ones are bracketed by barrier kernels. CollectiveOptions
+// (collective_options.hpp: SYMMPOOL_MAX_BLOCKS, SYMMPOOL_COPY_STREAMS,
+// SYMMPOOL_BARRIER_TIMEOUT), read from the environment once and given at
+// construction, cap the grid of the larger reductions, split copy-engine
+// copies over streams and may override how long any barrier waits for a
+// peer before it gives up.
 //
 // Failures are sticky: once a barrier gave up on a peer, or a heap exchange
 // failed, the communicator is failed for good. The failure handler hears it
@@ -24,6 +25,7 @@
 // raises collective_error with the same text. Buffers that are not
 // symmetric raise not_symmetric_error and leave the communicator sound.
 
+#include <symmpool/collective_options.hpp>
 #include <symmpool/collective_types.hpp>
 #include <symmpool/detail/peer_pointers.hpp>
 #include <symmpool/symmetric_heap.hpp>
@@ -59,17 +61,20 @@ class Communicator {
   // c10d's default timeout for NCCL: a peer may be late for a good reason
   // (a checkpoint being written), so barriers give up late.
   static constexpr std::chrono::seconds kDefaultBarrierTimeout{600};
-  static constexpr std::chrono::seconds kLongestBarrierTimeout{86400};
+  static constexpr std::chrono::seconds kLongestBarrierTimeout = CollectiveOptions::kLongestBarrierTimeout;
 
   // Collective: allocates the signal pads in an internal slot of the heap
   // (the same offset on every rank whatever the ranks allocated before),
   // zeroes them, then syncs the heap. Barriers wait `barrier_timeout` for a
   // peer (the "symm" backend passes its process group's timeout);
-  // SYMMPOOL_BARRIER_TIMEOUT overrides it. Without a handler, failures are
-  // printed to stderr.
+  // options.barrier_timeout (SYMMPOOL_BARRIER_TIMEOUT) overrides it. Without
+  // a handler, failures are printed to stderr. The default options are read
+  // from the environment when the communicator is made; a bad value raises
+  // logic_error naming its variable.
   Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
                std::chrono::seconds barrier_timeout = kDefaultBarrierTimeout,
-               FailureHandler on_failure = {});
+               FailureHandler on_failure = {},
+               const CollectiveOptions& options = CollectiveOptions::from_environment());
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -149,7 +154,7 @@ class Communicator {
   std::uint32_t* block_epochs_ = nullptr;  // device-side counters of block meetings
   std::uint32_t stream_op_epoch_ = 0;      // host-side counter of stream-op barriers
   detail::PadPointers peer_pads_{};        // every rank's pads, mapped here
-  int timeout_seconds_ = 0;                // barriers' patience (SYMMPOOL_BARRIER_TIMEOUT)
+  int timeout_seconds_ = 0;                // barriers' patience (argument or options' override)
   long long timeout_cycles_ = 0;           // the same in clock cycles, for the kernels
   int max_blocks_ = 0;                     // grid cap of unsynchronised reductions
   std::unique_ptr<detail::CopyStreams> copies_;  // where copy-engine copies are issued
