@@ -120,6 +120,10 @@ class Communicator {
   // records it; a failure other than not_symmetric_error or bad arguments
   // fails the communicator.
   void in_order(cudaStream_t stream, const char* op, std::size_t bytes, const std::function<void()>& enqueue);
+  // Constructor steps (barrier.cpp): the pads and epochs in our internal
+  // slot, zeroed; after the heap's sync, every rank's pads mapped here.
+  void allocate_signal_pads();
+  void map_signal_pads();
   void enqueue_barrier(cudaStream_t stream, BarrierKind kind);
   void enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
                           Algorithm algorithm, BarrierKind kind);
