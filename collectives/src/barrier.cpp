@@ -48,15 +48,21 @@ void Communicator::map_signal_pads() {
   timeout_cycles_ = static_cast<long long>(khz) * 1000LL * timeout_seconds_;
 }
 
+detail::PeerSignals Communicator::peer_signals() const {
+  detail::PeerSignals s;
+  s.peers = peer_pads_;
+  s.my_pads = pads_;
+  s.rank = rank();
+  s.error_flag = error_flag_;
+  s.timeout_cycles = timeout_cycles_;
+  return s;
+}
+
 detail::BlockSync Communicator::block_sync(bool fused) const {
   detail::BlockSync s;
   s.enabled = fused;
-  s.peers = peer_pads_;
-  s.my_pads = pads_;
+  s.signals = peer_signals();
   s.block_epochs = block_epochs_;
-  s.rank = heap_.rank();
-  s.error_flag = error_flag_;
-  s.timeout_cycles = timeout_cycles_;
   return s;
 }
 
@@ -74,8 +80,7 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
   if (kind == BarrierKind::kKernel || capture != cudaStreamCaptureStatusNone) {
-    SYMMPOOL_CUDA_TRY(detail::launch_barrier(peer_pads_, pads_, kernel_epoch_, rank(), n,
-                                             error_flag_, timeout_cycles_, stream));
+    SYMMPOOL_CUDA_TRY(detail::launch_barrier(peer_signals(), n, kernel_epoch_, stream));
     return;
   }
   // SM-free: write our epoch into each peer's pad, then wait on our own.

@@ -4,6 +4,7 @@
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
 #include "kernels.hpp"
+#include "reduction.hpp"
 
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
@@ -11,23 +12,21 @@
 
 namespace symmpool {
 
-void Communicator::one_shot(const void* in, std::size_t in_count, void* out, std::size_t count,
-                            std::size_t src_offset, DataType type, float scale, cudaStream_t stream) {
-  const std::size_t es = element_size(type);
-  require_symmetric(in, in_count * es, "reduction input");
-  detail::PeerPointers peers{};
-  for (int p = 0; p < world(); ++p) peers.ptr[p] = heap_.peer_ptr(in, p);
+void Communicator::one_shot(const Reduction& r, std::size_t in_count, std::size_t src_offset) {
+  const std::size_t in_bytes = in_count * element_size(r.type);
+  require_symmetric(r.in, in_bytes, "reduction input");
+  const bool fused = fused_kernel(r.bytes());
+  detail::ReduceLaunch launch = reduce_launch(r, fused);
+  for (int p = 0; p < world(); ++p) launch.in.ptr[p] = heap_.peer_ptr(r.in, p);
+  launch.src_offset = src_offset;
   // Peers read our input until the end: results that would land on it go to
   // scratch first.
-  const bool aliased = detail::overlap(in, in_count * es, out, count * es);
-  detail::OutPointers dst{};
-  dst.ptr[0] = aliased ? scratch(count * es, stream) : out;
-  const bool fused = fused_kernel(count * es);
-  if (!fused) enqueue_barrier(stream, BarrierKind::kKernel);
-  SYMMPOOL_CUDA_TRY(detail::launch_reduce(block_sync(fused), peers, src_offset, dst, 1, 0, count,
-                                          count, world(), type, scale, max_blocks_, stream));
-  if (!fused) enqueue_barrier(stream, BarrierKind::kKernel);
-  if (aliased) detail::copy_on(stream, out, dst.ptr[0], count * es);
+  const bool aliased = detail::overlap(r.in, in_bytes, r.out, r.bytes());
+  if (aliased) launch.out.ptr[0] = scratch(r.bytes(), r.stream);
+  if (!fused) enqueue_barrier(r.stream, BarrierKind::kKernel);
+  SYMMPOOL_CUDA_TRY(detail::launch_reduce(launch, r.stream));
+  if (!fused) enqueue_barrier(r.stream, BarrierKind::kKernel);
+  if (aliased) detail::copy_on(r.stream, r.out, launch.out.ptr[0], r.bytes());
 }
 
 }  // namespace symmpool

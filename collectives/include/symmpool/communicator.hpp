@@ -48,6 +48,7 @@ class FailureRecord;
 class IssueOrder;
 class StreamOpWatchdog;
 struct ErrorWords;
+struct ReduceLaunch;
 }
 
 // Hears a communicator's failure once, from any thread, before the stalled
@@ -116,6 +117,8 @@ class Communicator {
   int world() const { return heap_.world(); }
 
  private:
+  struct Reduction;  // one reduce_scatter or all_reduce, as its algorithms see it (reduction.hpp)
+
   // Enqueues on `stream` after the previous collective (IssueOrder) and
   // records it; a failure other than not_symmetric_error or bad arguments
   // fails the communicator.
@@ -127,10 +130,8 @@ class Communicator {
   void enqueue_barrier(cudaStream_t stream, BarrierKind kind);
   void enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
                           Algorithm algorithm, BarrierKind kind);
-  void enqueue_reduce_scatter(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
-                              cudaStream_t stream, Algorithm algorithm);
-  void enqueue_all_reduce(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
-                          cudaStream_t stream, Algorithm algorithm);
+  void enqueue_reduce_scatter(const Reduction& r, Algorithm algorithm);
+  void enqueue_all_reduce(const Reduction& r, Algorithm algorithm);
   // Shared verdicts: one exchange per buffer not seen before (or after a
   // sync), tagged with the call number, so ranks at different calls fail
   // loudly instead of pairing up; a buffer outside the heap needs none.
@@ -138,14 +139,17 @@ class Communicator {
   bool is_symmetric(const void* ptr, std::size_t bytes, const char* what);
   void begin_call(const char* op);  // numbers a collective
   std::string call_label() const;   // "<op> #<number>" of the current call
+  detail::PeerSignals peer_signals() const;  // every rank's pads and our patience, for the kernels
   // Barriers around a kernel unless the kernel meets its peers itself.
   detail::BlockSync block_sync(bool fused) const;
-  void one_shot(const void* in, std::size_t in_count, void* out, std::size_t count,
-                std::size_t src_offset, DataType type, float scale, cudaStream_t stream);
-  void two_shot(const void* in, void* out, std::size_t count, DataType type, float scale,
-                cudaStream_t stream);
-  void two_step(const void* in, void* out, std::size_t count, DataType type, float scale,
-                cudaStream_t stream);
+  // What every reduction kernel starts from: r's type, scale, count and
+  // output, the grid cap; the algorithm fills in its inputs.
+  detail::ReduceLaunch reduce_launch(const Reduction& r, bool fused) const;
+  // Every rank's input holds in_count elements; this rank reduces r.count
+  // of them from src_offset on.
+  void one_shot(const Reduction& r, std::size_t in_count, std::size_t src_offset);
+  void two_shot(const Reduction& r);
+  void two_step(const Reduction& r);
   // At least `bytes` of plain device memory for work enqueued on `stream`.
   void* scratch(std::size_t bytes, cudaStream_t stream);
   float scale(ReduceOp op) const;
