@@ -1,4 +1,5 @@
-// Staging memory of the reductions that cannot write their result in place.
+// Staging memory of the reductions: peers' chunks brought here (two-step),
+// or results that would land on an input peers still read (one-shot).
 
 #include "relaxed_capture.hpp"
 

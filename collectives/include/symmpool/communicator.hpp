@@ -119,19 +119,11 @@ class Communicator {
  private:
   struct Reduction;  // one reduce_scatter or all_reduce, as its algorithms see it (reduction.hpp)
 
+  // The core (communicator.cpp).
   // Enqueues on `stream` after the previous collective (IssueOrder) and
   // records it; a failure other than not_symmetric_error or bad arguments
   // fails the communicator.
   void in_order(cudaStream_t stream, const char* op, std::size_t bytes, const std::function<void()>& enqueue);
-  // Constructor steps (barrier.cpp): the pads and epochs in our internal
-  // slot, zeroed; after the heap's sync, every rank's pads mapped here.
-  void allocate_signal_pads();
-  void map_signal_pads();
-  void enqueue_barrier(cudaStream_t stream, BarrierKind kind);
-  void enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
-                          Algorithm algorithm, BarrierKind kind);
-  void enqueue_reduce_scatter(const Reduction& r, Algorithm algorithm);
-  void enqueue_all_reduce(const Reduction& r, Algorithm algorithm);
   // Shared verdicts: one exchange per buffer not seen before (or after a
   // sync), tagged with the call number, so ranks at different calls fail
   // loudly instead of pairing up; a buffer outside the heap needs none.
@@ -139,9 +131,28 @@ class Communicator {
   bool is_symmetric(const void* ptr, std::size_t bytes, const char* what);
   void begin_call(const char* op);  // numbers a collective
   std::string call_label() const;   // "<op> #<number>" of the current call
+  void release_resources() noexcept;  // internal slot and host words
+
+  // Signal pads and barriers (barrier.cpp).
+  // Constructor steps: the pads and epochs in our internal slot, zeroed;
+  // after the heap's sync, every rank's pads mapped here.
+  void allocate_signal_pads();
+  void map_signal_pads();
+  void enqueue_barrier(cudaStream_t stream, BarrierKind kind);
   detail::PeerSignals peer_signals() const;  // every rank's pads and our patience, for the kernels
   // Barriers around a kernel unless the kernel meets its peers itself.
   detail::BlockSync block_sync(bool fused) const;
+
+  // all_gather.cpp
+  void enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
+                          Algorithm algorithm, BarrierKind kind);
+
+  // Reductions: the entry points pick an algorithm (two_step.cpp for
+  // reduce_scatter, two_shot.cpp for all_reduce); one_shot.cpp serves both,
+  // reduction.cpp holds what they share.
+  void enqueue_reduce_scatter(const Reduction& r, Algorithm algorithm);
+  void enqueue_all_reduce(const Reduction& r, Algorithm algorithm);
+  float scale(ReduceOp op) const;
   // What every reduction kernel starts from: r's type, scale, count and
   // output, the grid cap; the algorithm fills in its inputs.
   detail::ReduceLaunch reduce_launch(const Reduction& r, bool fused) const;
@@ -150,10 +161,8 @@ class Communicator {
   void one_shot(const Reduction& r, std::size_t in_count, std::size_t src_offset);
   void two_shot(const Reduction& r);
   void two_step(const Reduction& r);
-  // At least `bytes` of plain device memory for work enqueued on `stream`.
+  // At least `bytes` of plain device memory for work enqueued on `stream` (scratch.cpp).
   void* scratch(std::size_t bytes, cudaStream_t stream);
-  float scale(ReduceOp op) const;
-  void release_resources() noexcept;  // internal slot and host words
 
   SymmetricHeap& heap_;
   CachingAllocator& allocator_;
