@@ -68,27 +68,23 @@ __device__ __forceinline__ void wait_for(std::uint32_t* pad, std::uint32_t epoch
 }
 
 // Thread t < world signals rank t on `row` and waits for rank t's signal.
-__device__ __forceinline__ void signal_and_wait(const PadPointers& peers, std::uint32_t* my_pads, int row,
-                                                int rank, int world, std::uint32_t epoch,
+__device__ __forceinline__ void signal_and_wait(const PeerSignals& s, int world, int row, std::uint32_t epoch,
                                                 cuda::std::memory_order signal_order,
-                                                cuda::std::memory_order wait_order, int* error_flag,
-                                                long long timeout_cycles) {
+                                                cuda::std::memory_order wait_order) {
   const int t = threadIdx.x;
   if (t < world) {
-    signal(pick(peers.peer, t) + row * kMaxRanks + rank, epoch, signal_order);
-    wait_for(my_pads + row * kMaxRanks + t, epoch, wait_order, t, error_flag, timeout_cycles);
+    signal(pick(s.peers.peer, t) + row * kMaxRanks + s.rank, epoch, signal_order);
+    wait_for(s.my_pads + row * kMaxRanks + t, epoch, wait_order, t, s.error_flag, s.timeout_cycles);
   }
 }
 
 // Between copies or kernels of one collective: what came before on every
 // rank is visible to what comes after on every rank.
-__global__ void barrier_kernel(PadPointers peers, std::uint32_t* my_pads,
-                               std::uint32_t* epoch_counter, int rank, int world, int* error_flag,
-                               long long timeout_cycles) {
+__global__ void barrier_kernel(PeerSignals signals, int world, std::uint32_t* epoch_counter) {
   const std::uint32_t epoch = *epoch_counter + 1;
   __syncwarp();  // every lane read the counter before lane 0 moves it on
-  signal_and_wait(peers, my_pads, kKernelBarrierRow, rank, world, epoch, cuda::std::memory_order_release,
-                  cuda::std::memory_order_acquire, error_flag, timeout_cycles);
+  signal_and_wait(signals, world, kKernelBarrierRow, epoch, cuda::std::memory_order_release,
+                  cuda::std::memory_order_acquire);
   if (threadIdx.x == 0) *epoch_counter = epoch;
 }
 
@@ -121,8 +117,8 @@ struct BlockMeeting {
   }
   __device__ __forceinline__ void meet(std::uint32_t value, cuda::std::memory_order signal_order,
                                        cuda::std::memory_order wait_order) {
-    signal_and_wait(sync.peers, sync.my_pads, kFirstBlockRow + static_cast<int>(blockIdx.x), sync.rank,
-                    world, value, signal_order, wait_order, sync.error_flag, sync.timeout_cycles);
+    signal_and_wait(sync.signals, world, kFirstBlockRow + static_cast<int>(blockIdx.x), value, signal_order,
+                    wait_order);
   }
 };
 
@@ -136,48 +132,61 @@ template <> __device__ __forceinline__ float from_float(float v) { return v; }
 template <> __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 
+// The reduce kernel's scalars. Its pointer arrays and BlockSync stay
+// parameters of their own: with all of ReduceLaunch as one parameter, the
+// kernel reached them through the parameter's address and compiled to other
+// machine code (sm_90, nvdisasm); this way it is the same as with one
+// parameter per field.
+struct ReduceScalars {
+  std::size_t src_offset;
+  std::size_t dst_offset;
+  std::size_t count;
+  int n_outs;
+  int world;
+  float scale;
+};
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    reduce_kernel(BlockSync sync, PeerPointers in, std::size_t src_offset, OutPointers out,
-                  int n_outs, std::size_t dst_offset, std::size_t count, int world, float scale,
-                  bool vectorized) {
-  BlockMeeting meeting{sync, world};
+    reduce_kernel(BlockSync sync, PeerPointers in, OutPointers out, ReduceScalars r, bool vectorized) {
+  BlockMeeting meeting{sync, r.world};
   meeting.start();
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::size_t vectors = vectorized ? count / V : 0;
+  const std::size_t vectors = vectorized ? r.count / V : 0;
   for (std::size_t v = first; v < vectors; v += stride) {
     uint4 raw[kMaxRanks];
 #pragma unroll
     for (int p = 0; p < kMaxRanks; ++p)  // every load in flight before the first add
-      if (p < world) raw[p] = __ldcg(reinterpret_cast<const uint4*>(static_cast<const T*>(in.ptr[p]) + src_offset) + v);
+      if (p < r.world)
+        raw[p] = __ldcg(reinterpret_cast<const uint4*>(static_cast<const T*>(in.ptr[p]) + r.src_offset) + v);
     float acc[V] = {};
 #pragma unroll
     for (int p = 0; p < kMaxRanks; ++p) {
-      if (p < world) {
+      if (p < r.world) {
         const T* e = reinterpret_cast<const T*>(&raw[p]);
 #pragma unroll
         for (int j = 0; j < V; ++j) acc[j] += to_float(e[j]);
       }
     }
     uint4 packed;
-    T* r = reinterpret_cast<T*>(&packed);
+    T* sums = reinterpret_cast<T*>(&packed);
 #pragma unroll
-    for (int j = 0; j < V; ++j) r[j] = from_float<T>(acc[j] * scale);
+    for (int j = 0; j < V; ++j) sums[j] = from_float<T>(acc[j] * r.scale);
 #pragma unroll
     for (int o = 0; o < kMaxRanks; ++o)
-      if (o < n_outs) reinterpret_cast<uint4*>(static_cast<T*>(out.ptr[o]) + dst_offset)[v] = packed;
+      if (o < r.n_outs) reinterpret_cast<uint4*>(static_cast<T*>(out.ptr[o]) + r.dst_offset)[v] = packed;
   }
-  for (std::size_t i = vectors * V + first; i < count; i += stride) {
+  for (std::size_t i = vectors * V + first; i < r.count; i += stride) {
     float acc = 0.f;
 #pragma unroll
     for (int p = 0; p < kMaxRanks; ++p)
-      if (p < world) acc += to_float(__ldcg(static_cast<const T*>(in.ptr[p]) + src_offset + i));
-    const T value = from_float<T>(acc * scale);
+      if (p < r.world) acc += to_float(__ldcg(static_cast<const T*>(in.ptr[p]) + r.src_offset + i));
+    const T value = from_float<T>(acc * r.scale);
 #pragma unroll
     for (int o = 0; o < kMaxRanks; ++o)
-      if (o < n_outs) static_cast<T*>(out.ptr[o])[dst_offset + i] = value;
+      if (o < r.n_outs) static_cast<T*>(out.ptr[o])[r.dst_offset + i] = value;
   }
   meeting.end();
 }
@@ -215,45 +224,37 @@ int grid_for(std::size_t work, std::size_t cap) {
 }
 
 template <typename T>
-cudaError_t reduce_as(const BlockSync& sync, const PeerPointers& in, std::size_t src_offset,
-                      const OutPointers& out, int n_outs, std::size_t dst_offset, std::size_t count,
-                      std::size_t grid_count, int world, float scale, int max_blocks,
-                      cudaStream_t stream) {
+cudaError_t reduce_as(const ReduceLaunch& r, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
   // Alignment may differ across ranks (reduce-scatter reads at rank * count),
   // so it picks the loads but never the grid: meeting blocks must match.
   bool vectorized = true;
-  for (int p = 0; p < world; ++p)
-    vectorized = vectorized && aligned16(static_cast<const T*>(in.ptr[p]) + src_offset);
-  for (int o = 0; o < n_outs; ++o)
-    vectorized = vectorized && aligned16(static_cast<T*>(out.ptr[o]) + dst_offset);
-  const int blocks = grid_for(grid_count / V + 1, sync.enabled ? kMaxSyncBlocks : max_blocks);
-  reduce_kernel<T><<<blocks, kThreads, 0, stream>>>(sync, in, src_offset, out, n_outs, dst_offset,
-                                                   count, world, scale, vectorized);
+  for (int p = 0; p < r.world; ++p)
+    vectorized = vectorized && aligned16(static_cast<const T*>(r.in.ptr[p]) + r.src_offset);
+  for (int o = 0; o < r.n_outs; ++o)
+    vectorized = vectorized && aligned16(static_cast<T*>(r.out.ptr[o]) + r.dst_offset);
+  const int blocks = grid_for(r.grid_count / V + 1, r.sync.enabled ? kMaxSyncBlocks : r.max_blocks);
+  const ReduceScalars scalars{r.src_offset, r.dst_offset, r.count, r.n_outs, r.world, r.scale};
+  reduce_kernel<T><<<blocks, kThreads, 0, stream>>>(r.sync, r.in, r.out, scalars, vectorized);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t launch_barrier(const PadPointers& peers, std::uint32_t* my_pads,
-                           std::uint32_t* epoch_counter, int rank, int world, int* error_flag,
-                           long long timeout_cycles, cudaStream_t stream) {
-  barrier_kernel<<<1, 32, 0, stream>>>(peers, my_pads, epoch_counter, rank, world, error_flag,
-                                       timeout_cycles);
+cudaError_t launch_barrier(const PeerSignals& signals, int world, std::uint32_t* epoch_counter,
+                           cudaStream_t stream) {
+  barrier_kernel<<<1, 32, 0, stream>>>(signals, world, epoch_counter);
   return cudaGetLastError();
 }
 
-cudaError_t launch_reduce(const BlockSync& sync, const PeerPointers& in, std::size_t src_offset,
-                          const OutPointers& out, int n_outs, std::size_t dst_offset,
-                          std::size_t count, std::size_t grid_count, int world, DataType type,
-                          float scale, int max_blocks, cudaStream_t stream) {
-  switch (type) {
+cudaError_t launch_reduce(const ReduceLaunch& launch, cudaStream_t stream) {
+  switch (launch.type) {
     case DataType::kFloat32:
-      return reduce_as<float>(sync, in, src_offset, out, n_outs, dst_offset, count, grid_count, world, scale, max_blocks, stream);
+      return reduce_as<float>(launch, stream);
     case DataType::kFloat16:
-      return reduce_as<__half>(sync, in, src_offset, out, n_outs, dst_offset, count, grid_count, world, scale, max_blocks, stream);
+      return reduce_as<__half>(launch, stream);
     case DataType::kBFloat16:
-      return reduce_as<__nv_bfloat16>(sync, in, src_offset, out, n_outs, dst_offset, count, grid_count, world, scale, max_blocks, stream);
+      return reduce_as<__nv_bfloat16>(launch, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -15,20 +15,31 @@
 namespace symmpool::detail {
 
 // Signals every peer, then waits until every peer signalled this epoch; a
-// wait longer than timeout_cycles sets *error_flag to 1 + the missing rank.
-cudaError_t launch_barrier(const PadPointers& peers, std::uint32_t* my_pads,
-                           std::uint32_t* epoch_counter, int rank, int world, int* error_flag,
-                           long long timeout_cycles, cudaStream_t stream);
+// wait longer than signals.timeout_cycles sets *signals.error_flag to 1 + the
+// missing rank.
+cudaError_t launch_barrier(const PeerSignals& signals, int world, std::uint32_t* epoch_counter,
+                           cudaStream_t stream);
 
-// For i < count and o < n_outs:
-//   out_o[dst_offset + i] = scale * sum_p in_p[src_offset + i], in fp32.
-// grid_count sizes the grid: with sync enabled it must be equal on every
-// rank, so two-shot passes its full chunk even where the last one is short.
-// Without sync, the grid has at most max_blocks blocks.
-cudaError_t launch_reduce(const BlockSync& sync, const PeerPointers& in, std::size_t src_offset,
-                          const OutPointers& out, int n_outs, std::size_t dst_offset,
-                          std::size_t count, std::size_t grid_count, int world, DataType type,
-                          float scale, int max_blocks, cudaStream_t stream);
+// One reduction kernel: for i < count and o < n_outs,
+//   out_o[dst_offset + i] = scale * sum_p in_p[src_offset + i], in fp32
+// (offsets and counts in elements of `type`).
+struct ReduceLaunch {
+  BlockSync sync;                // enabled: the kernel meets its peers itself
+  PeerPointers in{};             // `world` inputs
+  std::size_t src_offset = 0;
+  OutPointers out{};             // `n_outs` outputs
+  int n_outs = 1;
+  std::size_t dst_offset = 0;
+  std::size_t count = 0;
+  // Sizes the grid: with sync enabled it must be equal on every rank, so
+  // two-shot passes its full chunk even where the last one is short.
+  std::size_t grid_count = 0;
+  int world = 0;
+  DataType type = DataType::kFloat32;
+  float scale = 1.0f;
+  int max_blocks = 0;            // the grid's cap without sync
+};
+cudaError_t launch_reduce(const ReduceLaunch& launch, cudaStream_t stream);
 
 // dst[p * bytes, (p + 1) * bytes) = src_p[0, bytes) for every p < world.
 cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, char* dst,

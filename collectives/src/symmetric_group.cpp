@@ -9,6 +9,6 @@ SymmetricGroup::SymmetricGroup(const DriverApi& driver, CachingAllocator& alloca
     : heap_(std::make_unique<SymmetricHeap>(driver, allocator, store, name, rank, world,
                                             HeapOptions{options.heap_timeout})),
       communicator_(std::make_unique<Communicator>(*heap_, allocator, options.barrier_timeout,
-                                                   std::move(options.on_failure))) {}
+                                                   std::move(options.on_failure), options.collectives)) {}
 
 }  // namespace symmpool

@@ -11,11 +11,12 @@
 //   all_reduce     one-shot, or two-shot (reduce a chunk, push it everywhere)
 //   barrier        kernel or stream memory operations on signal pads
 // Kernels of small messages meet their peers inside (one launch per call);
-// larger ones are bracketed by barrier kernels. SYMMPOOL_MAX_BLOCKS and
-// SYMMPOOL_COPY_STREAMS, read at construction, cap the grid of the larger
-// reductions and split copy-engine copies over streams (README, Collectives);
-// SYMMPOOL_BARRIER_TIMEOUT (seconds) overrides how long any barrier waits
-// for a peer before it gives up.
+// larger ones are bracketed by barrier kernels. CollectiveOptions
+// (collective_options.hpp: SYMMPOOL_MAX_BLOCKS, SYMMPOOL_COPY_STREAMS,
+// SYMMPOOL_BARRIER_TIMEOUT), read from the environment once and given at
+// construction, cap the grid of the larger reductions, split copy-engine
+// copies over streams and may override how long any barrier waits for a
+// peer before it gives up.
 //
 // Failures are sticky: once a barrier gave up on a peer, or a heap exchange
 // failed, the communicator is failed for good. The failure handler hears it
@@ -24,6 +25,7 @@
 // raises collective_error with the same text. Buffers that are not
 // symmetric raise not_symmetric_error and leave the communicator sound.
 
+#include <symmpool/collective_options.hpp>
 #include <symmpool/collective_types.hpp>
 #include <symmpool/detail/peer_pointers.hpp>
 #include <symmpool/symmetric_heap.hpp>
@@ -46,6 +48,7 @@ class FailureRecord;
 class IssueOrder;
 class StreamOpWatchdog;
 struct ErrorWords;
+struct ReduceLaunch;
 }
 
 // Hears a communicator's failure once, from any thread, before the stalled
@@ -59,17 +62,20 @@ class Communicator {
   // c10d's default timeout for NCCL: a peer may be late for a good reason
   // (a checkpoint being written), so barriers give up late.
   static constexpr std::chrono::seconds kDefaultBarrierTimeout{600};
-  static constexpr std::chrono::seconds kLongestBarrierTimeout{86400};
+  static constexpr std::chrono::seconds kLongestBarrierTimeout = CollectiveOptions::kLongestBarrierTimeout;
 
   // Collective: allocates the signal pads in an internal slot of the heap
   // (the same offset on every rank whatever the ranks allocated before),
   // zeroes them, then syncs the heap. Barriers wait `barrier_timeout` for a
   // peer (the "symm" backend passes its process group's timeout);
-  // SYMMPOOL_BARRIER_TIMEOUT overrides it. Without a handler, failures are
-  // printed to stderr.
+  // options.barrier_timeout (SYMMPOOL_BARRIER_TIMEOUT) overrides it. Without
+  // a handler, failures are printed to stderr. The default options are read
+  // from the environment when the communicator is made; a bad value raises
+  // logic_error naming its variable.
   Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
                std::chrono::seconds barrier_timeout = kDefaultBarrierTimeout,
-               FailureHandler on_failure = {});
+               FailureHandler on_failure = {},
+               const CollectiveOptions& options = CollectiveOptions::from_environment());
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -111,17 +117,13 @@ class Communicator {
   int world() const { return heap_.world(); }
 
  private:
+  struct Reduction;  // one reduce_scatter or all_reduce, as its algorithms see it (reduction.hpp)
+
+  // The core (communicator.cpp).
   // Enqueues on `stream` after the previous collective (IssueOrder) and
   // records it; a failure other than not_symmetric_error or bad arguments
   // fails the communicator.
   void in_order(cudaStream_t stream, const char* op, std::size_t bytes, const std::function<void()>& enqueue);
-  void enqueue_barrier(cudaStream_t stream, BarrierKind kind);
-  void enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
-                          Algorithm algorithm, BarrierKind kind);
-  void enqueue_reduce_scatter(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
-                              cudaStream_t stream, Algorithm algorithm);
-  void enqueue_all_reduce(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
-                          cudaStream_t stream, Algorithm algorithm);
   // Shared verdicts: one exchange per buffer not seen before (or after a
   // sync), tagged with the call number, so ranks at different calls fail
   // loudly instead of pairing up; a buffer outside the heap needs none.
@@ -129,18 +131,38 @@ class Communicator {
   bool is_symmetric(const void* ptr, std::size_t bytes, const char* what);
   void begin_call(const char* op);  // numbers a collective
   std::string call_label() const;   // "<op> #<number>" of the current call
+  void release_resources() noexcept;  // internal slot and host words
+
+  // Signal pads and barriers (barrier.cpp).
+  // Constructor steps: the pads and epochs in our internal slot, zeroed;
+  // after the heap's sync, every rank's pads mapped here.
+  void allocate_signal_pads();
+  void map_signal_pads();
+  void enqueue_barrier(cudaStream_t stream, BarrierKind kind);
+  detail::PeerSignals peer_signals() const;  // every rank's pads and our patience, for the kernels
   // Barriers around a kernel unless the kernel meets its peers itself.
   detail::BlockSync block_sync(bool fused) const;
-  void one_shot(const void* in, std::size_t in_count, void* out, std::size_t count,
-                std::size_t src_offset, DataType type, float scale, cudaStream_t stream);
-  void two_shot(const void* in, void* out, std::size_t count, DataType type, float scale,
-                cudaStream_t stream);
-  void two_step(const void* in, void* out, std::size_t count, DataType type, float scale,
-                cudaStream_t stream);
-  // At least `bytes` of plain device memory for work enqueued on `stream`.
-  void* scratch(std::size_t bytes, cudaStream_t stream);
+
+  // all_gather.cpp
+  void enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
+                          Algorithm algorithm, BarrierKind kind);
+
+  // Reductions: the entry points pick an algorithm (two_step.cpp for
+  // reduce_scatter, two_shot.cpp for all_reduce); one_shot.cpp serves both,
+  // reduction.cpp holds what they share.
+  void enqueue_reduce_scatter(const Reduction& r, Algorithm algorithm);
+  void enqueue_all_reduce(const Reduction& r, Algorithm algorithm);
   float scale(ReduceOp op) const;
-  void release_resources() noexcept;  // internal slot and host words
+  // What every reduction kernel starts from: r's type, scale, count and
+  // output, the grid cap; the algorithm fills in its inputs.
+  detail::ReduceLaunch reduce_launch(const Reduction& r, bool fused) const;
+  // Every rank's input holds in_count elements; this rank reduces r.count
+  // of them from src_offset on.
+  void one_shot(const Reduction& r, std::size_t in_count, std::size_t src_offset);
+  void two_shot(const Reduction& r);
+  void two_step(const Reduction& r);
+  // At least `bytes` of plain device memory for work enqueued on `stream` (scratch.cpp).
+  void* scratch(std::size_t bytes, cudaStream_t stream);
 
   SymmetricHeap& heap_;
   CachingAllocator& allocator_;
@@ -149,7 +171,7 @@ class Communicator {
   std::uint32_t* block_epochs_ = nullptr;  // device-side counters of block meetings
   std::uint32_t stream_op_epoch_ = 0;      // host-side counter of stream-op barriers
   detail::PadPointers peer_pads_{};        // every rank's pads, mapped here
-  int timeout_seconds_ = 0;                // barriers' patience (SYMMPOOL_BARRIER_TIMEOUT)
+  int timeout_seconds_ = 0;                // barriers' patience (argument or options' override)
   long long timeout_cycles_ = 0;           // the same in clock cycles, for the kernels
   int max_blocks_ = 0;                     // grid cap of unsynchronised reductions
   std::unique_ptr<detail::CopyStreams> copies_;  // where copy-engine copies are issued

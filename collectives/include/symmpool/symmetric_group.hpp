@@ -24,6 +24,8 @@ struct SymmetricGroupOptions {
   std::chrono::seconds barrier_timeout{Communicator::kDefaultBarrierTimeout};
   // Hears the communicator's failure once; stderr when empty.
   FailureHandler on_failure;
+  // Tuning of the collectives, read from the environment once, here.
+  CollectiveOptions collectives = CollectiveOptions::from_environment();
 };
 
 class SymmetricGroup {

@@ -120,7 +120,7 @@ TEST(Environment, ReadsTheCollectivesMode) {
   ::unsetenv("SYMMPOOL_COLLECTIVES");
 }
 
-// The collectives' knobs are read as written; the communicator checks them.
+// The collectives' knobs are read as written; CollectiveOptions checks them.
 TEST(Environment, ReadsTheCollectivesKnobsAsWritten) {
   const struct {
     const char* variable;

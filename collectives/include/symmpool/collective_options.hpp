@@ -1,0 +1,43 @@
+#pragma once
+// A communicator's settings from the environment, read once and handed to
+// its constructor (README, Collectives):
+//   SYMMPOOL_MAX_BLOCKS       grid cap of the reductions too large to meet
+//                             their peers inside (as NCCL_MAX_CTAS caps NCCL's)
+//   SYMMPOOL_COPY_STREAMS     streams that share each copy-engine copy
+//   SYMMPOOL_BARRIER_TIMEOUT  seconds any barrier waits for a peer; overrides
+//                             the timeout the caller gives the communicator
+
+#include <symmpool/environment.hpp>
+
+#include <chrono>
+#include <optional>
+
+namespace symmpool {
+
+struct CollectiveOptions {
+  // 2x H200, 256 MiB reduce-scatter under 8 matmuls (bench/results/collectives_grid_cap_h200x2_2026-11-22.json):
+  // 528 blocks 328 GB/s at 1 GiB alone but matmuls 24.9% slower; 64 blocks
+  // 298 GB/s and 11.2% (NCCL: 260 GB/s, 12.2%); 32 blocks 166 GB/s.
+  static constexpr int kDefaultMaxBlocks = 64;
+  static constexpr int kLargestGrid = 65535;
+  static constexpr int kDefaultCopyStreams = 1;
+  static constexpr int kMostCopyStreams = 8;
+  static constexpr std::chrono::seconds kLongestBarrierTimeout{86400};
+
+  int max_blocks = kDefaultMaxBlocks;      // 1 to kLargestGrid
+  int copy_streams = kDefaultCopyStreams;  // 1 (the caller's stream alone) to kMostCopyStreams
+  // Set: replaces the barrier timeout the communicator is given (1 s to kLongestBarrierTimeout).
+  std::optional<std::chrono::seconds> barrier_timeout;
+
+  // Parses env's variables; an unset one keeps its default, a bad one
+  // raises logic_error naming the variable and the value.
+  static CollectiveOptions from(const Environment& env);
+  // from(Environment::from_process()): what a communicator takes by default.
+  static CollectiveOptions from_environment();
+
+  // Raises logic_error if a field is out of its range (options set in code;
+  // from() never returns such).
+  void check() const;
+};
+
+}  // namespace symmpool

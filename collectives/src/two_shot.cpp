@@ -1,0 +1,74 @@
+// all_reduce, and its two-shot algorithm: each rank reduces one chunk and
+// writes it into every rank's output. It falls back to one-shot where
+// two-shot cannot run (the buffers are not symmetric, or overlap).
+
+#include "collective_helpers.hpp"
+#include "kernels.hpp"
+#include "reduction.hpp"
+
+#include <symmpool/algorithm_table.hpp>
+#include <symmpool/communicator.hpp>
+#include <symmpool/cuda_try.hpp>
+
+#include <algorithm>
+
+namespace symmpool {
+
+void Communicator::all_reduce(const void* in, void* out, std::size_t count, DataType type,
+                              ReduceOp op, cudaStream_t stream, Algorithm algorithm) {
+  check_errors();
+  begin_call("all_reduce");
+  if (count == 0) return;
+  const Reduction r{in, out, count, type, scale(op), stream};
+  in_order(stream, "all_reduce", r.bytes(), [&] { enqueue_all_reduce(r, algorithm); });
+}
+
+void Communicator::enqueue_all_reduce(const Reduction& r, Algorithm algorithm) {
+  const std::size_t bytes = r.bytes();
+  const bool explicit_choice = algorithm != Algorithm::kAuto;
+  if (!explicit_choice) algorithm = choose_algorithm(CollectiveKind::kAllReduce, bytes, world());
+  detail::expect_algorithm(algorithm == Algorithm::kOneShot || algorithm == Algorithm::kTwoShot, algorithm,
+                           "all_reduce");
+  if (algorithm == Algorithm::kTwoShot) {
+    // Two-shot writes peers' outputs while they read our input: the buffers
+    // must be the same one or apart, and the output symmetric.
+    // Both checks run on every rank (they are collective): no short circuit.
+    const bool in_symmetric = is_symmetric(r.in, bytes, "all_reduce input");
+    const bool out_symmetric = is_symmetric(r.out, bytes, "all_reduce output");
+    const bool usable =
+        in_symmetric && out_symmetric && (r.in == r.out || !detail::overlap(r.in, bytes, r.out, bytes));
+    SYMMPOOL_EXPECTS(usable || !explicit_choice,
+                     "symmpool: two-shot all_reduce needs symmetric input and output that are the "
+                     "same buffer or do not overlap");
+    if (usable) return two_shot(r);
+  }
+  one_shot(r, r.count, 0);
+}
+
+void Communicator::two_shot(const Reduction& r) {
+  const std::size_t es = element_size(r.type), n = static_cast<std::size_t>(world()), count = r.count;
+  require_symmetric(r.in, r.bytes(), "all_reduce input");
+  require_symmetric(r.out, r.bytes(), "all_reduce output (two-shot)");
+  // Rank i reduces chunk i and writes it into every rank's output. Chunks
+  // are whole 16-byte vectors, so every load stays aligned.
+  const std::size_t per_vector = 16 / es;
+  const std::size_t chunk = ((count + n - 1) / n + per_vector - 1) / per_vector * per_vector;
+  const std::size_t first = std::min(count, chunk * static_cast<std::size_t>(rank()));
+  const std::size_t mine = std::min(chunk, count - first);
+  const bool fused = fused_kernel(chunk * es);
+  detail::ReduceLaunch launch = reduce_launch(r, fused);
+  for (int p = 0; p < world(); ++p) {
+    launch.in.ptr[p] = heap_.peer_ptr(r.in, p);
+    launch.out.ptr[p] = heap_.peer_ptr(r.out, p);
+  }
+  launch.n_outs = world();
+  launch.src_offset = first;
+  launch.dst_offset = first;
+  launch.count = mine;
+  launch.grid_count = chunk;  // equal on every rank, even where the last chunk is short
+  if (!fused) enqueue_barrier(r.stream, BarrierKind::kKernel);
+  SYMMPOOL_CUDA_TRY(detail::launch_reduce(launch, r.stream));
+  if (!fused) enqueue_barrier(r.stream, BarrierKind::kKernel);
+}
+
+}  // namespace symmpool

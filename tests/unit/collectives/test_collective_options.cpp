@@ -1,0 +1,80 @@
+#include <symmpool/collective_options.hpp>
+#include <symmpool/error.hpp>
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace symmpool::test {
+
+namespace {
+
+// The text of the logic_error that parsing `env` raises ("" if none).
+std::string parse_error(const Environment& env) {
+  try {
+    CollectiveOptions::from(env);
+  } catch (const logic_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(CollectiveOptions, UnsetVariablesKeepTheDefaults) {
+  const CollectiveOptions options = CollectiveOptions::from(Environment{});
+  EXPECT_EQ(options.max_blocks, 64);
+  EXPECT_EQ(options.copy_streams, 1);
+  EXPECT_FALSE(options.barrier_timeout.has_value());
+}
+
+TEST(CollectiveOptions, ReadsEachVariable) {
+  Environment env;
+  env.max_blocks = "528";
+  env.copy_streams = "8";
+  env.barrier_timeout = "86400";
+  const CollectiveOptions options = CollectiveOptions::from(env);
+  EXPECT_EQ(options.max_blocks, 528);
+  EXPECT_EQ(options.copy_streams, 8);
+  ASSERT_TRUE(options.barrier_timeout.has_value());
+  EXPECT_EQ(options.barrier_timeout->count(), 86400);
+}
+
+// The error names the variable, its range and the value as written.
+TEST(CollectiveOptions, RefusesBadValuesNamingTheVariable) {
+  const struct {
+    std::string Environment::*field;
+    const char* value;
+    const char* message;
+  } cases[] = {
+      {&Environment::max_blocks, "lots", "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got 'lots'"},
+      {&Environment::max_blocks, "0", "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got '0'"},
+      {&Environment::max_blocks, "65536", "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got '65536'"},
+      {&Environment::max_blocks, "64 ", "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got '64 '"},
+      {&Environment::copy_streams, "9", "SYMMPOOL_COPY_STREAMS must be a whole number from 1 to 8, got '9'"},
+      {&Environment::barrier_timeout, "0", "SYMMPOOL_BARRIER_TIMEOUT must be a whole number from 1 to 86400, got '0'"},
+      {&Environment::barrier_timeout, "1e3",
+       "SYMMPOOL_BARRIER_TIMEOUT must be a whole number from 1 to 86400, got '1e3'"},
+  };
+  for (const auto& c : cases) {
+    Environment env;
+    env.*c.field = c.value;
+    const std::string error = parse_error(env);
+    EXPECT_NE(error.find(c.message), std::string::npos) << "value '" << c.value << "': " << error;
+  }
+}
+
+TEST(CollectiveOptions, CheckRefusesFieldsOutOfRange) {
+  EXPECT_NO_THROW(CollectiveOptions{}.check());
+  CollectiveOptions options;
+  options.max_blocks = 0;
+  EXPECT_THROW(options.check(), logic_error);
+  options = CollectiveOptions{};
+  options.copy_streams = 9;
+  EXPECT_THROW(options.check(), logic_error);
+  options = CollectiveOptions{};
+  options.barrier_timeout = std::chrono::seconds(0);
+  EXPECT_THROW(options.check(), logic_error);
+}
+
+}  // namespace symmpool::test
