@@ -8,7 +8,7 @@
 
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
-#include <symmpool/cuda_try.hpp>
+#include <symmpool/error.hpp>
 
 #include <vector>
 

@@ -7,7 +7,7 @@
 #include "stream_op_watchdog.hpp"
 
 #include <symmpool/communicator.hpp>
-#include <symmpool/cuda_try.hpp>
+#include <symmpool/error.hpp>
 #include <symmpool/detail/scope_exit.hpp>
 
 #include <chrono>

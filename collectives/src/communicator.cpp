@@ -11,7 +11,7 @@
 #include "relaxed_capture.hpp"
 
 #include <symmpool/communicator.hpp>
-#include <symmpool/cuda_try.hpp>
+#include <symmpool/error.hpp>
 #include <symmpool/detail/scope_exit.hpp>
 
 #include <cstdio>

@@ -1,6 +1,6 @@
 #include "copy_streams.hpp"
 
-#include <symmpool/cuda_try.hpp>
+#include <symmpool/error.hpp>
 
 #include <algorithm>
 

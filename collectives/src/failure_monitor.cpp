@@ -1,6 +1,6 @@
 #include "failure_monitor.hpp"
 
-#include <symmpool/cuda_try.hpp>
+#include <symmpool/error.hpp>
 
 #include <cstdio>
 

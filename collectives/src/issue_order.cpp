@@ -1,6 +1,6 @@
 #include "issue_order.hpp"
 
-#include <symmpool/cuda_try.hpp>
+#include <symmpool/error.hpp>
 
 namespace symmpool::detail {
 

@@ -4,7 +4,7 @@
 #include "relaxed_capture.hpp"
 
 #include <symmpool/communicator.hpp>
-#include <symmpool/cuda_try.hpp>
+#include <symmpool/error.hpp>
 
 namespace symmpool {
 

@@ -1,6 +1,6 @@
 #include "stream_op_watchdog.hpp"
 
-#include <symmpool/cuda_try.hpp>
+#include <symmpool/error.hpp>
 
 #include <cstdio>
 #include <exception>

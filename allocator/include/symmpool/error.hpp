@@ -5,6 +5,7 @@
 // multi_node_error are the only ones that may mean "use NCCL instead".
 
 #include <cuda.h>
+#include <cuda_runtime_api.h>
 
 #include <stdexcept>
 #include <string>
@@ -106,4 +107,16 @@ namespace detail {
       ::symmpool::detail::throw_nccl_error(__FILE__, __LINE__, #call,                        \
                                            static_cast<int>(symmpool_nccl_status_),          \
                                            (nccl).error_string(symmpool_nccl_status_));      \
+  } while (0)
+
+// A CUDA runtime call that throws symmpool::cuda_error with the call and the
+// runtime's error string (code() then holds the cudaError_t value). Driver
+// calls go through SYMMPOOL_CU_TRY: they use the driver table, real or fake.
+#define SYMMPOOL_CUDA_TRY(call)                                                                \
+  do {                                                                                         \
+    cudaError_t symmpool_rt_status_ = (call);                                                  \
+    if (symmpool_rt_status_ != cudaSuccess)                                                    \
+      ::symmpool::detail::throw_cuda_error(__FILE__, __LINE__, #call,                          \
+                                           static_cast<CUresult>(symmpool_rt_status_),         \
+                                           cudaGetErrorString(symmpool_rt_status_));           \
   } while (0)
