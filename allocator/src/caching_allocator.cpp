@@ -51,9 +51,9 @@ std::size_t segment_size_for(std::size_t size) {
 
 }  // namespace
 
-CachingAllocator::CachingAllocator(const DriverApi& drv, int device, AllocatorOptions options)
-    : drv_(drv), arena_(drv, device, options.arena) {
-  device_total_ = arena_.device_memory_info().second;
+CachingAllocator::CachingAllocator(std::unique_ptr<SegmentArena> arena)
+    : drv_(arena->driver()), arena_(std::move(arena)) {
+  device_total_ = arena_->device_memory_info().second;
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -134,19 +134,19 @@ CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size,
                                                              std::size_t requested,
                                                              CUstream stream, bool small) {
   const std::size_t want = segment_size_for(size);
-  ContextGuard guard(drv_, arena_.context());
-  const Segment* segment = arena_.map_new_segment(want);
+  ContextGuard guard(drv_, arena_->context());
+  const Segment* segment = arena_->map_new_segment(want);
   if (segment == nullptr) {
     // Give every cached segment back and try once more, as PyTorch does.
     ++stats_.oom_retries;
     try_retry_unrecorded_events();  // a failure was reported by the free; not an allocation error
     synchronize_pending_events();
     release_cached_segments();
-    segment = arena_.map_new_segment(want);
+    segment = arena_->map_new_segment(want);
   }
   if (segment == nullptr) {
     ++stats_.ooms;
-    auto [free_bytes, total_bytes] = arena_.device_memory_info();
+    auto [free_bytes, total_bytes] = arena_->device_memory_info();
     throw out_of_memory("symmpool: out of memory on device " + std::to_string(device()) +
                         ": tried to allocate " + format_bytes(requested) + " (a new segment of " +
                         format_bytes(want) + "); symmpool has " +
@@ -244,7 +244,7 @@ void CachingAllocator::release(Block* block, CUstream stream) {
 }
 
 void CachingAllocator::record_events(Block* block) {
-  ContextGuard guard(drv_, arena_.context());
+  ContextGuard guard(drv_, arena_->context());
   // A stream leaves stream_uses only once its event is recorded, so a failure
   // keeps the block unfree. An event recorded later than the free still
   // covers all the work queued before it, so retrying is safe.
@@ -322,7 +322,7 @@ void CachingAllocator::try_retry_unrecorded_events() {
 void CachingAllocator::process_events() {
   try_retry_unrecorded_events();
   if (pending_.empty()) return;
-  ContextGuard guard(drv_, arena_.context());
+  ContextGuard guard(drv_, arena_->context());
   for (auto it = pending_.begin(); it != pending_.end();) {
     CUresult r = drv_.cuEventQuery(it->first);
     if (r == CUDA_ERROR_NOT_READY) {
@@ -346,19 +346,19 @@ void CachingAllocator::synchronize_events() {
 
 void CachingAllocator::synchronize_pending_events() {
   if (pending_.empty()) return;
-  ContextGuard guard(drv_, arena_.context());
+  ContextGuard guard(drv_, arena_->context());
   for (auto& [event, block] : pending_) SYMMPOOL_CU_TRY(drv_, cuEventSynchronize(event));
   process_events();
 }
 
 std::size_t CachingAllocator::release_cached_segments() {
-  ContextGuard guard(drv_, arena_.context());
+  ContextGuard guard(drv_, arena_->context());
   std::size_t released = 0;
   for (auto it = segment_heads_.begin(); it != segment_heads_.end();) {
     Block* head = it->second;
     // A segment a symmetric heap published stays: its peers map it, and
     // freeing it alone would let a new segment take its offset under them.
-    if (head->next != nullptr || !head->is_free() || arena_.observers_keep(*head->segment)) {
+    if (head->next != nullptr || !head->is_free() || arena_->observers_keep(*head->segment)) {
       ++it;
       continue;
     }
@@ -371,18 +371,18 @@ std::size_t CachingAllocator::release_cached_segments() {
     stats_.segments.add(-1);
     stats_.reserved_bytes.add(-static_cast<std::int64_t>(size));
     released += size;
-    arena_.unmap_segment(segment);
+    arena_->unmap_segment(segment);
   }
   return released;
 }
 
 void* CachingAllocator::map_internal_segment(int slot) {
   std::lock_guard<std::mutex> lock(mutex_);
-  ContextGuard guard(drv_, arena_.context());
-  const Segment* segment = arena_.map_internal_segment(slot);
+  ContextGuard guard(drv_, arena_->context());
+  const Segment* segment = arena_->map_internal_segment(slot);
   if (segment == nullptr)
     throw out_of_memory("symmpool: out of memory on device " + std::to_string(device()) +
-                        " for an internal segment of " + format_bytes(arena_.granularity()));
+                        " for an internal segment of " + format_bytes(arena_->granularity()));
   stats_.reserved_bytes.add(static_cast<std::int64_t>(segment->size));
   stats_.segments.add(1);
   return segment->ptr();
@@ -390,19 +390,19 @@ void* CachingAllocator::map_internal_segment(int slot) {
 
 void CachingAllocator::unmap_internal_segment(void* ptr) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const Segment* segment = arena_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  SYMMPOOL_EXPECTS(segment != nullptr && arena_.is_internal(*segment) && segment->ptr() == ptr,
+  const Segment* segment = arena_->find(reinterpret_cast<std::uintptr_t>(ptr));
+  SYMMPOOL_EXPECTS(segment != nullptr && arena_->is_internal(*segment) && segment->ptr() == ptr,
                    detail::format_pointer(ptr) + " is not an internal segment of device " +
                        std::to_string(device()));
-  ContextGuard guard(drv_, arena_.context());
+  ContextGuard guard(drv_, arena_->context());
   stats_.reserved_bytes.add(-static_cast<std::int64_t>(segment->size));
   stats_.segments.add(-1);
-  arena_.unmap_segment(segment);
+  arena_->unmap_segment(segment);
 }
 
 std::uint64_t CachingAllocator::free_internal_slots() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return arena_.free_internal_slots();
+  return arena_->free_internal_slots();
 }
 
 std::size_t CachingAllocator::empty_cache() {
@@ -413,7 +413,7 @@ std::size_t CachingAllocator::empty_cache() {
 
 bool CachingAllocator::owns(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return arena_.find(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
+  return arena_->find(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
 }
 
 bool CachingAllocator::is_allocation(const void* ptr) const {
@@ -431,7 +431,7 @@ std::size_t CachingAllocator::allocation_size(const void* ptr) const {
 void CachingAllocator::throw_unknown_pointer(const void* ptr, const char* action) const {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   const std::string where = " on device " + std::to_string(device());
-  const Segment* segment = arena_.find(address);
+  const Segment* segment = arena_->find(address);
   if (segment == nullptr)
     SYMMPOOL_FAIL(std::string(action) + " " + format_pointer(ptr) +
                   ": pointer was not allocated by symmpool" + where);
@@ -459,18 +459,18 @@ void CachingAllocator::reset_peak_stats() {
 
 void CachingAllocator::add_observer(SegmentObserver* observer, bool replay_existing) {
   std::lock_guard<std::mutex> lock(mutex_);
-  arena_.add_observer(observer, replay_existing);
+  arena_->add_observer(observer, replay_existing);
 }
 
 void CachingAllocator::remove_observer(SegmentObserver* observer, bool replay_existing) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
-  arena_.remove_observer(observer, replay_existing);
+  arena_->remove_observer(observer, replay_existing);
 }
 
 std::vector<Segment> CachingAllocator::segments() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Segment> out;
-  for (const Segment* s : arena_.segments()) out.push_back(*s);
+  for (const Segment* s : arena_->segments()) out.push_back(*s);
   return out;
 }
 

@@ -47,9 +47,10 @@ CachingAllocator& device_allocator(int device) {
   std::lock_guard<std::mutex> lock(r.mutex);
   auto& slot = r.allocators[static_cast<std::size_t>(device)];
   if (slot == nullptr) {
-    AllocatorOptions options;
-    options.arena.multicast_requested = options.arena.env.multicast_requested;
-    slot = new CachingAllocator(r.driver ? *r.driver : real_driver(), device, options);
+    ArenaOptions options;
+    options.multicast_requested = options.env.multicast_requested;
+    slot = new CachingAllocator(
+        std::make_unique<SegmentArena>(r.driver ? *r.driver : real_driver(), device, options));
   }
   return *slot;
 }

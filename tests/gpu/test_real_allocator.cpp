@@ -18,7 +18,7 @@ namespace symmpool::test {
 constexpr std::size_t MiB = 1 << 20;
 
 std::unique_ptr<CachingAllocator> real_allocator(int device) {
-  return std::make_unique<CachingAllocator>(real_driver(), device);
+  return std::make_unique<CachingAllocator>(std::make_unique<SegmentArena>(real_driver(), device));
 }
 
 TEST(RealAllocator, DataRoundTripsThroughSegmentsOfManySizes) {

@@ -44,10 +44,10 @@ class FakeDriverTest : public ::testing::Test {
   // depend on the variables of the shell that runs it.
   std::unique_ptr<CachingAllocator> make_allocator(int device = 0, bool multicast = false,
                                                    Environment env = {}) {
-    AllocatorOptions options;
-    options.arena.multicast_requested = multicast;
-    options.arena.env = env;
-    return std::make_unique<CachingAllocator>(fake().api(), device, options);
+    ArenaOptions options;
+    options.multicast_requested = multicast;
+    options.env = env;
+    return std::make_unique<CachingAllocator>(std::make_unique<SegmentArena>(fake().api(), device, options));
   }
 
   // Every test ends with the fake driver clean: what the test made (its

@@ -1,7 +1,9 @@
 #pragma once
 // The caching allocator of one device: blocks inside physical segments, split
 // on allocation and merged on free, in a small and a large pool, reused in
-// stream order like PyTorch's CUDACachingAllocator. Thread-safe.
+// stream order like PyTorch's CUDACachingAllocator. Thread-safe. It caches
+// for the segment arena it is given (as RMM's adaptors wrap an upstream
+// resource): the arena makes and maps segments, this class carves blocks.
 
 #include <symmpool/allocator_stats.hpp>
 #include <symmpool/driver_api.hpp>
@@ -10,16 +12,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <unordered_map>
 #include <vector>
 
 namespace symmpool {
-
-struct AllocatorOptions {
-  ArenaOptions arena;
-};
 
 class CachingAllocator {
  public:
@@ -30,7 +29,8 @@ class CachingAllocator {
   static constexpr std::size_t kLargeSegment = 20 << 20;        // segments for mid-size requests
   static constexpr std::size_t kLargeRounding = 2 << 20;        // big requests round to this
 
-  CachingAllocator(const DriverApi& drv, int device, AllocatorOptions options = {});
+  // Owns `arena` (its device, driver table and address range).
+  explicit CachingAllocator(std::unique_ptr<SegmentArena> arena);
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -76,14 +76,14 @@ class CachingAllocator {
   void remove_observer(SegmentObserver* observer, bool replay_existing) noexcept;
 
   std::vector<Segment> segments() const;  // copies, for inspection
-  int device() const { return arena_.device(); }
+  int device() const { return arena_->device(); }
   std::size_t device_total_memory() const { return device_total_; }
-  const MulticastDecision& multicast() const { return arena_.multicast(); }
-  std::size_t granularity() const { return arena_.granularity(); }
+  const MulticastDecision& multicast() const { return arena_->multicast(); }
+  std::size_t granularity() const { return arena_->granularity(); }
   // The reserved virtual range every segment lives in (offsets are from its base).
-  CUdeviceptr va_base() const { return arena_.va_base(); }
-  std::size_t va_reserved_bytes() const { return arena_.va_reserved_bytes(); }
-  CUcontext context() const { return arena_.context(); }
+  CUdeviceptr va_base() const { return arena_->va_base(); }
+  std::size_t va_reserved_bytes() const { return arena_->va_reserved_bytes(); }
+  CUcontext context() const { return arena_->context(); }
 
  private:
   struct Block;
@@ -109,8 +109,8 @@ class CachingAllocator {
   Pool& pool_of(const Block* block);
   [[noreturn]] void throw_unknown_pointer(const void* ptr, const char* action) const;
 
-  const DriverApi& drv_;
-  SegmentArena arena_;
+  const DriverApi& drv_;  // declared before arena_: taken from the arena before it is moved in
+  std::unique_ptr<SegmentArena> arena_;  // never null
   std::size_t device_total_ = 0;
   mutable std::mutex mutex_;
   Pool small_pool_;

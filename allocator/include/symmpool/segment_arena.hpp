@@ -32,6 +32,7 @@ class SegmentArena {
   static constexpr int kInternalSlots = 64;
 
   SegmentArena(const DriverApi& drv, int device, ArenaOptions options = {});
+  const DriverApi& driver() const { return drv_; }
   ~SegmentArena();
   SegmentArena(const SegmentArena&) = delete;
   SegmentArena& operator=(const SegmentArena&) = delete;

@@ -76,10 +76,10 @@ class HugeDeviceTest : public FakeDriverTest {
     return c;
   }
   std::unique_ptr<CachingAllocator> make_huge_allocator() {
-    AllocatorOptions options;
-    options.arena.env = {};
-    options.arena.va_reserve_bytes = 64 * MiB;
-    return std::make_unique<CachingAllocator>(fake().api(), 0, options);
+    ArenaOptions options;
+    options.env = {};
+    options.va_reserve_bytes = 64 * MiB;
+    return std::make_unique<CachingAllocator>(std::make_unique<SegmentArena>(fake().api(), 0, options));
   }
 };
 
@@ -103,10 +103,10 @@ TEST_F(HugeDeviceTest, SizesNearSizeMaxDoNotWrapWhenRounded) {
 
 TEST_F(HugeDeviceTest, HugeVirtualRangeRequestIsRejected) {
   for (std::size_t bytes : {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 2 * MiB + 2}) {
-    AllocatorOptions options;
-    options.arena.env = {};
-    options.arena.va_reserve_bytes = bytes;
-    expect_error<logic_error>([&] { CachingAllocator a(fake().api(), 0, options); },
+    ArenaOptions options;
+    options.env = {};
+    options.va_reserve_bytes = bytes;
+    expect_error<logic_error>([&] { SegmentArena arena(fake().api(), 0, options); },
                               "virtual range reservation of");
   }
   EXPECT_EQ(fake().count("cuMemAddressReserve"), 0u);

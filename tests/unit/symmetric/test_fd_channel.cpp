@@ -413,9 +413,9 @@ namespace {
 
 std::unique_ptr<CachingAllocator> heap_allocator(int device) {
   FakeDriver::instance().reset(3);
-  AllocatorOptions options;
-  options.arena.env = Environment{};
-  return std::make_unique<CachingAllocator>(FakeDriver::instance().api(), device, options);
+  ArenaOptions options;
+  options.env = Environment{};
+  return std::make_unique<CachingAllocator>(std::make_unique<SegmentArena>(FakeDriver::instance().api(), device, options));
 }
 
 std::vector<std::string> words_of(const std::string& text) {

@@ -22,9 +22,9 @@ namespace {
 
 std::unique_ptr<CachingAllocator> fake_allocator(int device) {
   FakeDriver::instance().reset(3);  // this process's own fake driver
-  AllocatorOptions options;
-  options.arena.env = Environment{};
-  return std::make_unique<CachingAllocator>(FakeDriver::instance().api(), device, options);
+  ArenaOptions options;
+  options.env = Environment{};
+  return std::make_unique<CachingAllocator>(std::make_unique<SegmentArena>(FakeDriver::instance().api(), device, options));
 }
 
 // Forms `group`'s heap on fake GPU `device`, expecting it to fail with E
