@@ -5,15 +5,15 @@
 //                              (cuMemCreate + map + ncclCommRegister) against
 //                              ncclMemAlloc + ncclCommRegister
 
-#include "bench_checks.hpp"
-#include "bench_context.hpp"
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
 
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/nccl_registration.hpp>
 
-#include <benchmark/benchmark.h>
-#include <cuda_runtime_api.h>
-#include <nccl.h>
+#include "bench_checks.hpp"
+#include "bench_context.hpp"
 
 #ifdef SYMMPOOL_BENCH_WITH_TORCH
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -168,9 +168,13 @@ int main(int argc, char** argv) {
   for (std::size_t bytes : {64 * MiB, 1 * GiB}) {
     const std::string n = size_name(bytes);
     benchmark::RegisterBenchmark(("NewSegment/symmpool/" + n).c_str(), NewSegmentSymmpool, bytes)
-        ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(10);
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->Iterations(10);
     benchmark::RegisterBenchmark(("NewSegment/ncclMemAlloc/" + n).c_str(), NewSegmentNcclMemAlloc, bytes)
-        ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(10);
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->Iterations(10);
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

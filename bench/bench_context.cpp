@@ -10,9 +10,7 @@
 namespace symmpool::bench {
 
 namespace {
-std::string version_string(int v) {
-  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
-}
+std::string version_string(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
 // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04 ..." -> the line.
 std::string kernel_driver() {
   std::ifstream f("/proc/driver/nvidia/version");

@@ -14,17 +14,6 @@
 // Every rank runs the same list with fixed iteration counts, so ranks stay
 // in step. Usage: symmpool_collectives_bench [--ranks N] [benchmark flags]
 
-#include "bench_checks.hpp"
-#include "bench_context.hpp"
-#include "process_group.hpp"
-
-#include <symmpool/communicator.hpp>
-#include <symmpool/detail/scope_exit.hpp>
-#include <symmpool/device_allocators.hpp>
-#include <symmpool/driver_api.hpp>
-#include <symmpool/nccl_registration.hpp>
-#include <symmpool/symmetric_group.hpp>
-
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -37,7 +26,17 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <symmpool/communicator.hpp>
+#include <symmpool/detail/scope_exit.hpp>
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/driver_api.hpp>
+#include <symmpool/nccl_registration.hpp>
+#include <symmpool/symmetric_group.hpp>
 #include <vector>
+
+#include "bench_checks.hpp"
+#include "bench_context.hpp"
+#include "process_group.hpp"
 
 namespace {
 
@@ -84,10 +83,12 @@ std::vector<Impl> variants(Op op) {
             {"symmpool-ce-push-streamops", false, Algorithm::kCopyEnginePush, BarrierKind::kStreamOps},
             {"symmpool-kernel", false, Algorithm::kKernel}};
   if (op == Op::kReduceScatter)
-    return {{"symmpool-1shot", false, Algorithm::kOneShot}, {"symmpool-2step", false, Algorithm::kTwoStep},
+    return {{"symmpool-1shot", false, Algorithm::kOneShot},
+            {"symmpool-2step", false, Algorithm::kTwoStep},
             {"nccl-fp32", true, Algorithm::kAuto, BarrierKind::kKernel, DataType::kFloat32},
             {"symmpool-fp32", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kFloat32}};
-  return {{"symmpool-1shot", false, Algorithm::kOneShot}, {"symmpool-2shot", false, Algorithm::kTwoShot},
+  return {{"symmpool-1shot", false, Algorithm::kOneShot},
+          {"symmpool-2shot", false, Algorithm::kTwoShot},
           {"nccl-fp32", true, Algorithm::kAuto, BarrierKind::kKernel, DataType::kFloat32},
           {"symmpool-fp32", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kFloat32}};
 }
@@ -128,14 +129,16 @@ void run_once(Op op, const Impl& impl, const Buffers& b) {
   if (impl.nccl) {
     const ncclDataType_t t = nccl_type(impl.type);
     if (op == Op::kAllGather) BENCH_NCCL(ncclAllGather(b.in, b.out, b.count, t, R.nccl, R.stream));
-    if (op == Op::kReduceScatter) BENCH_NCCL(ncclReduceScatter(b.in, b.out, b.count, t, ncclSum, R.nccl, R.stream));
+    if (op == Op::kReduceScatter)
+      BENCH_NCCL(ncclReduceScatter(b.in, b.out, b.count, t, ncclSum, R.nccl, R.stream));
     if (op == Op::kAllReduce) BENCH_NCCL(ncclAllReduce(b.in, b.out, b.count, t, ncclSum, R.nccl, R.stream));
     return;
   }
   const Algorithm a = impl.algorithm;
   const std::size_t es = symmpool::element_size(impl.type);
   if (op == Op::kAllGather) R.comm->all_gather(b.in, b.out, b.count * es, R.stream, a, impl.barrier);
-  if (op == Op::kReduceScatter) R.comm->reduce_scatter(b.in, b.out, b.count, impl.type, ReduceOp::kSum, R.stream, a);
+  if (op == Op::kReduceScatter)
+    R.comm->reduce_scatter(b.in, b.out, b.count, impl.type, ReduceOp::kSum, R.stream, a);
   if (op == Op::kAllReduce) R.comm->all_reduce(b.in, b.out, b.count, impl.type, ReduceOp::kSum, R.stream, a);
 }
 
@@ -236,10 +239,10 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
   const float one = 1.f, zero = 0.f;
   auto run_matmuls = [&] {
     for (int i = 0; i < matmuls; ++i)
-      BENCH_CHECK(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b,
-                               CUDA_R_16BF, n, &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                               CUBLAS_GEMM_DEFAULT),
-                  CUBLAS_STATUS_SUCCESS);
+      BENCH_CHECK(
+          cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n,
+                       &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          CUBLAS_STATUS_SUCCESS);
   };
   Buffers buf = make_buffers(op, bytes, symmpool::element_size(impl.type));
   run_once(op, impl, buf);
@@ -277,9 +280,10 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
     if (with_matmuls) run_matmuls();
     BENCH_CUDA(cudaEventRecord(c1, R.stream));
     BENCH_CUDA(cudaEventRecord(m1, compute));
-    BENCH_CHECK(drv.cuStreamWriteValue32(reinterpret_cast<CUstream>(opener), reinterpret_cast<CUdeviceptr>(gate),
-                                         epoch, CU_STREAM_WRITE_VALUE_DEFAULT),
-                CUDA_SUCCESS);
+    BENCH_CHECK(
+        drv.cuStreamWriteValue32(reinterpret_cast<CUstream>(opener), reinterpret_cast<CUdeviceptr>(gate),
+                                 epoch, CU_STREAM_WRITE_VALUE_DEFAULT),
+        CUDA_SUCCESS);
     BENCH_CUDA(cudaEventSynchronize(m1));
     BENCH_CUDA(cudaEventSynchronize(c1));
     Times t;
@@ -323,7 +327,7 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
 void register_all() {
   constexpr std::size_t KiB = 1024, MiB = KiB * 1024, GiB = MiB * 1024;
   auto name = [](std::size_t bytes) {
-    return bytes >= GiB ? std::to_string(bytes / GiB) + "GiB"
+    return bytes >= GiB   ? std::to_string(bytes / GiB) + "GiB"
            : bytes >= MiB ? std::to_string(bytes / MiB) + "MiB"
                           : std::to_string(bytes / KiB) + "KiB";
   };
@@ -336,21 +340,28 @@ void register_all() {
       for (const Impl& impl : impls) {
         std::string n = std::string(op_name(op)) + "/" + impl.name + "/" + name(bytes);
         benchmark::RegisterBenchmark(n.c_str(), Bandwidth, op, impl, bytes, reps)
-            ->UseManualTime()->Iterations(iters)->Unit(benchmark::kMicrosecond);
+            ->UseManualTime()
+            ->Iterations(iters)
+            ->Unit(benchmark::kMicrosecond);
       }
     }
   }
   const std::vector<std::pair<Op, Impl>> contention = {
-      {Op::kAllGather, kNccl}, {Op::kAllGather, kSymmpool},
+      {Op::kAllGather, kNccl},
+      {Op::kAllGather, kSymmpool},
       {Op::kAllGather, {"symmpool-ce-push", false, Algorithm::kCopyEnginePush}},
-      {Op::kAllGather, {"symmpool-ce-push-streamops", false, Algorithm::kCopyEnginePush, BarrierKind::kStreamOps}},
+      {Op::kAllGather,
+       {"symmpool-ce-push-streamops", false, Algorithm::kCopyEnginePush, BarrierKind::kStreamOps}},
       {Op::kAllGather, {"symmpool-ce-pull", false, Algorithm::kCopyEnginePull}},
-      {Op::kReduceScatter, kNccl}, {Op::kReduceScatter, kSymmpool},
+      {Op::kReduceScatter, kNccl},
+      {Op::kReduceScatter, kSymmpool},
       {Op::kReduceScatter, {"symmpool-2step", false, Algorithm::kTwoStep}}};
   for (const auto& [op, impl] : contention) {
     std::string n = std::string("Contention/") + impl.name + "/" + op_name(op) + "/256MiB";
     benchmark::RegisterBenchmark(n.c_str(), Contention, op, impl)
-        ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+        ->UseManualTime()
+        ->Iterations(5)
+        ->Unit(benchmark::kMillisecond);
   }
   for (Op op : {Op::kAllGather, Op::kReduceScatter, Op::kAllReduce}) {
     for (std::size_t bytes : {8 * KiB, 64 * KiB, 512 * KiB, 4 * MiB, 8 * MiB}) {
@@ -359,7 +370,9 @@ void register_all() {
       for (const Impl& impl : impls) {
         std::string n = std::string(op_name(op)) + "Graph/" + impl.name + "/" + name(bytes);
         benchmark::RegisterBenchmark(n.c_str(), GraphLatency, op, impl, bytes)
-            ->UseManualTime()->Iterations(30)->Unit(benchmark::kMicrosecond);
+            ->UseManualTime()
+            ->Iterations(30)
+            ->Unit(benchmark::kMicrosecond);
       }
     }
   }
@@ -390,39 +403,40 @@ int main(int argc, char** argv) {
   ranks = std::min(ranks, Communicator::kMaxRanks);
   char dir_template[] = "/tmp/symmpool-bench-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
-  std::string failures = symmpool::test::run_ranks(ranks, 3000, [&](int rank, int world, symmpool::test::Rendezvous& rv) {
-    R.rank = rank;
-    R.world = world;
-    R.nccl = symmpool::test::init_nccl(rank, world, rv, 120);
-    BENCH_CUDA(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
-    R.alloc = &symmpool::device_allocator(rank);
-    symmpool::NcclRegistrationHook hook(R.nccl);  // NCCL gets registered buffers too
-    R.alloc->add_observer(&hook, true);
-    symmpool::detail::ScopeExit detach([&] { R.alloc->remove_observer(&hook, true); });
-    symmpool::FileStore store(dir);
-    symmpool::SymmetricGroup group(symmpool::real_driver(), *R.alloc, store, "bench", rank, world);
-    R.comm = &group.communicator();
+  std::string failures =
+      symmpool::test::run_ranks(ranks, 3000, [&](int rank, int world, symmpool::test::Rendezvous& rv) {
+        R.rank = rank;
+        R.world = world;
+        R.nccl = symmpool::test::init_nccl(rank, world, rv, 120);
+        BENCH_CUDA(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
+        R.alloc = &symmpool::device_allocator(rank);
+        symmpool::NcclRegistrationHook hook(R.nccl);  // NCCL gets registered buffers too
+        R.alloc->add_observer(&hook, true);
+        symmpool::detail::ScopeExit detach([&] { R.alloc->remove_observer(&hook, true); });
+        symmpool::FileStore store(dir);
+        symmpool::SymmetricGroup group(symmpool::real_driver(), *R.alloc, store, "bench", rank, world);
+        R.comm = &group.communicator();
 
-    std::vector<char*> my_args = args;
-    if (rank != 0)  // only rank 0 writes files
-      my_args.erase(std::remove_if(my_args.begin() + 1, my_args.end(),
-                                   [](char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),
-                    my_args.end());
-    int my_argc = static_cast<int>(my_args.size());
-    benchmark::Initialize(&my_argc, my_args.data());
-    symmpool::bench::add_gpu_context();
-    benchmark::AddCustomContext("ranks", std::to_string(world));
-    register_all();
-    if (rank == 0) {
-      benchmark::RunSpecifiedBenchmarks();
-    } else {
-      SilentReporter silent;
-      benchmark::RunSpecifiedBenchmarks(&silent);
-    }
-    benchmark::Shutdown();
-    BENCH_CUDA(cudaStreamSynchronize(R.stream));
-    return 0;
-  });
+        std::vector<char*> my_args = args;
+        if (rank != 0)  // only rank 0 writes files
+          my_args.erase(std::remove_if(my_args.begin() + 1, my_args.end(),
+                                       [](char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),
+                        my_args.end());
+        int my_argc = static_cast<int>(my_args.size());
+        benchmark::Initialize(&my_argc, my_args.data());
+        symmpool::bench::add_gpu_context();
+        benchmark::AddCustomContext("ranks", std::to_string(world));
+        register_all();
+        if (rank == 0) {
+          benchmark::RunSpecifiedBenchmarks();
+        } else {
+          SilentReporter silent;
+          benchmark::RunSpecifiedBenchmarks(&silent);
+        }
+        benchmark::Shutdown();
+        BENCH_CUDA(cudaStreamSynchronize(R.stream));
+        return 0;
+      });
   if (!failures.empty()) {
     std::fprintf(stderr, "symmpool_collectives_bench: %s\n", failures.c_str());
     return 1;

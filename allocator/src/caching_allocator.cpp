@@ -1,11 +1,10 @@
+#include <algorithm>
+#include <cstdio>
+#include <string>
 #include <symmpool/caching_allocator.hpp>
 #include <symmpool/detail/checked_size.hpp>
 #include <symmpool/detail/format.hpp>
 #include <symmpool/error.hpp>
-
-#include <algorithm>
-#include <cstdio>
-#include <string>
 
 namespace symmpool {
 
@@ -61,8 +60,7 @@ CachingAllocator::~CachingAllocator() {
   if (!active_.empty()) {
     std::size_t bytes = 0;
     for (auto& [ptr, block] : active_) bytes += block->size;
-    std::fprintf(stderr,
-                 "symmpool: allocator of device %d destroyed with %zu live allocations (%s)\n",
+    std::fprintf(stderr, "symmpool: allocator of device %d destroyed with %zu live allocations (%s)\n",
                  device(), active_.size(), format_bytes(bytes).c_str());
   }
   try {
@@ -90,10 +88,9 @@ CachingAllocator::Pool& CachingAllocator::pool_of(const Block* block) {
 void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
   if (bytes == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
-  SYMMPOOL_EXPECTS(bytes <= device_total_,
-                   "cannot allocate " + format_bytes(bytes) + ": more than device " +
-                       std::to_string(device()) + "'s total memory of " +
-                       format_bytes(device_total_));
+  SYMMPOOL_EXPECTS(bytes <= device_total_, "cannot allocate " + format_bytes(bytes) + ": more than device " +
+                                               std::to_string(device()) + "'s total memory of " +
+                                               format_bytes(device_total_));
   process_events();
 
   const std::size_t size = round_size(bytes);
@@ -120,8 +117,7 @@ void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
   return reinterpret_cast<void*>(block->ptr);
 }
 
-CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, CUstream stream,
-                                                           std::size_t size) {
+CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, CUstream stream, std::size_t size) {
   Block key;
   key.stream = stream;
   key.size = size;
@@ -130,8 +126,7 @@ CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, CUstream 
   return *it;
 }
 
-CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size,
-                                                             std::size_t requested,
+CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size, std::size_t requested,
                                                              CUstream stream, bool small) {
   const std::size_t want = segment_size_for(size);
   ContextGuard guard(drv_, arena_->context());
@@ -147,14 +142,12 @@ CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size,
   if (segment == nullptr) {
     ++stats_.ooms;
     auto [free_bytes, total_bytes] = arena_->device_memory_info();
-    throw out_of_memory("symmpool: out of memory on device " + std::to_string(device()) +
-                        ": tried to allocate " + format_bytes(requested) + " (a new segment of " +
-                        format_bytes(want) + "); symmpool has " +
-                        format_bytes(static_cast<std::size_t>(stats_.reserved_bytes.current)) +
-                        " reserved, of which " +
-                        format_bytes(static_cast<std::size_t>(stats_.allocated_bytes.current)) +
-                        " allocated; the device has " + format_bytes(free_bytes) + " free of " +
-                        format_bytes(total_bytes));
+    throw out_of_memory(
+        "symmpool: out of memory on device " + std::to_string(device()) + ": tried to allocate " +
+        format_bytes(requested) + " (a new segment of " + format_bytes(want) + "); symmpool has " +
+        format_bytes(static_cast<std::size_t>(stats_.reserved_bytes.current)) + " reserved, of which " +
+        format_bytes(static_cast<std::size_t>(stats_.allocated_bytes.current)) +
+        " allocated; the device has " + format_bytes(free_bytes) + " free of " + format_bytes(total_bytes));
   }
   auto* block = new Block;
   block->ptr = segment->address;
@@ -225,8 +218,7 @@ void CachingAllocator::release(Block* block, CUstream stream) {
 
   // Freed on another stream than its own: that stream's work must finish first.
   if (stream != block->stream &&
-      std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
-          block->stream_uses.end())
+      std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) == block->stream_uses.end())
     block->stream_uses.push_back(stream);
 
   if (block->stream_uses.empty()) {
@@ -294,8 +286,7 @@ void CachingAllocator::record_stream(void* ptr, CUstream stream) {
   if (it == active_.end()) throw_unknown_pointer(ptr, "record_stream on");
   Block* block = it->second;
   if (stream == block->stream) return;
-  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
-      block->stream_uses.end())
+  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) == block->stream_uses.end())
     block->stream_uses.push_back(stream);
 }
 
@@ -391,9 +382,9 @@ void* CachingAllocator::map_internal_segment(int slot) {
 void CachingAllocator::unmap_internal_segment(void* ptr) {
   std::lock_guard<std::mutex> lock(mutex_);
   const Segment* segment = arena_->find(reinterpret_cast<std::uintptr_t>(ptr));
-  SYMMPOOL_EXPECTS(segment != nullptr && arena_->is_internal(*segment) && segment->ptr() == ptr,
-                   detail::format_pointer(ptr) + " is not an internal segment of device " +
-                       std::to_string(device()));
+  SYMMPOOL_EXPECTS(
+      segment != nullptr && arena_->is_internal(*segment) && segment->ptr() == ptr,
+      detail::format_pointer(ptr) + " is not an internal segment of device " + std::to_string(device()));
   ContextGuard guard(drv_, arena_->context());
   stats_.reserved_bytes.add(-static_cast<std::int64_t>(segment->size));
   stats_.segments.add(-1);
@@ -441,8 +432,7 @@ void CachingAllocator::throw_unknown_pointer(const void* ptr, const char* action
                     ": pointer was already freed (double free?)" + where);
   }
   SYMMPOOL_FAIL(std::string(action) + " " + format_pointer(ptr) +
-                ": pointer lies inside a symmpool segment but is not the start of an allocation" +
-                where);
+                ": pointer lies inside a symmpool segment but is not the start of an allocation" + where);
 }
 
 AllocatorStats CachingAllocator::stats() const {

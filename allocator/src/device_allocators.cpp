@@ -1,10 +1,9 @@
-#include <symmpool/detail/format.hpp>
-#include <symmpool/device_allocators.hpp>
-#include <symmpool/error.hpp>
-
 #include <array>
 #include <mutex>
 #include <string>
+#include <symmpool/detail/format.hpp>
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/error.hpp>
 
 namespace symmpool {
 
@@ -63,11 +62,11 @@ void free_on_device(void* ptr, std::size_t bytes, int device, CUstream stream) {
     for (int d = 0; d < kMaxDevices; ++d) {
       CachingAllocator* other = existing(d);
       if (other != nullptr && other->owns(ptr))
-        SYMMPOOL_FAIL("free of " + detail::format_pointer(ptr) + " on device " +
-                      std::to_string(device) + ", but it belongs to device " + std::to_string(d));
+        SYMMPOOL_FAIL("free of " + detail::format_pointer(ptr) + " on device " + std::to_string(device) +
+                      ", but it belongs to device " + std::to_string(d));
     }
-    SYMMPOOL_FAIL("free of " + detail::format_pointer(ptr) + " on device " +
-                  std::to_string(device) + ": pointer was not allocated by symmpool");
+    SYMMPOOL_FAIL("free of " + detail::format_pointer(ptr) + " on device " + std::to_string(device) +
+                  ": pointer was not allocated by symmpool");
   }
   own->deallocate(ptr, bytes, stream);
 }

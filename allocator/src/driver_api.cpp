@@ -1,17 +1,15 @@
-#include <symmpool/driver_api.hpp>
-#include <symmpool/error.hpp>
-
 #include <cuda_runtime_api.h>
 
 #include <mutex>
 #include <string>
+#include <symmpool/driver_api.hpp>
+#include <symmpool/error.hpp>
 
 namespace symmpool {
 
 const char* DriverApi::error_string(CUresult code) const {
   const char* text = nullptr;
-  if (cuGetErrorString != nullptr && cuGetErrorString(code, &text) == CUDA_SUCCESS && text)
-    return text;
+  if (cuGetErrorString != nullptr && cuGetErrorString(code, &text) == CUDA_SUCCESS && text) return text;
   return "unknown CUDA driver error";
 }
 
@@ -29,8 +27,8 @@ void load(Fn& fn, const char* symbol) {
   cudaError_t err =
       cudaGetDriverEntryPointByVersion(symbol, &ptr, kDriverAbiVersion, cudaEnableDefault, &status);
   if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || ptr == nullptr) {
-    throw cuda_error(std::string("symmpool: cannot load CUDA driver entry point ") + symbol +
-                         " (" + cudaGetErrorString(err) + ", query status " +
+    throw cuda_error(std::string("symmpool: cannot load CUDA driver entry point ") + symbol + " (" +
+                         cudaGetErrorString(err) + ", query status " +
                          std::to_string(static_cast<int>(status)) + ")",
                      CUDA_ERROR_NOT_FOUND);
   }

@@ -1,8 +1,7 @@
-#include <symmpool/environment.hpp>
-
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <symmpool/environment.hpp>
 
 namespace symmpool {
 

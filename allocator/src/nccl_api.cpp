@@ -1,10 +1,9 @@
-#include <symmpool/error.hpp>
-#include <symmpool/nccl_api.hpp>
-
 #include <dlfcn.h>
 
 #include <mutex>
 #include <string>
+#include <symmpool/error.hpp>
+#include <symmpool/nccl_api.hpp>
 
 namespace symmpool {
 
@@ -27,8 +26,7 @@ NcclApi load() {
   // share communicators.
   void* library = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
   if (library == nullptr) library = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr)
-    throw nccl_error(std::string("symmpool: cannot load libnccl.so.2: ") + dlerror());
+  if (library == nullptr) throw nccl_error(std::string("symmpool: cannot load libnccl.so.2: ") + dlerror());
   NcclApi api;
   resolve(library, api.commRegister, "ncclCommRegister");
   resolve(library, api.commDeregister, "ncclCommDeregister");

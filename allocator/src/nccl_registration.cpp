@@ -1,12 +1,10 @@
+#include <cstdio>
 #include <symmpool/error.hpp>
 #include <symmpool/nccl_registration.hpp>
 
-#include <cstdio>
-
 namespace symmpool {
 
-NcclRegistrationHook::NcclRegistrationHook(ncclComm_t comm, const NcclApi& nccl)
-    : comm_(comm), nccl_(nccl) {
+NcclRegistrationHook::NcclRegistrationHook(ncclComm_t comm, const NcclApi& nccl) : comm_(comm), nccl_(nccl) {
   SYMMPOOL_EXPECTS(comm != nullptr, "NCCL registration hook needs a communicator, got null");
 }
 

@@ -1,13 +1,12 @@
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <string>
 #include <symmpool/detail/checked_size.hpp>
 #include <symmpool/detail/format.hpp>
 #include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
 #include <symmpool/segment_arena.hpp>
-
-#include <algorithm>
-#include <cstdio>
-#include <numeric>
-#include <string>
 
 namespace symmpool {
 
@@ -45,16 +44,15 @@ SegmentArena::SegmentArena(const DriverApi& drv, int device, ArenaOptions option
     : drv_(drv), device_(device) {
   int count = 0;
   SYMMPOOL_CU_TRY(drv_, cuDeviceGetCount(&count));
-  SYMMPOOL_EXPECTS(device >= 0 && device < count,
-                   "device " + std::to_string(device) + " is not a CUDA device (this process sees " +
-                       std::to_string(count) + ")");
+  SYMMPOOL_EXPECTS(device >= 0 && device < count, "device " + std::to_string(device) +
+                                                      " is not a CUDA device (this process sees " +
+                                                      std::to_string(count) + ")");
   SYMMPOOL_CU_TRY(drv_, cuDeviceGet(&cu_device_, device));
   SYMMPOOL_EXPECTS(
       device_attribute(drv_, cu_device_, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED),
       "device " + std::to_string(device) + " does not support CUDA virtual memory management");
   SYMMPOOL_EXPECTS(
-      device_attribute(drv_, cu_device_,
-                       CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED),
+      device_attribute(drv_, cu_device_, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED),
       "device " + std::to_string(device) + " cannot export memory as POSIX file descriptors");
   fabric_supported_ =
       device_attribute(drv_, cu_device_, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED) != 0;
@@ -64,22 +62,20 @@ SegmentArena::SegmentArena(const DriverApi& drv, int device, ArenaOptions option
   detail::ScopeExit release_context([&] { drv_.cuDevicePrimaryCtxRelease(cu_device_); });
 
   CUmemAllocationProp prop = allocation_prop(cu_device_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  SYMMPOOL_CU_TRY(drv_, cuMemGetAllocationGranularity(&granularity_, &prop,
-                                                      CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  SYMMPOOL_CU_TRY(drv_,
+                  cuMemGetAllocationGranularity(&granularity_, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   if (multicast_.enabled) {
     CUmulticastObjectProp mc{};
     mc.numDevices = 1;
     mc.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     mc.size = granularity_;
     std::size_t mc_granularity = 0;
-    SYMMPOOL_CU_TRY(drv_, cuMulticastGetGranularity(&mc_granularity, &mc,
-                                                    CU_MULTICAST_GRANULARITY_MINIMUM));
+    SYMMPOOL_CU_TRY(drv_, cuMulticastGetGranularity(&mc_granularity, &mc, CU_MULTICAST_GRANULARITY_MINIMUM));
     granularity_ = std::lcm(granularity_, mc_granularity);
   }
 
   if (options.va_reserve_bytes != 0) {
-    va_size_ = detail::round_up_checked(options.va_reserve_bytes, granularity_,
-                                        "virtual range reservation");
+    va_size_ = detail::round_up_checked(options.va_reserve_bytes, granularity_, "virtual range reservation");
   } else {
     ContextGuard guard(drv_, context_);
     std::size_t free_bytes = 0, total_bytes = 0;
@@ -104,8 +100,7 @@ SegmentArena::~SegmentArena() {
     try {
       unmap_segment(segments_.begin()->second.get());
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "symmpool: while destroying the arena of device %d: %s\n", device_,
-                   e.what());
+      std::fprintf(stderr, "symmpool: while destroying the arena of device %d: %s\n", device_, e.what());
       segments_.erase(segments_.begin());
     }
   }
@@ -167,14 +162,12 @@ const Segment* SegmentArena::map_segment_at(std::size_t offset, std::size_t size
 
   CUresult r = create_handle(size, &segment->handle, &segment->handle_types);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
-  if (r != CUDA_SUCCESS)
-    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemCreate", r, drv_.error_string(r));
+  if (r != CUDA_SUCCESS) detail::throw_cuda_error(__FILE__, __LINE__, "cuMemCreate", r, drv_.error_string(r));
   detail::ScopeExit release_handle([&] { drv_.cuMemRelease(segment->handle); });
 
   r = drv_.cuMemMap(segment->address, size, 0, segment->handle, 0);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
-  if (r != CUDA_SUCCESS)
-    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemMap", r, drv_.error_string(r));
+  if (r != CUDA_SUCCESS) detail::throw_cuda_error(__FILE__, __LINE__, "cuMemMap", r, drv_.error_string(r));
   detail::ScopeExit unmap([&] { drv_.cuMemUnmap(segment->address, size); });
 
   CUmemAccessDesc access{};
@@ -204,8 +197,7 @@ const Segment* SegmentArena::map_segment_at(std::size_t offset, std::size_t size
 }
 
 void SegmentArena::announce_unmapping(const Segment& segment) noexcept {
-  for (auto it = observers_.rbegin(); it != observers_.rend(); ++it)
-    (*it)->on_segment_unmapping(segment);
+  for (auto it = observers_.rbegin(); it != observers_.rend(); ++it) (*it)->on_segment_unmapping(segment);
 }
 
 void SegmentArena::unmap_segment(const Segment* segment) {
@@ -224,8 +216,7 @@ void SegmentArena::unmap_segment(const Segment* segment) {
   CUresult unmap_status = drv_.cuMemUnmap(owned->address, owned->size);
   CUresult release_status = drv_.cuMemRelease(owned->handle);
   if (unmap_status != CUDA_SUCCESS)
-    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemUnmap", unmap_status,
-                             drv_.error_string(unmap_status));
+    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemUnmap", unmap_status, drv_.error_string(unmap_status));
   if (release_status != CUDA_SUCCESS)
     detail::throw_cuda_error(__FILE__, __LINE__, "cuMemRelease", release_status,
                              drv_.error_string(release_status));

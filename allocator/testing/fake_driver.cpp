@@ -1,5 +1,3 @@
-#include <symmpool/testing/fake_driver.hpp>
-
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <symmpool/testing/fake_driver.hpp>
 #include <unordered_map>
 
 namespace symmpool::testing {
@@ -76,22 +75,36 @@ int enter(State& s, const char* name) {
   return code;
 }
 
-#define FAKE_ENTER(name)                                    \
-  State& s = state();                                       \
-  std::lock_guard<std::mutex> lock(s.mutex);                \
+#define FAKE_ENTER(name)                     \
+  State& s = state();                        \
+  std::lock_guard<std::mutex> lock(s.mutex); \
   if (int injected = enter(s, name)) return static_cast<decltype(CUDA_SUCCESS)>(injected)
 
 bool valid_device(const State& s, int d) { return d >= 0 && d < s.device_count; }
 
 CUresult fake_cuGetErrorString(CUresult code, const char** str) {
   switch (code) {
-    case CUDA_SUCCESS: *str = "no error"; break;
-    case CUDA_ERROR_INVALID_VALUE: *str = "invalid argument"; break;
-    case CUDA_ERROR_OUT_OF_MEMORY: *str = "out of memory"; break;
-    case CUDA_ERROR_NOT_READY: *str = "device not ready"; break;
-    case CUDA_ERROR_NOT_SUPPORTED: *str = "operation not supported"; break;
-    case CUDA_ERROR_NOT_PERMITTED: *str = "operation not permitted"; break;
-    default: *str = "fake driver error"; break;
+    case CUDA_SUCCESS:
+      *str = "no error";
+      break;
+    case CUDA_ERROR_INVALID_VALUE:
+      *str = "invalid argument";
+      break;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      *str = "out of memory";
+      break;
+    case CUDA_ERROR_NOT_READY:
+      *str = "device not ready";
+      break;
+    case CUDA_ERROR_NOT_SUPPORTED:
+      *str = "operation not supported";
+      break;
+    case CUDA_ERROR_NOT_PERMITTED:
+      *str = "operation not permitted";
+      break;
+    default:
+      *str = "fake driver error";
+      break;
   }
   return CUDA_SUCCESS;
 }
@@ -114,11 +127,20 @@ CUresult fake_cuDeviceGetAttribute(int* value, CUdevice_attribute attr, CUdevice
   if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
   switch (attr) {
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: *value = 1; break;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: *value = s.config.fabric_supported; break;
-    case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: *value = s.config.multicast_supported; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *value = static_cast<int>(dev) + 1; break;  // one fake GPU per ordinal
-    default: *value = 0;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+      *value = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
+      *value = s.config.fabric_supported;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED:
+      *value = s.config.multicast_supported;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+      *value = static_cast<int>(dev) + 1;
+      break;  // one fake GPU per ordinal
+    default:
+      *value = 0;
   }
   return CUDA_SUCCESS;
 }
@@ -167,9 +189,8 @@ CUresult fake_cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size
                           const CUmemAllocationProp* prop, unsigned long long) {
   FAKE_ENTER("cuMemCreate");
   const int d = prop->location.id;
-  if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
-      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(s, d) || size == 0 ||
-      size % s.config.granularity != 0)
+  if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      !valid_device(s, d) || size == 0 || size % s.config.granularity != 0)
     return CUDA_ERROR_INVALID_VALUE;
   if ((prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) && !s.config.fabric_supported)
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -203,8 +224,8 @@ CUresult fake_cuMemRelease(CUmemGenericAllocationHandle h) {
   return CUDA_SUCCESS;
 }
 
-CUresult fake_cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size, std::size_t alignment,
-                                  CUdeviceptr, unsigned long long) {
+CUresult fake_cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size, std::size_t alignment, CUdeviceptr,
+                                  unsigned long long) {
   FAKE_ENTER("cuMemAddressReserve");
   if (size == 0) return CUDA_ERROR_INVALID_VALUE;
   if (alignment == 0) alignment = s.config.granularity;
@@ -246,16 +267,15 @@ CUresult fake_cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
   return CUDA_SUCCESS;
 }
 
-CUresult fake_cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset,
-                       CUmemGenericAllocationHandle h, unsigned long long) {
+CUresult fake_cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUmemGenericAllocationHandle h,
+                       unsigned long long) {
   FAKE_ENTER("cuMemMap");
   auto it = s.handles.find(h);
   if (it == s.handles.end() || it->second.released || offset + size > it->second.size)
     return CUDA_ERROR_INVALID_VALUE;
-  if (!inside_reservation(s, ptr, size) || overlaps_mapping(s, ptr, size))
-    return CUDA_ERROR_INVALID_VALUE;
-  void* p = mmap(reinterpret_cast<void*>(ptr), size, PROT_READ | PROT_WRITE,
-                 MAP_SHARED | MAP_FIXED, it->second.fd, static_cast<off_t>(offset));
+  if (!inside_reservation(s, ptr, size) || overlaps_mapping(s, ptr, size)) return CUDA_ERROR_INVALID_VALUE;
+  void* p = mmap(reinterpret_cast<void*>(ptr), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                 it->second.fd, static_cast<off_t>(offset));
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   ++it->second.mappings;
   s.mappings[ptr] = Mapping{size, h};
@@ -267,8 +287,8 @@ CUresult fake_cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
   auto it = s.mappings.find(ptr);
   if (it == s.mappings.end() || it->second.size != size) return CUDA_ERROR_INVALID_VALUE;
   // Put the hole back as reserved, inaccessible address space.
-  mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
-       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+       -1, 0);
   CUmemGenericAllocationHandle h = it->second.handle;
   s.mappings.erase(it);
   --s.handles[h].mappings;
@@ -280,8 +300,7 @@ CUresult fake_cuMemSetAccess(CUdeviceptr ptr, std::size_t size, const CUmemAcces
                              std::size_t count) {
   FAKE_ENTER("cuMemSetAccess");
   auto it = s.mappings.find(ptr);
-  if (it == s.mappings.end() || it->second.size != size || count == 0 ||
-      !valid_device(s, desc->location.id))
+  if (it == s.mappings.end() || it->second.size != size || count == 0 || !valid_device(s, desc->location.id))
     return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;
 }
@@ -328,9 +347,8 @@ CUresult fake_cuMulticastAddDevice(CUmemGenericAllocationHandle, CUdevice) {
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-CUresult fake_cuMulticastBindMem(CUmemGenericAllocationHandle, std::size_t,
-                                 CUmemGenericAllocationHandle, std::size_t, std::size_t,
-                                 unsigned long long) {
+CUresult fake_cuMulticastBindMem(CUmemGenericAllocationHandle, std::size_t, CUmemGenericAllocationHandle,
+                                 std::size_t, std::size_t, unsigned long long) {
   FAKE_ENTER("cuMulticastBindMem");
   return CUDA_ERROR_NOT_SUPPORTED;
 }
@@ -374,8 +392,7 @@ CUresult fake_cuEventSynchronize(CUevent e) {
 
 CUresult fake_cuEventDestroy(CUevent e) {
   FAKE_ENTER("cuEventDestroy");
-  return s.events.erase(reinterpret_cast<std::uintptr_t>(e)) ? CUDA_SUCCESS
-                                                             : CUDA_ERROR_INVALID_HANDLE;
+  return s.events.erase(reinterpret_cast<std::uintptr_t>(e)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
 CUresult fake_cuStreamWriteValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) {
@@ -396,13 +413,12 @@ DriverApi make_api() {
   return d;
 }
 
-#define FAKE_NCCL_ENTER(name)                  \
-  State& s = state();                          \
-  std::lock_guard<std::mutex> lock(s.mutex);   \
+#define FAKE_NCCL_ENTER(name)                \
+  State& s = state();                        \
+  std::lock_guard<std::mutex> lock(s.mutex); \
   if (int injected = enter(s, name)) return static_cast<ncclResult_t>(injected)
 
-ncclResult_t fake_ncclCommRegister(const ncclComm_t comm, void* buff, std::size_t size,
-                                   void** handle) {
+ncclResult_t fake_ncclCommRegister(const ncclComm_t comm, void* buff, std::size_t size, void** handle) {
   FAKE_NCCL_ENTER("ncclCommRegister");
   if (comm == nullptr || buff == nullptr || size == 0) return ncclInvalidArgument;
   std::uintptr_t id = s.next_registration++;
@@ -415,7 +431,7 @@ ncclResult_t fake_ncclCommDeregister(const ncclComm_t comm, void* handle) {
   FAKE_NCCL_ENTER("ncclCommDeregister");
   if (comm == nullptr) return ncclInvalidArgument;
   return s.nccl_registrations.erase(reinterpret_cast<std::uintptr_t>(handle)) ? ncclSuccess
-                                                                               : ncclInvalidArgument;
+                                                                              : ncclInvalidArgument;
 }
 
 const char* fake_ncclGetErrorString(ncclResult_t code) {
@@ -454,8 +470,7 @@ const DriverApi& FakeDriver::api() const {
 }
 
 const NcclApi& FakeDriver::nccl() const {
-  static const NcclApi api{&fake_ncclCommRegister, &fake_ncclCommDeregister,
-                           &fake_ncclGetErrorString};
+  static const NcclApi api{&fake_ncclCommRegister, &fake_ncclCommDeregister, &fake_ncclGetErrorString};
   return api;
 }
 
@@ -507,9 +522,9 @@ std::size_t FakeDriver::used_memory(int device) const {
   return s.used.at(static_cast<std::size_t>(device));
 }
 
-#define FAKE_SIZE_OF(member)                  \
-  State& s = state();                         \
-  std::lock_guard<std::mutex> lock(s.mutex);  \
+#define FAKE_SIZE_OF(member)                 \
+  State& s = state();                        \
+  std::lock_guard<std::mutex> lock(s.mutex); \
   return s.member.size()
 
 std::size_t FakeDriver::live_handles() const { FAKE_SIZE_OF(handles); }

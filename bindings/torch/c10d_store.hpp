@@ -3,7 +3,6 @@
 // exchanges its metadata where torch.distributed already rendezvoused.
 
 #include <symmpool/store.hpp>
-
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace symmpool::torch_ext {
@@ -20,8 +19,8 @@ class C10dStore final : public Store {
     try {
       store_->wait({key}, timeout);
     } catch (const c10::Error& e) {
-      throw timeout_error("symmpool: waiting " + std::to_string(timeout.count()) +
-                          " ms for store key '" + key + "' failed: " + e.what_without_backtrace());
+      throw timeout_error("symmpool: waiting " + std::to_string(timeout.count()) + " ms for store key '" +
+                          key + "' failed: " + e.what_without_backtrace());
     }
     auto value = store_->get(key);
     return std::string(value.begin(), value.end());

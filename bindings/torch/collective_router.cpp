@@ -1,12 +1,12 @@
 #include "collective_router.hpp"
 
-#include "torch_errors.hpp"
-
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <atomic>
 #include <cstdio>
+
+#include "torch_errors.hpp"
 
 namespace symmpool::torch_ext {
 
@@ -17,10 +17,14 @@ std::array<std::atomic<std::uint64_t>, kRouteReasons> decisions{};
 
 std::optional<DataType> symmpool_type(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return DataType::kFloat32;
-    case at::kHalf: return DataType::kFloat16;
-    case at::kBFloat16: return DataType::kBFloat16;
-    default: return std::nullopt;
+    case at::kFloat:
+      return DataType::kFloat32;
+    case at::kHalf:
+      return DataType::kFloat16;
+    case at::kBFloat16:
+      return DataType::kBFloat16;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -52,7 +56,8 @@ RouteDecision CollectiveRouter::route(CollectiveKind kind, const at::Tensor& out
   call.output_numel = output.numel();
   call.element_size = input.element_size();
   RouteDecision decision = route_by_shape(call, settings_);
-  if (decision.engine == Engine::kSymmpool) decision = run_on_symmpool(kind, output, input, type, op, decision);
+  if (decision.engine == Engine::kSymmpool)
+    decision = run_on_symmpool(kind, output, input, type, op, decision);
   record(kind, table_bytes(call), decision);
   return decision;
 }
@@ -66,7 +71,8 @@ RouteDecision CollectiveRouter::run_on_symmpool(CollectiveKind kind, const at::T
   if (!comm) return nccl(RouteReason::kGroupSpansNodes);
   // Plain tensors go to NCCL without asking the peers (they pass plain
   // tensors too, or the call numbers stop matching and the group fails).
-  if (!comm->in_heap(input.data_ptr(), input.nbytes()) || !comm->in_heap(output.data_ptr(), output.nbytes())) {
+  if (!comm->in_heap(input.data_ptr(), input.nbytes()) ||
+      !comm->in_heap(output.data_ptr(), output.nbytes())) {
     comm->count_call_run_elsewhere();
     return nccl(RouteReason::kNotInHeap);
   }
@@ -104,7 +110,8 @@ void CollectiveRouter::record(CollectiveKind kind, std::size_t bytes, RouteDecis
       decisions[static_cast<int>(decision.reason)].fetch_add(1, std::memory_order_relaxed) + 1;
   if (!trace_) return;
   const std::string& name = group_.getGroupDesc().empty() ? group_.getGroupUid() : group_.getGroupDesc();
-  std::fprintf(stderr, "[rank %d] symm routing: group %s (%d ranks) %s of %zu bytes -> %s: %s (%llu so far)\n",
+  std::fprintf(stderr,
+               "[rank %d] symm routing: group %s (%d ranks) %s of %zu bytes -> %s: %s (%llu so far)\n",
                group_.getRank(), name.c_str(), group_.getSize(), to_string(kind), bytes,
                decision.engine == Engine::kSymmpool ? "symmpool" : "NCCL", to_string(decision.reason),
                static_cast<unsigned long long>(seen));

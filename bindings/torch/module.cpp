@@ -1,15 +1,14 @@
 // symmpool._C: the "symm" backend factory, allocator and routing statistics.
 
-#include "symm_backend.hpp"
-#include "torch_errors.hpp"
-
-#include <symmpool/algorithm_table.hpp>
-#include <symmpool/device_allocators.hpp>
-
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <symmpool/algorithm_table.hpp>
+#include <symmpool/device_allocators.hpp>
 #include <vector>
+
+#include "symm_backend.hpp"
+#include "torch_errors.hpp"
 
 namespace py = pybind11;
 using symmpool::torch_ext::call_translating_errors;
@@ -33,8 +32,8 @@ symmpool::CachingAllocator* existing_allocator(int device) {
 
 py::dict memory_stats(int device) {
   symmpool::CachingAllocator* allocator = existing_allocator(device);
-  auto st = allocator ? call_translating_errors([&] { return allocator->stats(); })
-                      : symmpool::AllocatorStats{};
+  auto st =
+      allocator ? call_translating_errors([&] { return allocator->stats(); }) : symmpool::AllocatorStats{};
   auto reg = symmpool::torch_ext::registration_counts_of_all_backends();
   py::dict d;
   d["allocated_bytes"] = stat_dict(st.allocated_bytes);
@@ -87,8 +86,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "reset_peak_memory_stats",
       [](int device) {
-        if (symmpool::CachingAllocator* allocator = existing_allocator(device))
-          allocator->reset_peak_stats();
+        if (symmpool::CachingAllocator* allocator = existing_allocator(device)) allocator->reset_peak_stats();
       },
       py::arg("device"));
   m.def(
@@ -109,8 +107,9 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "multicast_status",
       [](int device) {
-        const auto& mc = call_translating_errors(
-            [&]() -> const symmpool::MulticastDecision& { return symmpool::device_allocator(device).multicast(); });
+        const auto& mc = call_translating_errors([&]() -> const symmpool::MulticastDecision& {
+          return symmpool::device_allocator(device).multicast();
+        });
         return py::make_tuple(mc.enabled, mc.reason);
       },
       py::arg("device"));

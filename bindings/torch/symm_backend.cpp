@@ -1,24 +1,23 @@
 #include "symm_backend.hpp"
 
-#include "c10d_store.hpp"
-#include "symm_work.hpp"
-#include "torch_errors.hpp"
-
-#include <symmpool/detail/failure_record.hpp>
-#include <symmpool/device_allocators.hpp>
-
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <limits>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <set>
+#include <symmpool/detail/failure_record.hpp>
+#include <symmpool/device_allocators.hpp>
+
+#include "c10d_store.hpp"
+#include "symm_work.hpp"
+#include "torch_errors.hpp"
 
 namespace symmpool::torch_ext {
 
@@ -71,7 +70,8 @@ c10::intrusive_ptr<c10d::Backend> SymmBackend::split(const c10::intrusive_ptr<c1
   }
   auto nccl_options = c10::dynamic_intrusive_pointer_cast<Options>(opts);
   TORCH_CHECK(nccl_options, "symm split: the options are not ProcessGroupNCCL.Options");
-  const std::vector<std::uint64_t>& parent_globals = getOptions()->global_ranks_in_group;  // empty: the default group
+  const std::vector<std::uint64_t>& parent_globals =
+      getOptions()->global_ranks_in_group;  // empty: the default group
   std::vector<std::uint64_t> global_ranks;
   for (int r : ranks)
     global_ranks.push_back(parent_globals.empty() ? static_cast<std::uint64_t>(r)
@@ -212,8 +212,7 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::_allgather_base(at::Tensor& output, 
 }
 
 c10::intrusive_ptr<c10d::Work> SymmBackend::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& opts) {
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(!inputs.empty(), "symm allgather_into_tensor_coalesced: no tensors");
   return registering(inputs[0].device(), [&] {
     router_.route_several(CollectiveKind::kAllGather, outputs);
@@ -221,8 +220,8 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::allgather_into_tensor_coalesced(
   });
 }
 
-c10::intrusive_ptr<c10d::Work> SymmBackend::_reduce_scatter_base(
-    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+c10::intrusive_ptr<c10d::Work> SymmBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                 const c10d::ReduceScatterOptions& opts) {
   return registering(input.device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
     if (auto work = on_symmpool(CollectiveKind::kReduceScatter, output, input, opts.reduceOp,
                                 c10d::OpType::_REDUCE_SCATTER_BASE))
@@ -260,8 +259,10 @@ void SymmBackend::raise_if_failed() const {
 Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   if (spans_nodes_) return nullptr;
   if (group_) {
-    TORCH_CHECK(device == heap_device_, "symm collectives use one device per process group: this "
-                "group's heap is on cuda:", int(heap_device_), ", got cuda:", int(device));
+    TORCH_CHECK(device == heap_device_,
+                "symm collectives use one device per process group: this "
+                "group's heap is on cuda:",
+                int(heap_device_), ", got cuda:", int(device));
     return &group_->communicator();
   }
   // Collective: every rank reaches its first routed collective together.
@@ -269,7 +270,7 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   // NCCL's collectives do; whole seconds, at least one.
   const auto group_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(getOptions()->timeout);
   const std::chrono::seconds timeout(std::clamp<std::int64_t>((group_timeout.count() + 999) / 1000, 1,
-                                                               Communicator::kLongestBarrierTimeout.count()));
+                                                              Communicator::kLongestBarrierTimeout.count()));
   // The first routed collective may come inside torch.cuda.graph: setup
   // (address reservations, mappings, host allocations) touches no captured
   // stream, so let it run, as ProcessGroupNCCL does for NCCL's setup.
@@ -285,8 +286,10 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   options.on_failure = [abort_process, rank = getRank()](const std::string& message) {
     std::fprintf(stderr, "[rank %d] %s\n", rank, message.c_str());
     if (abort_process) {
-      std::fprintf(stderr, "[rank %d] symm: aborting the process (TORCH_NCCL_ASYNC_ERROR_HANDLING; set it to 0 "
-                   "to raise from wait() and the next collective instead)\n", rank);
+      std::fprintf(stderr,
+                   "[rank %d] symm: aborting the process (TORCH_NCCL_ASYNC_ERROR_HANDLING; set it to 0 "
+                   "to raise from wait() and the next collective instead)\n",
+                   rank);
       std::fflush(stderr);
       std::abort();
     }

@@ -9,18 +9,16 @@
 // runs on NCCL. A failed symmpool collective fails the group for good: every
 // later collective raises its error.
 
-#include "collective_router.hpp"
-
-#include <symmpool/symmetric_group.hpp>
-#include <symmpool/detail/failure_record.hpp>
-#include <symmpool/nccl_registration.hpp>
-
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-
 #include <map>
 #include <memory>
 #include <mutex>
+#include <symmpool/detail/failure_record.hpp>
+#include <symmpool/nccl_registration.hpp>
+#include <symmpool/symmetric_group.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <vector>
+
+#include "collective_router.hpp"
 
 namespace symmpool::torch_ext {
 
@@ -46,11 +44,11 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
                                            const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
-      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override;
@@ -85,7 +83,7 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   std::unique_ptr<Store> heap_store_;
   std::unique_ptr<SymmetricGroup> group_;  // made by the first call that may run on symmpool
   c10::DeviceIndex heap_device_ = -1;
-  bool spans_nodes_ = false;  // found when the heap formed: every call goes to NCCL
+  bool spans_nodes_ = false;    // found when the heap formed: every call goes to NCCL
   bool blocking_wait_ = false;  // TORCH_NCCL_BLOCKING_WAIT: wait() blocks the host
   std::shared_ptr<const detail::FailureRecord> failure_;  // the communicator's, kept after it goes
 };

@@ -11,8 +11,12 @@ namespace symmpool::torch_ext {
 SymmWork::SymmWork(std::vector<at::Tensor> outputs, c10d::OpType type, std::uint64_t sequence,
                    c10::cuda::CUDAStream stream, std::shared_ptr<const detail::FailureRecord> failure,
                    bool blocking_wait)
-    : Work(-1, type), outputs_(std::move(outputs)), sequence_(sequence), stream_(stream),
-      failure_(std::move(failure)), blocking_wait_(blocking_wait) {
+    : Work(-1, type),
+      outputs_(std::move(outputs)),
+      sequence_(sequence),
+      stream_(stream),
+      failure_(std::move(failure)),
+      blocking_wait_(blocking_wait) {
   done_.record(stream);
 }
 

@@ -2,20 +2,19 @@
 // barriers, or one kernel (small messages) reads every peer and meets them
 // inside.
 
+#include <symmpool/algorithm_table.hpp>
+#include <symmpool/communicator.hpp>
+#include <symmpool/error.hpp>
+#include <vector>
+
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
 #include "kernels.hpp"
 
-#include <symmpool/algorithm_table.hpp>
-#include <symmpool/communicator.hpp>
-#include <symmpool/error.hpp>
-
-#include <vector>
-
 namespace symmpool {
 
-void Communicator::all_gather(const void* in, void* out, std::size_t bytes_per_rank,
-                              cudaStream_t stream, Algorithm algorithm, BarrierKind kind) {
+void Communicator::all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
+                              Algorithm algorithm, BarrierKind kind) {
   check_errors();
   begin_call("all_gather");
   if (bytes_per_rank == 0) return;
@@ -27,18 +26,16 @@ void Communicator::enqueue_all_gather(const void* in, void* out, std::size_t byt
                                       cudaStream_t stream, Algorithm algorithm, BarrierKind kind) {
   const int n = world(), me = rank();
   const std::size_t total = bytes_per_rank * static_cast<std::size_t>(n);
-  if (algorithm == Algorithm::kAuto)
-    algorithm = choose_algorithm(CollectiveKind::kAllGather, total, n);
-  detail::expect_algorithm(algorithm == Algorithm::kCopyEnginePull || algorithm == Algorithm::kCopyEnginePush ||
-                               algorithm == Algorithm::kKernel,
+  if (algorithm == Algorithm::kAuto) algorithm = choose_algorithm(CollectiveKind::kAllGather, total, n);
+  detail::expect_algorithm(algorithm == Algorithm::kCopyEnginePull ||
+                               algorithm == Algorithm::kCopyEnginePush || algorithm == Algorithm::kKernel,
                            algorithm, "all_gather");
   auto slice = [&](int p) { return static_cast<std::size_t>(p) * bytes_per_rank; };
   // In place (FSDP2's way), each rank's input is its own slice of the output,
   // so peer p's input is its output's slice p; otherwise the inputs must be
   // symmetric themselves.
   const bool in_place = in == detail::at(out, slice(me));
-  if (in_place || algorithm == Algorithm::kCopyEnginePush)
-    require_symmetric(out, total, "all_gather output");
+  if (in_place || algorithm == Algorithm::kCopyEnginePush) require_symmetric(out, total, "all_gather output");
   if (!in_place && algorithm != Algorithm::kCopyEnginePush)
     require_symmetric(in, bytes_per_rank, "all_gather input");
   auto peer_input = [&](int p) {

@@ -2,17 +2,16 @@
 // operations (SM-free) between the steps of a collective, and the BlockSync
 // that lets a kernel meet its peers itself.
 
-#include "failure_monitor.hpp"
-#include "kernels.hpp"
-#include "stream_op_watchdog.hpp"
-
-#include <symmpool/communicator.hpp>
-#include <symmpool/error.hpp>
-#include <symmpool/detail/scope_exit.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <symmpool/communicator.hpp>
+#include <symmpool/detail/scope_exit.hpp>
+#include <symmpool/error.hpp>
+
+#include "failure_monitor.hpp"
+#include "kernels.hpp"
+#include "stream_op_watchdog.hpp"
 
 namespace symmpool {
 
@@ -94,8 +93,8 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
                                               CU_STREAM_WRITE_VALUE_DEFAULT));
   }
   for (int p = 0; p < n; ++p) {
-    SYMMPOOL_CU_TRY(drv, cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(pads_ + row + p),
-                                             epoch, CU_STREAM_WAIT_VALUE_GEQ));
+    SYMMPOOL_CU_TRY(drv, cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(pads_ + row + p), epoch,
+                                             CU_STREAM_WAIT_VALUE_GEQ));
   }
   if (!watchdog_)
     watchdog_ = std::make_unique<detail::StreamOpWatchdog>(

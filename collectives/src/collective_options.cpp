@@ -1,8 +1,7 @@
-#include <symmpool/collective_options.hpp>
-#include <symmpool/error.hpp>
-
 #include <exception>
 #include <string>
+#include <symmpool/collective_options.hpp>
+#include <symmpool/error.hpp>
 
 namespace symmpool {
 
@@ -27,9 +26,10 @@ int setting(const std::string& text, const char* name, int fallback, int lowest,
 }
 
 void expect_in_range(long long value, long long lowest, long long highest, const char* field) {
-  SYMMPOOL_EXPECTS(value >= lowest && value <= highest,
-                   std::string("symmpool: CollectiveOptions::") + field + " must be " + std::to_string(lowest) +
-                       " to " + std::to_string(highest) + ", got " + std::to_string(value));
+  SYMMPOOL_EXPECTS(value >= lowest && value <= highest, std::string("symmpool: CollectiveOptions::") + field +
+                                                            " must be " + std::to_string(lowest) + " to " +
+                                                            std::to_string(highest) + ", got " +
+                                                            std::to_string(value));
 }
 
 }  // namespace
@@ -50,7 +50,8 @@ CollectiveOptions CollectiveOptions::from_environment() { return from(Environmen
 void CollectiveOptions::check() const {
   expect_in_range(max_blocks, 1, kLargestGrid, "max_blocks");
   expect_in_range(copy_streams, 1, kMostCopyStreams, "copy_streams");
-  if (barrier_timeout) expect_in_range(barrier_timeout->count(), 1, kLongestTimeoutSeconds, "barrier_timeout");
+  if (barrier_timeout)
+    expect_in_range(barrier_timeout->count(), 1, kLongestTimeoutSeconds, "barrier_timeout");
 }
 
 }  // namespace symmpool

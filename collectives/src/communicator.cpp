@@ -4,20 +4,19 @@
 // two_step.cpp (reduce_scatter), two_shot.cpp (all_reduce), one_shot.cpp
 // (both), with reduction.cpp and scratch.cpp for what they share.
 
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <symmpool/communicator.hpp>
+#include <symmpool/detail/scope_exit.hpp>
+#include <symmpool/error.hpp>
+
 #include "copy_streams.hpp"
 #include "failure_monitor.hpp"
 #include "issue_order.hpp"
-#include "stream_op_watchdog.hpp"
 #include "relaxed_capture.hpp"
-
-#include <symmpool/communicator.hpp>
-#include <symmpool/error.hpp>
-#include <symmpool/detail/scope_exit.hpp>
-
-#include <cstdio>
-#include <cstdint>
-#include <functional>
-#include <string>
+#include "stream_op_watchdog.hpp"
 
 namespace symmpool {
 
@@ -27,19 +26,18 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
     : heap_(heap), allocator_(allocator) {
   const int longest = static_cast<int>(kLongestBarrierTimeout.count());
   SYMMPOOL_EXPECTS(barrier_timeout.count() >= 1 && barrier_timeout.count() <= longest,
-                   "symmpool: the barrier timeout must be 1 to " + std::to_string(longest) +
-                       " s, got " + std::to_string(barrier_timeout.count()) + " s");
+                   "symmpool: the barrier timeout must be 1 to " + std::to_string(longest) + " s, got " +
+                       std::to_string(barrier_timeout.count()) + " s");
   options.check();  // from_environment() checked its own; options set in code may be off
   max_blocks_ = options.max_blocks;
   timeout_seconds_ = static_cast<int>(options.barrier_timeout.value_or(barrier_timeout).count());
-  SYMMPOOL_EXPECTS(world() <= kMaxRanks, "symmpool collectives support up to " +
-                                             std::to_string(kMaxRanks) + " ranks, got " +
-                                             std::to_string(world()));
+  SYMMPOOL_EXPECTS(world() <= kMaxRanks, "symmpool collectives support up to " + std::to_string(kMaxRanks) +
+                                             " ranks, got " + std::to_string(world()));
   int device = -1;
   SYMMPOOL_CUDA_TRY(cudaGetDevice(&device));
-  SYMMPOOL_EXPECTS(device == allocator_.device(),
-                   "the current device is " + std::to_string(device) + " but the heap is on device " +
-                       std::to_string(allocator_.device()));
+  SYMMPOOL_EXPECTS(device == allocator_.device(), "the current device is " + std::to_string(device) +
+                                                      " but the heap is on device " +
+                                                      std::to_string(allocator_.device()));
   // A group's first collective may come inside a graph capture (torch.cuda.graph
   // around a model's first step): setup must not touch any stream being captured.
   detail::RelaxedCaptureMode relaxed;
@@ -159,10 +157,11 @@ bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* 
 void Communicator::require_symmetric(const void* ptr, std::size_t bytes, const char* what) {
   if (is_symmetric(ptr, bytes, what)) return;
   auto it = checked_.find({ptr, bytes});
-  throw not_symmetric_error(it != checked_.end()
-                                ? it->second
-                                : "symmpool " + call_label() + ": buffer '" + what + "' (" + std::to_string(bytes) +
-                                      " bytes) is not in the symmetric heap of rank " + std::to_string(rank()));
+  throw not_symmetric_error(it != checked_.end() ? it->second
+                                                 : "symmpool " + call_label() + ": buffer '" + what + "' (" +
+                                                       std::to_string(bytes) +
+                                                       " bytes) is not in the symmetric heap of rank " +
+                                                       std::to_string(rank()));
 }
 
 }  // namespace symmpool

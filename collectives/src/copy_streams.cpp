@@ -1,8 +1,7 @@
 #include "copy_streams.hpp"
 
-#include <symmpool/error.hpp>
-
 #include <algorithm>
+#include <symmpool/error.hpp>
 
 namespace symmpool::detail {
 
@@ -30,7 +29,8 @@ CopyStreams::~CopyStreams() {
 
 void CopyStreams::issue(const std::vector<Copy>& copies, cudaStream_t stream) {
   auto copy = [](const Copy& c, std::size_t from, std::size_t bytes, cudaStream_t s) {
-    if (bytes > 0) copy_on(s, static_cast<char*>(c.dst) + from, static_cast<const char*>(c.src) + from, bytes);
+    if (bytes > 0)
+      copy_on(s, static_cast<char*>(c.dst) + from, static_cast<const char*>(c.src) + from, bytes);
   };
   if (side_.empty()) {
     for (const Copy& c : copies) copy(c, 0, c.bytes, stream);

@@ -1,8 +1,7 @@
 #include "failure_monitor.hpp"
 
-#include <symmpool/error.hpp>
-
 #include <cstdio>
+#include <symmpool/error.hpp>
 
 namespace symmpool::detail {
 
@@ -45,7 +44,11 @@ bool FailureRecord::set(const std::string& message) {
 
 FailureMonitor::FailureMonitor(int device, int rank, int world, std::chrono::seconds timeout,
                                ErrorWords* words, Handler handler)
-    : device_(device), rank_(rank), world_(world), timeout_(timeout), words_(words),
+    : device_(device),
+      rank_(rank),
+      world_(world),
+      timeout_(timeout),
+      words_(words),
       handler_(std::move(handler)) {
   thread_ = std::thread([this] { watch(); });
 }
@@ -92,8 +95,7 @@ std::uint64_t FailureMonitor::issued() const {
 }
 
 void FailureMonitor::retire_finished() {
-  while (!entries_.empty() && entries_.front().done &&
-         cudaEventQuery(entries_.front().done) == cudaSuccess) {
+  while (!entries_.empty() && entries_.front().done && cudaEventQuery(entries_.front().done) == cudaSuccess) {
     spare_events_.push_back(entries_.front().done);
     entries_.pop_front();
   }
@@ -109,8 +111,8 @@ std::string FailureMonitor::describe_unfinished() {
     return "a collective (none issued eagerly is unfinished: a CUDA graph replay?) after #" +
            std::to_string(next_seq_ - 1);
   const Entry& e = entries_.front();
-  return std::string(e.op) + " #" + std::to_string(e.seq) + " (" + std::to_string(e.bytes) +
-         " bytes; " + std::to_string(next_seq_ - 1) + " issued)";
+  return std::string(e.op) + " #" + std::to_string(e.seq) + " (" + std::to_string(e.bytes) + " bytes; " +
+         std::to_string(next_seq_ - 1) + " issued)";
 }
 
 void FailureMonitor::fail_missing(int missing_rank) {
@@ -123,9 +125,9 @@ void FailureMonitor::fail_missing(int missing_rank) {
 
 void FailureMonitor::fail(const std::string& reason) {
   if (volatile_read(words_->missing) == 0) volatile_write(words_->missing, -1);  // kernels drain
-  finish_failure("symmpool: communicator of rank " + std::to_string(rank_) + " of " +
-                 std::to_string(world_) + " failed after " + std::to_string(issued()) +
-                 " collectives: " + reason + "; the communicator is unusable");
+  finish_failure("symmpool: communicator of rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
+                 " failed after " + std::to_string(issued()) + " collectives: " + reason +
+                 "; the communicator is unusable");
 }
 
 void FailureMonitor::finish_failure(const std::string& message) {

@@ -28,7 +28,7 @@ class IssueOrder {
   void end(cudaStream_t stream, unsigned long long capture);
 
  private:
-  cudaEvent_t eager_ = nullptr;     // end of the last collective issued outside captures
+  cudaEvent_t eager_ = nullptr;  // end of the last collective issued outside captures
   bool eager_recorded_ = false;
   cudaEvent_t captured_ = nullptr;  // end of the last collective issued in capture `capture_id_`
   unsigned long long capture_id_ = 0;

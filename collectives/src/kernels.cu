@@ -1,10 +1,10 @@
-#include "kernels.hpp"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda/atomic>
 
 #include <algorithm>
+#include <cuda/atomic>
+
+#include "kernels.hpp"
 
 namespace symmpool::detail {
 
@@ -30,7 +30,8 @@ using SystemWord = cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system>;
 // release only where this kernel wrote data a peer reads after it, and a
 // wait an acquire only where this kernel reads peers' data after it; what
 // earlier kernels and copies wrote is ordered by the stream itself.
-__device__ __forceinline__ void signal(std::uint32_t* pad, std::uint32_t epoch, cuda::std::memory_order order) {
+__device__ __forceinline__ void signal(std::uint32_t* pad, std::uint32_t epoch,
+                                       cuda::std::memory_order order) {
   SystemWord(*pad).store(epoch, order);
 }
 
@@ -43,8 +44,9 @@ constexpr long long kFlagLookCycles = 2'000'000;
 // one then drain instead of each waiting out its own timeout. error_flag
 // points at ErrorWords (failure_monitor.hpp): [0] missing rank + 1, [1] the
 // host's acknowledgement.
-__device__ __forceinline__ void wait_for(std::uint32_t* pad, std::uint32_t epoch, cuda::std::memory_order order,
-                                         int peer, int* error_flag, long long timeout_cycles) {
+__device__ __forceinline__ void wait_for(std::uint32_t* pad, std::uint32_t epoch,
+                                         cuda::std::memory_order order, int peer, int* error_flag,
+                                         long long timeout_cycles) {
   SystemWord word(*pad);
   const long long start = clock64();
   long long next_look = start + kFlagLookCycles;
@@ -122,15 +124,35 @@ struct BlockMeeting {
   }
 };
 
-template <typename T> __device__ __forceinline__ float to_float(T v);
-template <> __device__ __forceinline__ float to_float(float v) { return v; }
-template <> __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-template <> __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_float(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float(float v) { return v; }
-template <> __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_float(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // The reduce kernel's scalars. Its pointer arrays and BlockSync stay
 // parameters of their own: with all of ReduceLaunch as one parameter, the
@@ -259,8 +281,8 @@ cudaError_t launch_reduce(const ReduceLaunch& launch, cudaStream_t stream) {
   return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, char* dst,
-                               std::size_t bytes, int world, cudaStream_t stream) {
+cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, char* dst, std::size_t bytes,
+                               int world, cudaStream_t stream) {
   bool vectorized = aligned16(dst) && bytes % 16 == 0;
   for (int p = 0; p < world; ++p) vectorized = vectorized && aligned16(src.ptr[p]);
   const int blocks = grid_for(bytes / 16 + 1, kMaxSyncBlocks);  // equal on every rank

@@ -4,13 +4,12 @@
 // ready everywhere) and at their end (nobody reads or writes a peer any
 // more); otherwise the caller brackets them with launch_barrier.
 
-#include <symmpool/collective_types.hpp>
-#include <symmpool/detail/peer_pointers.hpp>
-
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <symmpool/collective_types.hpp>
+#include <symmpool/detail/peer_pointers.hpp>
 
 namespace symmpool::detail {
 
@@ -24,10 +23,10 @@ cudaError_t launch_barrier(const PeerSignals& signals, int world, std::uint32_t*
 //   out_o[dst_offset + i] = scale * sum_p in_p[src_offset + i], in fp32
 // (offsets and counts in elements of `type`).
 struct ReduceLaunch {
-  BlockSync sync;                // enabled: the kernel meets its peers itself
-  PeerPointers in{};             // `world` inputs
+  BlockSync sync;     // enabled: the kernel meets its peers itself
+  PeerPointers in{};  // `world` inputs
   std::size_t src_offset = 0;
-  OutPointers out{};             // `n_outs` outputs
+  OutPointers out{};  // `n_outs` outputs
   int n_outs = 1;
   std::size_t dst_offset = 0;
   std::size_t count = 0;
@@ -37,12 +36,12 @@ struct ReduceLaunch {
   int world = 0;
   DataType type = DataType::kFloat32;
   float scale = 1.0f;
-  int max_blocks = 0;            // the grid's cap without sync
+  int max_blocks = 0;  // the grid's cap without sync
 };
 cudaError_t launch_reduce(const ReduceLaunch& launch, cudaStream_t stream);
 
 // dst[p * bytes, (p + 1) * bytes) = src_p[0, bytes) for every p < world.
-cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, char* dst,
-                               std::size_t bytes, int world, cudaStream_t stream);
+cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, char* dst, std::size_t bytes,
+                               int world, cudaStream_t stream);
 
 }  // namespace symmpool::detail

@@ -1,9 +1,10 @@
 // What the reduction algorithms (one_shot.cpp, two_shot.cpp, two_step.cpp) share.
 
-#include "kernels.hpp"
 #include "reduction.hpp"
 
 #include <symmpool/communicator.hpp>
+
+#include "kernels.hpp"
 
 namespace symmpool {
 

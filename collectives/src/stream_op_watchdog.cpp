@@ -1,9 +1,8 @@
 #include "stream_op_watchdog.hpp"
 
-#include <symmpool/error.hpp>
-
 #include <cstdio>
 #include <exception>
+#include <symmpool/error.hpp>
 #include <vector>
 
 namespace symmpool::detail {
@@ -11,9 +10,15 @@ namespace symmpool::detail {
 StreamOpWatchdog::StreamOpWatchdog(const DriverApi& drv, int device, std::uint32_t* row, int world,
                                    const int* error_flag, std::chrono::seconds timeout,
                                    std::function<void(int)> on_timeout)
-    : drv_(drv), device_(device), row_(row), world_(world), error_flag_(error_flag), timeout_(timeout),
+    : drv_(drv),
+      device_(device),
+      row_(row),
+      world_(world),
+      error_flag_(error_flag),
+      timeout_(timeout),
       on_timeout_(std::move(on_timeout)) {
-  SYMMPOOL_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&passed_), sizeof(std::uint32_t), cudaHostAllocMapped));
+  SYMMPOOL_CUDA_TRY(
+      cudaHostAlloc(reinterpret_cast<void**>(&passed_), sizeof(std::uint32_t), cudaHostAllocMapped));
   *passed_ = 0;
   void* device_view = nullptr;
   SYMMPOOL_CUDA_TRY(cudaHostGetDevicePointer(&device_view, passed_, 0));
@@ -33,7 +38,8 @@ StreamOpWatchdog::~StreamOpWatchdog() {
 
 void StreamOpWatchdog::enqueue_passed(CUstream stream, std::uint32_t epoch) {
   issued_.store(epoch);
-  SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(stream, passed_on_device_, epoch, CU_STREAM_WRITE_VALUE_DEFAULT));
+  SYMMPOOL_CU_TRY(drv_,
+                  cuStreamWriteValue32(stream, passed_on_device_, epoch, CU_STREAM_WRITE_VALUE_DEFAULT));
 }
 
 void StreamOpWatchdog::watch() {
@@ -67,16 +73,16 @@ void StreamOpWatchdog::release_stalled_barriers(cudaStream_t side) {
   const std::uint32_t waiting_for = *static_cast<volatile std::uint32_t*>(passed_) + 1;
   const std::uint32_t issued = issued_.load();
   std::vector<std::uint32_t> seen(static_cast<std::size_t>(world_));
-  SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(seen.data(), row_, seen.size() * sizeof(std::uint32_t),
-                                    cudaMemcpyDeviceToHost, side));
+  SYMMPOOL_CUDA_TRY(
+      cudaMemcpyAsync(seen.data(), row_, seen.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost, side));
   SYMMPOOL_CUDA_TRY(cudaStreamSynchronize(side));
   for (int p = 0; p < world_; ++p) {
     if (static_cast<std::int32_t>(seen[static_cast<std::size_t>(p)] - waiting_for) >= 0) continue;
     on_timeout_(p);  // on record (or the process aborted) before the stream goes on
     // Every barrier issued so far may pass: the communicator is failed now.
-    SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(reinterpret_cast<CUstream>(side),
-                                               reinterpret_cast<CUdeviceptr>(row_ + p), issued,
-                                               CU_STREAM_WRITE_VALUE_DEFAULT));
+    SYMMPOOL_CU_TRY(
+        drv_, cuStreamWriteValue32(reinterpret_cast<CUstream>(side), reinterpret_cast<CUdeviceptr>(row_ + p),
+                                   issued, CU_STREAM_WRITE_VALUE_DEFAULT));
   }
   SYMMPOOL_CUDA_TRY(cudaStreamSynchronize(side));
 }

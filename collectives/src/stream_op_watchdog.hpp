@@ -8,8 +8,6 @@
 // into the missing peers' slots of our pad row so the stream goes on. Once
 // the communicator failed for any reason, stalled barriers go at once.
 
-#include <symmpool/driver_api.hpp>
-
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -19,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <symmpool/driver_api.hpp>
 #include <thread>
 
 namespace symmpool::detail {
@@ -47,8 +46,8 @@ class StreamOpWatchdog {
   const int* const error_flag_;
   const std::chrono::seconds timeout_;
   const std::function<void(int)> on_timeout_;
-  std::uint32_t* passed_ = nullptr;  // host-mapped: the last barrier that passed
-  CUdeviceptr passed_on_device_ = 0; // the same word, as the device sees it
+  std::uint32_t* passed_ = nullptr;   // host-mapped: the last barrier that passed
+  CUdeviceptr passed_on_device_ = 0;  // the same word, as the device sees it
   std::atomic<std::uint32_t> issued_{0};
   std::mutex mutex_;
   std::condition_variable wake_;

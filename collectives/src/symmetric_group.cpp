@@ -1,5 +1,4 @@
 #include <symmpool/symmetric_group.hpp>
-
 #include <utility>
 
 namespace symmpool {

@@ -2,20 +2,19 @@
 // writes it into every rank's output. It falls back to one-shot where
 // two-shot cannot run (the buffers are not symmetric, or overlap).
 
-#include "collective_helpers.hpp"
-#include "kernels.hpp"
-#include "reduction.hpp"
-
+#include <algorithm>
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
 #include <symmpool/error.hpp>
 
-#include <algorithm>
+#include "collective_helpers.hpp"
+#include "kernels.hpp"
+#include "reduction.hpp"
 
 namespace symmpool {
 
-void Communicator::all_reduce(const void* in, void* out, std::size_t count, DataType type,
-                              ReduceOp op, cudaStream_t stream, Algorithm algorithm) {
+void Communicator::all_reduce(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
+                              cudaStream_t stream, Algorithm algorithm) {
   check_errors();
   begin_call("all_reduce");
   if (count == 0) return;

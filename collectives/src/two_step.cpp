@@ -2,21 +2,20 @@
 // peer's chunk of this rank here, then a kernel reduces from local memory.
 // One-shot (one_shot.cpp) is the other choice.
 
+#include <symmpool/algorithm_table.hpp>
+#include <symmpool/communicator.hpp>
+#include <symmpool/error.hpp>
+#include <vector>
+
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
 #include "kernels.hpp"
 #include "reduction.hpp"
 
-#include <symmpool/algorithm_table.hpp>
-#include <symmpool/communicator.hpp>
-#include <symmpool/error.hpp>
-
-#include <vector>
-
 namespace symmpool {
 
-void Communicator::reduce_scatter(const void* in, void* out, std::size_t count, DataType type,
-                                  ReduceOp op, cudaStream_t stream, Algorithm algorithm) {
+void Communicator::reduce_scatter(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
+                                  cudaStream_t stream, Algorithm algorithm) {
   check_errors();
   begin_call("reduce_scatter");
   if (count == 0) return;
@@ -57,7 +56,8 @@ void Communicator::two_step(const Reduction& r) {
   detail::ReduceLaunch launch = reduce_launch(r, /*fused=*/false);
   const void** chunks = launch.in.ptr;
   for (int p = 0; p < n; ++p) chunks[p] = staged + static_cast<std::size_t>(p) * bytes;
-  chunks[me] = detail::at(in, bytes * static_cast<std::size_t>(me));  // read in place: same index, same thread
+  chunks[me] =
+      detail::at(in, bytes * static_cast<std::size_t>(me));  // read in place: same index, same thread
   if (detail::overlap(in, bytes * static_cast<std::size_t>(n), r.out, bytes) && r.out != chunks[me]) {
     detail::copy_on(r.stream, staged + static_cast<std::size_t>(me) * bytes, chunks[me], bytes);
     chunks[me] = staged + static_cast<std::size_t>(me) * bytes;

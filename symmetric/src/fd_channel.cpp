@@ -1,8 +1,3 @@
-#include <symmpool/error.hpp>
-#include <symmpool/fd_channel.hpp>
-#include <symmpool/random_token.hpp>
-#include <symmpool/store.hpp>
-
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -13,6 +8,10 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <symmpool/error.hpp>
+#include <symmpool/fd_channel.hpp>
+#include <symmpool/random_token.hpp>
+#include <symmpool/store.hpp>
 #include <thread>
 #include <utility>
 
@@ -27,10 +26,10 @@ constexpr char kMagic[8] = {'S', 'Y', 'M', 'M', 'P', 'F', 'D', 1};  // last byte
 constexpr std::size_t kRequestBytes = sizeof kMagic + FdServer::kSecretHexChars + 8;
 enum Status : char { kOk = 0, kRefused = 1, kNoSuchId = 2 };
 
-constexpr milliseconds kMinTimeout{1};      // 0 must not mean "wait forever"
-constexpr milliseconds kAcceptBackoff{10};  // after EMFILE: let descriptors free up
-constexpr milliseconds kMaxPoll{100};       // the serve loop rechecks stopping_ this often
-constexpr std::size_t kMaxConnections = 64; // being read at once; the rest wait in the backlog
+constexpr milliseconds kMinTimeout{1};       // 0 must not mean "wait forever"
+constexpr milliseconds kAcceptBackoff{10};   // after EMFILE: let descriptors free up
+constexpr milliseconds kMaxPoll{100};        // the serve loop rechecks stopping_ this often
+constexpr std::size_t kMaxConnections = 64;  // being read at once; the rest wait in the backlog
 constexpr int kBacklog = 64;
 
 milliseconds at_least_min(milliseconds t) { return std::max(t, kMinTimeout); }
@@ -127,8 +126,10 @@ struct FdServer::Connection {
 };
 
 FdServer::FdServer(std::function<int(std::uint64_t)> export_fd, FdServerOptions options)
-    : secret_(random_token(kSecretBytes)), export_fd_(std::move(export_fd)),
-      io_timeout_(at_least_min(options.io_timeout)), uid_(::geteuid()) {
+    : secret_(random_token(kSecretBytes)),
+      export_fd_(std::move(export_fd)),
+      io_timeout_(at_least_min(options.io_timeout)),
+      uid_(::geteuid()) {
   listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   SYMMPOOL_EXPECTS(listen_fd_ >= 0, errno_text("socket"));
   // A random name cannot be guessed or collide (across PID namespaces
@@ -141,8 +142,7 @@ FdServer::FdServer(std::function<int(std::uint64_t)> export_fd, FdServerOptions 
     bound = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len);
     if (bound != 0 && errno != EADDRINUSE) break;
   }
-  if (bound != 0 || ::listen(listen_fd_, kBacklog) != 0 ||
-      ::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
+  if (bound != 0 || ::listen(listen_fd_, kBacklog) != 0 || ::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
     std::string err = errno_text("cannot serve descriptors on @" + name_);
     ::close(listen_fd_);
     SYMMPOOL_FAIL(err);
@@ -376,8 +376,8 @@ int fetch_fd(const std::string& name, const std::string& secret, std::uint64_t i
     SYMMPOOL_FAIL(describe(name, id) + " refused this process (pid " + std::to_string(::getpid()) +
                   "): wrong secret, another uid, or a pid outside its group (a different PID "
                   "namespace counts)");
-  SYMMPOOL_FAIL(describe(name, id) + " sent a malformed reply (status " +
-                std::to_string(int(reply.status)) + (fd.fd >= 0 ? ")" : ", no descriptor)"));
+  SYMMPOOL_FAIL(describe(name, id) + " sent a malformed reply (status " + std::to_string(int(reply.status)) +
+                (fd.fd >= 0 ? ")" : ", no descriptor)"));
 }
 
 }  // namespace symmpool

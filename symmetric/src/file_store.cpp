@@ -1,7 +1,3 @@
-#include <symmpool/detail/scope_exit.hpp>
-#include <symmpool/error.hpp>
-#include <symmpool/store.hpp>
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,6 +8,9 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <symmpool/detail/scope_exit.hpp>
+#include <symmpool/error.hpp>
+#include <symmpool/store.hpp>
 #include <thread>
 
 namespace symmpool {
@@ -110,8 +109,9 @@ FileStore::FileStore(std::string directory) : directory_(std::move(directory)) {
   // the check and the use for anyone to swap the directory in.
   dir_fd_ = ::open(directory_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   SYMMPOOL_EXPECTS(dir_fd_ >= 0, "FileStore directory " + directory_ + " cannot be opened: " + error_text());
-  std::string problem = ::fstat(dir_fd_, &st) == 0 ? why_not_private(directory_, st)
-                                                   : "FileStore directory " + directory_ + ": " + error_text();
+  std::string problem = ::fstat(dir_fd_, &st) == 0
+                            ? why_not_private(directory_, st)
+                            : "FileStore directory " + directory_ + ": " + error_text();
   if (!problem.empty()) {
     ::close(dir_fd_);
     SYMMPOOL_FAIL(problem);
@@ -121,8 +121,9 @@ FileStore::FileStore(std::string directory) : directory_(std::move(directory)) {
 FileStore::~FileStore() { ::close(dir_fd_); }
 
 std::string FileStore::file_name(const std::string& key) const {
-  SYMMPOOL_EXPECTS(!key.empty() && key != "." && key != ".." && key.find('\0') == std::string::npos,
-                   "FileStore key '" + printable(key) + "' is not allowed (empty, \".\", \"..\" or with NUL)");
+  SYMMPOOL_EXPECTS(
+      !key.empty() && key != "." && key != ".." && key.find('\0') == std::string::npos,
+      "FileStore key '" + printable(key) + "' is not allowed (empty, \".\", \"..\" or with NUL)");
   std::string name = key;
   std::replace(name.begin(), name.end(), '/', '%');  // one flat directory
   return name;
@@ -130,18 +131,18 @@ std::string FileStore::file_name(const std::string& key) const {
 
 void FileStore::set(const std::string& key, const std::string& value) {
   const std::string name = file_name(key);
-  SYMMPOOL_EXPECTS(value.size() <= kMaxValueBytes, "FileStore value of key '" + key + "' is " +
-                                                       std::to_string(value.size()) + " bytes, more than the " +
-                                                       std::to_string(kMaxValueBytes) + " allowed");
+  SYMMPOOL_EXPECTS(value.size() <= kMaxValueBytes,
+                   "FileStore value of key '" + key + "' is " + std::to_string(value.size()) +
+                       " bytes, more than the " + std::to_string(kMaxValueBytes) + " allowed");
   // Write then rename, so a reader sees the whole value or nothing.
   std::string tmp;
   const int fd = create_temp(dir_fd_, name, tmp);
-  SYMMPOOL_EXPECTS(fd >= 0, "FileStore cannot create a temp file for key '" + key + "' in " + directory_ + ": " +
-                                error_text());
+  SYMMPOOL_EXPECTS(fd >= 0, "FileStore cannot create a temp file for key '" + key + "' in " + directory_ +
+                                ": " + error_text());
   detail::ScopeExit drop_tmp([&] { ::unlinkat(dir_fd_, tmp.c_str(), 0); });
   const bool written = write_all(fd, value);
-  SYMMPOOL_EXPECTS(::close(fd) == 0 && written, "FileStore cannot write " + directory_ + "/" + tmp + ": " +
-                                                    error_text());
+  SYMMPOOL_EXPECTS(::close(fd) == 0 && written,
+                   "FileStore cannot write " + directory_ + "/" + tmp + ": " + error_text());
   SYMMPOOL_EXPECTS(::renameat(dir_fd_, tmp.c_str(), dir_fd_, name.c_str()) == 0,
                    "FileStore cannot publish " + directory_ + "/" + name + ": " + error_text());
   drop_tmp.dismiss();
@@ -157,15 +158,16 @@ bool FileStore::try_read(const std::string& key, const std::string& name, std::s
   struct stat st {};
   SYMMPOOL_EXPECTS(::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid(),
                    "FileStore key '" + key + "' in " + directory_ + " is not a regular file of this user");
-  const std::string too_big = "FileStore value of key '" + key + "' in " + directory_ + " is larger than the " +
-                              std::to_string(kMaxValueBytes) + " bytes allowed";
+  const std::string too_big = "FileStore value of key '" + key + "' in " + directory_ +
+                              " is larger than the " + std::to_string(kMaxValueBytes) + " bytes allowed";
   SYMMPOOL_EXPECTS(static_cast<std::size_t>(st.st_size) <= kMaxValueBytes, too_big);
   value.clear();
   char buf[65536];
   for (;;) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    SYMMPOOL_EXPECTS(n >= 0, "FileStore cannot read key '" + key + "' in " + directory_ + ": " + error_text());
+    SYMMPOOL_EXPECTS(n >= 0,
+                     "FileStore cannot read key '" + key + "' in " + directory_ + ": " + error_text());
     if (n == 0) return true;
     SYMMPOOL_EXPECTS(value.size() + static_cast<std::size_t>(n) <= kMaxValueBytes, too_big);
     value.append(buf, static_cast<std::size_t>(n));

@@ -1,10 +1,9 @@
-#include <symmpool/node_identity.hpp>
-
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <symmpool/node_identity.hpp>
 
 namespace symmpool {
 

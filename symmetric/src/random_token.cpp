@@ -1,10 +1,9 @@
-#include <symmpool/random_token.hpp>
-
 #include <fcntl.h>
 #include <sys/random.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <symmpool/random_token.hpp>
 #include <system_error>
 #include <vector>
 

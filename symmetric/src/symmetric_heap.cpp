@@ -1,9 +1,3 @@
-#include <symmpool/detail/format.hpp>
-#include <symmpool/error.hpp>
-#include <symmpool/node_identity.hpp>
-#include <symmpool/random_token.hpp>
-#include <symmpool/symmetric_heap.hpp>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,9 +5,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <symmpool/detail/format.hpp>
+#include <symmpool/error.hpp>
+#include <symmpool/node_identity.hpp>
+#include <symmpool/random_token.hpp>
+#include <symmpool/symmetric_heap.hpp>
 
 namespace symmpool {
-
 
 std::string SymmetricHeap::key(const std::string& what, int r) const {
   return "symmpool/" + group_ + "/" + what + "/" + std::to_string(r);
@@ -36,18 +34,17 @@ std::vector<std::string> SymmetricHeap::exchange(const std::string& what, const 
     try {
       value = store_.get(key(name, r), options_.timeout);
     } catch (const timeout_error& e) {
-      throw timeout_error("symmpool heap '" + group_ + "' rank " + std::to_string(rank_) +
-                          ": rank " + std::to_string(r) + " never arrived at '" + what + "' (" +
-                          e.what() + ")");
+      throw timeout_error("symmpool heap '" + group_ + "' rank " + std::to_string(rank_) + ": rank " +
+                          std::to_string(r) + " never arrived at '" + what + "' (" + e.what() + ")");
     }
     const std::size_t newline = value.find('\n');
     const std::string theirs = value.substr(0, newline);
     // Not a logic_error: callers that take a failed check_symmetric as
     // "use NCCL" must not swallow it.
     if (theirs != what)
-      throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
-                             " is at '" + theirs + "' where rank " + std::to_string(rank_) +
-                             " is at '" + what + "' (heap call " + std::to_string(round_ - 1) +
+      throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) + " is at '" +
+                             theirs + "' where rank " + std::to_string(rank_) + " is at '" + what +
+                             "' (heap call " + std::to_string(round_ - 1) +
                              "): the ranks' allocations or collective calls differ");
     all[static_cast<std::size_t>(r)] = value.substr(newline + 1);
   }
@@ -110,8 +107,13 @@ std::string check_hello(const std::vector<std::string>& hello) {
 
 SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, Store& store,
                              std::string group, int rank, int world, HeapOptions options)
-    : drv_(drv), allocator_(allocator), store_(store), group_(std::move(group)), rank_(rank),
-      world_(world), options_(options) {
+    : drv_(drv),
+      allocator_(allocator),
+      store_(store),
+      group_(std::move(group)),
+      rank_(rank),
+      world_(world),
+      options_(options) {
   SYMMPOOL_EXPECTS(world >= 1 && rank >= 0 && rank < world,
                    "rank " + std::to_string(rank) + " is not in a group of " + std::to_string(world));
   // The server's name and secret are random; it serves nobody until
@@ -122,9 +124,9 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
   // process (seen on H200, torch 2.11).
   // "<node> <va bytes> <pci address> <socket> <secret> <pid>"; none has spaces.
   const std::string gpu = pci_address(drv_, allocator_.device());
-  auto all = exchange("hello", node_identity() + " " + std::to_string(allocator_.va_reserved_bytes()) +
-                                   " " + gpu + " " + server_->name() + " " + server_->secret() +
-                                   " " + std::to_string(::getpid()));
+  auto all = exchange("hello", node_identity() + " " + std::to_string(allocator_.va_reserved_bytes()) + " " +
+                                   gpu + " " + server_->name() + " " + server_->secret() + " " +
+                                   std::to_string(::getpid()));
   std::vector<std::vector<std::string>> hellos;
   std::vector<pid_t> peer_pids;
   peer_socket_.resize(static_cast<std::size_t>(world_));
@@ -143,9 +145,8 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
   // Nodes first: PCI addresses repeat across nodes.
   for (int r = 1; r < world_; ++r)
     if (hellos[static_cast<std::size_t>(r)][0] != hellos[0][0])
-      throw multi_node_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
-                             " is on node " + hellos[static_cast<std::size_t>(r)][0] +
-                             " and rank 0 on node " + hellos[0][0] +
+      throw multi_node_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) + " is on node " +
+                             hellos[static_cast<std::size_t>(r)][0] + " and rank 0 on node " + hellos[0][0] +
                              "; a symmetric heap needs every rank on one node");
   std::map<std::string, int> rank_of_gpu;
   for (int r = 0; r < world_; ++r) {
@@ -155,15 +156,13 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
     // Like NCCL, one GPU per rank: two ranks on one GPU would import their
     // own memory through each other and NCCL's fallback path refuses them.
     const auto [it, first_on_gpu] = rank_of_gpu.emplace(peer_gpu, r);
-    SYMMPOOL_EXPECTS(first_on_gpu, "symmetric heap '" + group_ + "': ranks " +
-                                       std::to_string(it->second) + " and " + std::to_string(r) +
-                                       " both use the GPU at PCI " + peer_gpu +
+    SYMMPOOL_EXPECTS(first_on_gpu, "symmetric heap '" + group_ + "': ranks " + std::to_string(it->second) +
+                                       " and " + std::to_string(r) + " both use the GPU at PCI " + peer_gpu +
                                        "; symmpool needs one GPU per rank");
     SYMMPOOL_EXPECTS(va == allocator_.va_reserved_bytes(),
                      "symmetric heap '" + group_ + "': rank " + std::to_string(r) + " reserved " +
-                         std::to_string(va) + " bytes of address space, rank " +
-                         std::to_string(rank_) + " reserved " +
-                         std::to_string(allocator_.va_reserved_bytes()) +
+                         std::to_string(va) + " bytes of address space, rank " + std::to_string(rank_) +
+                         " reserved " + std::to_string(allocator_.va_reserved_bytes()) +
                          " (devices of different sizes cannot share a heap)");
   }
   peer_base_.assign(static_cast<std::size_t>(world_), 0);
@@ -171,9 +170,9 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
   try {
     for (int r = 0; r < world_; ++r) {
       if (r == rank_) continue;
-      SYMMPOOL_CU_TRY(drv_, cuMemAddressReserve(&peer_base_[static_cast<std::size_t>(r)],
-                                                allocator_.va_reserved_bytes(),
-                                                allocator_.granularity(), 0, 0));
+      SYMMPOOL_CU_TRY(
+          drv_, cuMemAddressReserve(&peer_base_[static_cast<std::size_t>(r)], allocator_.va_reserved_bytes(),
+                                    allocator_.granularity(), 0, 0));
     }
     allocator_.add_observer(this, /*replay_existing=*/true);
     observing_ = true;
@@ -237,12 +236,12 @@ void SymmetricHeap::mark_published() {
 }
 
 void SymmetricHeap::map_peer(int peer, const Piece& piece) {
-  int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)], peer_secret_[static_cast<std::size_t>(peer)],
-                    piece.id, options_.timeout);
+  int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)],
+                    peer_secret_[static_cast<std::size_t>(peer)], piece.id, options_.timeout);
   Piece mapped = piece;
-  CUresult r = drv_.cuMemImportFromShareableHandle(
-      &mapped.handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
-      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  CUresult r = drv_.cuMemImportFromShareableHandle(&mapped.handle,
+                                                   reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   ::close(fd);
   if (r != CUDA_SUCCESS)
     detail::throw_cuda_error(__FILE__, __LINE__, "cuMemImportFromShareableHandle", r, drv_.error_string(r));
@@ -302,8 +301,8 @@ std::string SymmetricHeap::failure() const {
 
 // Lines of "id offset size" from `peer`: each must lie inside the range
 // every rank reserved, in whole granules, with no id twice.
-std::map<std::uint64_t, SymmetricHeap::Piece> SymmetricHeap::parse_segments(int peer,
-                                                                           const std::string& listing) const {
+std::map<std::uint64_t, SymmetricHeap::Piece> SymmetricHeap::parse_segments(
+    int peer, const std::string& listing) const {
   std::map<std::uint64_t, Piece> listed;
   const std::size_t range = allocator_.va_reserved_bytes(), granule = allocator_.granularity();
   std::size_t start = 0;
@@ -327,8 +326,8 @@ std::map<std::uint64_t, SymmetricHeap::Piece> SymmetricHeap::parse_segments(int 
     }
     if (!ok)
       throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(peer) +
-                             " published a malformed segment '" + line + "' (range " +
-                             std::to_string(range) + " bytes, granule " + std::to_string(granule) + ")");
+                             " published a malformed segment '" + line + "' (range " + std::to_string(range) +
+                             " bytes, granule " + std::to_string(granule) + ")");
   }
   return listed;
 }
@@ -358,7 +357,8 @@ void SymmetricHeap::apply_listings(const std::vector<std::string>& listings, con
     // Released ones first: a new segment may reuse their range.
     for (auto it = mapped.begin(); it != mapped.end();) {
       auto now = pieces.find(it->second.id);
-      if (now != pieces.end() && now->second.offset == it->second.offset && now->second.size == it->second.size) {
+      if (now != pieces.end() && now->second.offset == it->second.offset &&
+          now->second.size == it->second.size) {
         ++it;
       } else {
         unmap_peer(r, it->second);
@@ -369,8 +369,9 @@ void SymmetricHeap::apply_listings(const std::vector<std::string>& listings, con
       auto it = mapped.lower_bound(piece.offset);
       if (it != mapped.end() && it->second.id == id) continue;
       // Two of one peer's segments may not overlap.
-      const bool clash = (it != mapped.end() && it->first < piece.offset + piece.size) ||
-                         (it != mapped.begin() && std::prev(it)->first + std::prev(it)->second.size > piece.offset);
+      const bool clash =
+          (it != mapped.end() && it->first < piece.offset + piece.size) ||
+          (it != mapped.begin() && std::prev(it)->first + std::prev(it)->second.size > piece.offset);
       if (clash)
         throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
                                " published overlapping segments at offset " + std::to_string(piece.offset));
@@ -436,10 +437,9 @@ void SymmetricHeap::release_internal(void* ptr) { allocator_.unmap_internal_segm
 std::size_t SymmetricHeap::offset_of(const void* local) const {
   const auto address = reinterpret_cast<CUdeviceptr>(local);
   const CUdeviceptr base = allocator_.va_base();
-  SYMMPOOL_EXPECTS(address >= base && address < base + allocator_.va_reserved_bytes() &&
-                       allocator_.owns(local),
-                   detail::format_pointer(local) + " is not in the symmetric heap of rank " +
-                       std::to_string(rank_));
+  SYMMPOOL_EXPECTS(
+      address >= base && address < base + allocator_.va_reserved_bytes() && allocator_.owns(local),
+      detail::format_pointer(local) + " is not in the symmetric heap of rank " + std::to_string(rank_));
   return address - base;
 }
 
@@ -453,8 +453,8 @@ void* SymmetricHeap::peer_ptr(const void* local, int peer) const {
   const auto& mapped = peer_pieces_[static_cast<std::size_t>(peer)];
   auto it = mapped.upper_bound(offset);
   SYMMPOOL_EXPECTS(it != mapped.begin() && std::prev(it)->second.offset + std::prev(it)->second.size > offset,
-                   "rank " + std::to_string(peer) + " has no segment at offset " +
-                       std::to_string(offset) + " mapped on rank " + std::to_string(rank_) +
+                   "rank " + std::to_string(peer) + " has no segment at offset " + std::to_string(offset) +
+                       " mapped on rank " + std::to_string(rank_) +
                        " (call sync() after allocating, on every rank)");
   return reinterpret_cast<void*>(peer_base_[static_cast<std::size_t>(peer)] + offset);
 }
@@ -501,8 +501,8 @@ void SymmetricHeap::check_symmetric_and_sync(const void* local, std::size_t byte
   std::string report;
   for (int r = 0; r < world_; ++r)
     if (verdicts[static_cast<std::size_t>(r)] != verdicts[0])
-      report += "; rank " + std::to_string(r) + " has (offset size) " + verdicts[static_cast<std::size_t>(r)] +
-                " where rank 0 has " + verdicts[0];
+      report += "; rank " + std::to_string(r) + " has (offset size) " +
+                verdicts[static_cast<std::size_t>(r)] + " where rank 0 has " + verdicts[0];
   for (int r = 0; r < world_; ++r)
     if (verdicts[static_cast<std::size_t>(r)].rfind("outside", 0) == 0)
       report += "; rank " + std::to_string(r) + "'s buffer is not in the symmetric heap";

@@ -14,18 +14,18 @@ inline int visible_gpus() {
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
-#define SYMMPOOL_SKIP_WITHOUT_GPUS(n)                                                          \
-  do {                                                                                         \
-    int have_ = ::symmpool::test::visible_gpus();                                              \
-    if (have_ < (n))                                                                           \
-      GTEST_SKIP() << "needs " << (n) << " CUDA GPU(s), this machine has " << have_            \
-                   << " (GPU tests run on the device machine: scripts/gpu_check.sh)";          \
+#define SYMMPOOL_SKIP_WITHOUT_GPUS(n)                                                 \
+  do {                                                                                \
+    int have_ = ::symmpool::test::visible_gpus();                                     \
+    if (have_ < (n))                                                                  \
+      GTEST_SKIP() << "needs " << (n) << " CUDA GPU(s), this machine has " << have_   \
+                   << " (GPU tests run on the device machine: scripts/gpu_check.sh)"; \
   } while (0)
 
-#define CUDA_OK(call)                                                                 \
-  do {                                                                                \
-    cudaError_t e_ = (call);                                                          \
-    ASSERT_EQ(e_, cudaSuccess) << #call << ": " << cudaGetErrorString(e_);            \
+#define CUDA_OK(call)                                                      \
+  do {                                                                     \
+    cudaError_t e_ = (call);                                               \
+    ASSERT_EQ(e_, cudaSuccess) << #call << ": " << cudaGetErrorString(e_); \
   } while (0)
 
 }  // namespace symmpool::test

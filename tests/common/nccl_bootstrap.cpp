@@ -1,11 +1,11 @@
-#include "process_group.hpp"
-
 #include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <stdexcept>
 #include <string>
 #include <thread>
+
+#include "process_group.hpp"
 
 namespace symmpool::test {
 
@@ -26,8 +26,7 @@ ncclComm_t init_nccl(int rank, int world, Rendezvous& rv, int timeout_seconds) {
   }
   ncclComm_t comm = nullptr;
   ncclResult_t r = ncclCommInitRank(&comm, world, rv.id, rank);
-  if (r != ncclSuccess)
-    throw std::runtime_error(std::string("ncclCommInitRank: ") + ncclGetErrorString(r));
+  if (r != ncclSuccess) throw std::runtime_error(std::string("ncclCommInitRank: ") + ncclGetErrorString(r));
   return comm;
 }
 

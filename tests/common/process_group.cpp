@@ -1,7 +1,6 @@
 #include "process_group.hpp"
 
 #include <cuda_runtime_api.h>
-#include <symmpool/store.hpp>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -13,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <symmpool/store.hpp>
 #include <thread>
 #include <vector>
 
@@ -37,10 +37,8 @@ int count_gpus_in_child() {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
 }
 
-std::string run_ranks(int world, int timeout_seconds,
-                      const std::function<int(int, int, Rendezvous&)>& body) {
-  void* shared = mmap(nullptr, sizeof(Rendezvous), PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+std::string run_ranks(int world, int timeout_seconds, const std::function<int(int, int, Rendezvous&)>& body) {
+  void* shared = mmap(nullptr, sizeof(Rendezvous), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shared == MAP_FAILED) return "mmap of the rendezvous page failed";
   auto* rv = new (shared) Rendezvous{};
   std::vector<pid_t> pids;

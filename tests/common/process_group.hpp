@@ -16,10 +16,9 @@ int count_gpus_in_child();
 
 // In a TEST body: sets `gpus` to count_gpus_in_child(), or skips the test
 // with the reason when there are fewer than `need`.
-#define SYMMPOOL_GPUS_OR_SKIP(gpus, need)                                                    \
-  const int gpus = ::symmpool::test::count_gpus_in_child();                                  \
-  if (gpus < (need))                                                                         \
-  GTEST_SKIP() << "needs " << (need) << " or more CUDA GPUs, this machine has " << gpus
+#define SYMMPOOL_GPUS_OR_SKIP(gpus, need)                   \
+  const int gpus = ::symmpool::test::count_gpus_in_child(); \
+  if (gpus < (need)) GTEST_SKIP() << "needs " << (need) << " or more CUDA GPUs, this machine has " << gpus
 
 // A directory for the FileStore of every rank this test binary forks, made
 // on the first call (call it in the parent before run_ranks) and removed

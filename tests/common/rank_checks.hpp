@@ -11,46 +11,46 @@
 #include <cstdio>
 
 // A CUDA or NCCL call that must succeed: otherwise the rank returns 1.
-#define RANK_CUDA(call)                                                                    \
-  do {                                                                                     \
-    cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "[rank %d] %s: %s\n", rank, #call, cudaGetErrorString(e_));     \
-      return 1;                                                                            \
-    }                                                                                      \
+#define RANK_CUDA(call)                                                                \
+  do {                                                                                 \
+    cudaError_t e_ = (call);                                                           \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "[rank %d] %s: %s\n", rank, #call, cudaGetErrorString(e_)); \
+      return 1;                                                                        \
+    }                                                                                  \
   } while (0)
 
-#define RANK_NCCL(call)                                                                    \
-  do {                                                                                     \
-    ncclResult_t r_ = (call);                                                              \
-    if (r_ != ncclSuccess) {                                                               \
-      std::fprintf(stderr, "[rank %d] %s: %s\n", rank, #call, ncclGetErrorString(r_));     \
-      return 1;                                                                            \
-    }                                                                                      \
+#define RANK_NCCL(call)                                                                \
+  do {                                                                                 \
+    ncclResult_t r_ = (call);                                                          \
+    if (r_ != ncclSuccess) {                                                           \
+      std::fprintf(stderr, "[rank %d] %s: %s\n", rank, #call, ncclGetErrorString(r_)); \
+      return 1;                                                                        \
+    }                                                                                  \
   } while (0)
 
 // Prints where a rank's check of `cond` failed, then the printf-style message.
-#define RANK_REPORT_FAILURE(cond_text, ...)                                                \
-  do {                                                                                     \
+#define RANK_REPORT_FAILURE(cond_text, ...)                                                          \
+  do {                                                                                               \
     std::fprintf(stderr, "[rank %d] %s:%d check failed: %s: ", rank, __FILE__, __LINE__, cond_text); \
-    std::fprintf(stderr, __VA_ARGS__);                                                     \
-    std::fprintf(stderr, "\n");                                                            \
+    std::fprintf(stderr, __VA_ARGS__);                                                               \
+    std::fprintf(stderr, "\n");                                                                      \
   } while (0)
 
 // A result check that fails the rank at once (like ASSERT_*).
-#define RANK_CHECK(cond, ...)                                                              \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      RANK_REPORT_FAILURE(#cond, __VA_ARGS__);                                             \
-      return 1;                                                                            \
-    }                                                                                      \
+#define RANK_CHECK(cond, ...)                  \
+  do {                                         \
+    if (!(cond)) {                             \
+      RANK_REPORT_FAILURE(#cond, __VA_ARGS__); \
+      return 1;                                \
+    }                                          \
   } while (0)
 
 // A result check that counts a failure and goes on (like EXPECT_*).
-#define RANK_EXPECT(cond, ...)                                                             \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      RANK_REPORT_FAILURE(#cond, __VA_ARGS__);                                             \
-      ++failures;                                                                          \
-    }                                                                                      \
+#define RANK_EXPECT(cond, ...)                 \
+  do {                                         \
+    if (!(cond)) {                             \
+      RANK_REPORT_FAILURE(#cond, __VA_ARGS__); \
+      ++failures;                              \
+    }                                          \
   } while (0)

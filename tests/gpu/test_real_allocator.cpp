@@ -1,17 +1,16 @@
 // The caching allocator on a real GPU: real cuMem segments, data through
 // them, statistics, empty_cache and the errors that only a device can show.
 
-#include "gpu_skip.hpp"
-
-#include <symmpool/caching_allocator.hpp>
-#include <symmpool/device_allocators.hpp>
-#include <symmpool/error.hpp>
-
 #include <unistd.h>
 
 #include <cstring>
 #include <random>
+#include <symmpool/caching_allocator.hpp>
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/error.hpp>
 #include <vector>
+
+#include "gpu_skip.hpp"
 
 namespace symmpool::test {
 
@@ -28,8 +27,8 @@ TEST(RealAllocator, DataRoundTripsThroughSegmentsOfManySizes) {
   cudaStream_t s;
   CUDA_OK(cudaStreamCreate(&s));
   std::mt19937 rng(7);
-  for (std::size_t bytes : {std::size_t{1}, std::size_t{511}, std::size_t{4097}, MiB + 3,
-                            13 * MiB + 5, 300 * MiB + 1}) {
+  for (std::size_t bytes :
+       {std::size_t{1}, std::size_t{511}, std::size_t{4097}, MiB + 3, 13 * MiB + 5, 300 * MiB + 1}) {
     std::vector<unsigned char> in(bytes), out(bytes, 0);
     for (auto& b : in) b = static_cast<unsigned char>(rng());
     void* p = a->allocate(bytes, reinterpret_cast<CUstream>(s));

@@ -3,14 +3,6 @@
 // drains), a communicator that fails to form leaves nothing behind, and
 // ranks that share a GPU are refused when their heap forms.
 
-#include "process_group.hpp"
-#include "rank_checks.hpp"
-
-#include <symmpool/communicator.hpp>
-#include <symmpool/device_allocators.hpp>
-#include <symmpool/error.hpp>
-#include <symmpool/symmetric_group.hpp>
-
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -21,6 +13,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <symmpool/communicator.hpp>
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/error.hpp>
+#include <symmpool/symmetric_group.hpp>
+
+#include "process_group.hpp"
+#include "rank_checks.hpp"
 
 namespace symmpool::test {
 
@@ -58,9 +57,12 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
     for (int g = 0; g < 3; ++g) {
       Group& group = groups[g];
       SymmetricGroupOptions options;
-      options.on_failure = [&group](const std::string& m) { ++group.handled; group.heard = m; };
-      group.members = std::make_unique<SymmetricGroup>(real_driver(), alloc, store, "dies" + std::to_string(g),
-                                                       rank, world, std::move(options));
+      options.on_failure = [&group](const std::string& m) {
+        ++group.handled;
+        group.heard = m;
+      };
+      group.members = std::make_unique<SymmetricGroup>(
+          real_driver(), alloc, store, "dies" + std::to_string(g), rank, world, std::move(options));
       group.comm = &group.members->communicator();
       // While both ranks are here: a symmetric buffer that a fused
       // all-gather has already used, so what follows needs no heap exchange.
@@ -77,7 +79,9 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
         {"kernel barrier", "barrier #2", [&](Communicator& c) { c.barrier(s, BarrierKind::kKernel); }},
         {"stream-op barrier", "barrier #2", [&](Communicator& c) { c.barrier(s, BarrierKind::kStreamOps); }},
         {"fused all-gather", "all_gather #2 (8192 bytes",
-         [&](Communicator& c) { c.all_gather(gathered + rank * kBytes, gathered, kBytes, s, Algorithm::kKernel); }},
+         [&](Communicator& c) {
+           c.all_gather(gathered + rank * kBytes, gathered, kBytes, s, Algorithm::kKernel);
+         }},
     };
     for (int g = 0; g < 3; ++g) {
       const Case& c = cases[g];
@@ -87,10 +91,12 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
       RANK_CUDA(cudaStreamSynchronize(s));  // the first gives up, the two behind it drain
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::printf("[rank 0] 3 %s without their peer returned after %.1f s\n", c.name, waited);
-      RANK_EXPECT(waited >= kTimeout - 1 && waited < kTimeout + 1, "3 %s returned after %.1f s", c.name, waited);
+      RANK_EXPECT(waited >= kTimeout - 1 && waited < kTimeout + 1, "3 %s returned after %.1f s", c.name,
+                  waited);
       RANK_EXPECT(groups[g].handled == 1, "the handler heard %d failures", groups[g].handled);
       const std::string& heard = groups[g].heard;
-      RANK_EXPECT(heard.find(c.op) != std::string::npos && heard.find("rank 1 did not arrive within 10 s") != std::string::npos,
+      RANK_EXPECT(heard.find(c.op) != std::string::npos &&
+                      heard.find("rank 1 did not arrive within 10 s") != std::string::npos,
                   "%s", heard.c_str());
       for (int again = 0; again < 2; ++again) {  // sticky, and raised at once
         const auto before = std::chrono::steady_clock::now();
@@ -100,7 +106,8 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
         } catch (const collective_error& e) {
           RANK_EXPECT(heard == e.what(), "%s", e.what());
         }
-        RANK_EXPECT(std::chrono::steady_clock::now() - before < std::chrono::milliseconds(100), "slow to raise");
+        RANK_EXPECT(std::chrono::steady_clock::now() - before < std::chrono::milliseconds(100),
+                    "slow to raise");
       }
     }
     for (Group& g : groups) g.members.reset();  // returns: nothing waits on the dead peer
@@ -122,7 +129,8 @@ TEST(Collectives, ACommunicatorThatFailsToFormGivesItsSlotBack) {
     RANK_CUDA(cudaSetDevice(rank));
     FileStore store(shared_store_dir());
     CachingAllocator& alloc = device_allocator(rank);
-    SymmetricHeap heap(real_driver(), alloc, store, "half-formed", rank, world, HeapOptions{std::chrono::seconds(3)});
+    SymmetricHeap heap(real_driver(), alloc, store, "half-formed", rank, world,
+                       HeapOptions{std::chrono::seconds(3)});
     const std::uint64_t free_before = alloc.free_internal_slots();
     if (rank == 1) {  // takes part in allocate_internal only, as a peer that dies right after would
       void* slot = heap.allocate_internal();
@@ -137,7 +145,8 @@ TEST(Collectives, ACommunicatorThatFailsToFormGivesItsSlotBack) {
       std::printf("[rank 0] the communicator did not form: %s\n", e.what());
     }
     const std::uint64_t free_after = alloc.free_internal_slots();
-    RANK_EXPECT(free_after == free_before, "internal slots free before 0x%llx, after the failed constructor 0x%llx",
+    RANK_EXPECT(free_after == free_before,
+                "internal slots free before 0x%llx, after the failed constructor 0x%llx",
                 static_cast<unsigned long long>(free_before), static_cast<unsigned long long>(free_after));
     store.set("test/rank0-done", "");
     return failures;

@@ -5,13 +5,6 @@
 // checked against the same host reference, so symmpool and NCCL agree bit
 // for bit. Peers that die or share a GPU: test_collective_failures.cpp.
 
-#include "process_group.hpp"
-#include "rank_checks.hpp"
-
-#include <symmpool/communicator.hpp>
-#include <symmpool/device_allocators.hpp>
-#include <symmpool/error.hpp>
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -23,8 +16,14 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <symmpool/communicator.hpp>
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/error.hpp>
 #include <thread>
 #include <vector>
+
+#include "process_group.hpp"
+#include "rank_checks.hpp"
 
 namespace symmpool::test {
 
@@ -87,8 +86,8 @@ Bytes expected_all_gather(unsigned seed, int world, std::size_t n, DataType t) {
 
 // Element offset + i of every rank's `in_count` inputs, reduced the way the
 // kernels do: fp32 sum in rank order, times 1/world for avg, rounded once.
-Bytes expected_reduction(unsigned seed, int world, std::size_t in_count, std::size_t offset,
-                         std::size_t n, DataType t, ReduceOp op) {
+Bytes expected_reduction(unsigned seed, int world, std::size_t in_count, std::size_t offset, std::size_t n,
+                         DataType t, ReduceOp op) {
   std::vector<Bytes> inputs;
   for (int r = 0; r < world; ++r) inputs.push_back(rank_data(seed, r, in_count, t));
   const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(world) : 1.0f;
@@ -122,7 +121,9 @@ struct Ctx {
   Communicator* comm;
 };
 
-void* dev(Ctx& c, std::size_t bytes) { return c.alloc->allocate(bytes, reinterpret_cast<CUstream>(c.stream)); }
+void* dev(Ctx& c, std::size_t bytes) {
+  return c.alloc->allocate(bytes, reinterpret_cast<CUstream>(c.stream));
+}
 void release(Ctx& c, void* p) { c.alloc->deallocate(p, reinterpret_cast<CUstream>(c.stream)); }
 
 // Device buffer against the expected bytes, poisoned-output safe.
@@ -137,8 +138,8 @@ int check(Ctx& c, const void* actual, const Bytes& expected, const std::string& 
     const std::size_t es = element_size(t);
     std::size_t i = 0;
     while (std::memcmp(&got[i * es], &expected[i * es], es) == 0) ++i;
-    RANK_EXPECT(false, "%s %s count=%zu: element %zu is %g, expected %g", what.c_str(),
-                to_string(t).c_str(), count, i, load(got, i, t), load(expected, i, t));
+    RANK_EXPECT(false, "%s %s count=%zu: element %zu is %g, expected %g", what.c_str(), to_string(t).c_str(),
+                count, i, load(got, i, t), load(expected, i, t));
   }
   return failures;
 }
@@ -213,7 +214,8 @@ int correctness(Ctx& c) {
         for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoStep}) {
           failures += poison(c, rs_out, bytes);
           c.comm->reduce_scatter(rs_in, rs_out, n, t, op, c.stream, a);
-          failures += check(c, rs_out, scattered, "reduce_scatter " + std::string(to_string(a)) + op_name, t, n);
+          failures +=
+              check(c, rs_out, scattered, "reduce_scatter " + std::string(to_string(a)) + op_name, t, n);
         }
         for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot}) {
           const std::string name = "all_reduce " + std::string(to_string(a)) + op_name;
@@ -246,7 +248,8 @@ int back_to_back_and_graph(Ctx& c) {
     if (i % 100 == 0) failures += upload(c, in, rank_data(++seed, rank, n, t));
     c.comm->all_gather(in, out, bytes, c.stream);
   }
-  failures += check(c, out, expected_all_gather(seed, world, n, t), std::to_string(kBackToBack) + " back-to-back all_gathers", t, n);
+  failures += check(c, out, expected_all_gather(seed, world, n, t),
+                    std::to_string(kBackToBack) + " back-to-back all_gathers", t, n);
 
   // Captured once, replayed with new inputs: barrier epochs live on the
   // device, so replays stay in step. Auto algorithms: a small all-gather and
@@ -282,8 +285,9 @@ int back_to_back_and_graph(Ctx& c) {
     void* big_out = dev(c, bytes * 4);
     failures += upload(c, big_in, rank_data(++seed, rank, n4 * world, t));
     c.comm->reduce_scatter(big_in, big_out, n4, t, ReduceOp::kSum, c.stream, Algorithm::kTwoStep);
-    failures += check(c, big_out, expected_reduction(seed, world, n4 * world, n4 * rank, n4, t, ReduceOp::kSum),
-                      "two-step reduce_scatter that outgrows the captured scratch", t, n4);
+    failures +=
+        check(c, big_out, expected_reduction(seed, world, n4 * world, n4 * rank, n4, t, ReduceOp::kSum),
+              "two-step reduce_scatter that outgrows the captured scratch", t, n4);
     for (void* p : {big_in, big_out}) release(c, p);
   }
   for (int replay = 0; replay < 5; ++replay) {
@@ -381,7 +385,8 @@ int bad_input(Ctx& c) {
     c.comm->reduce_scatter(in, out, n, DataType::kFloat32, ReduceOp::kSum, c.stream);
     RANK_EXPECT(false, "mismatched sizes went unnoticed");
   } catch (const logic_error& e) {
-    RANK_EXPECT(std::strstr(e.what(), "is not symmetric") && std::strstr(e.what(), "rank 1 has"), "%s", e.what());
+    RANK_EXPECT(std::strstr(e.what(), "is not symmetric") && std::strstr(e.what(), "rank 1 has"), "%s",
+                e.what());
   }
   // A buffer outside the heap.
   void* plain = nullptr;
@@ -412,7 +417,8 @@ int bad_environment(Ctx& c, SymmetricHeap& heap) {
     Communicator bad(heap, *c.alloc);
     RANK_EXPECT(false, "SYMMPOOL_MAX_BLOCKS=lots was accepted");
   } catch (const logic_error& e) {
-    RANK_EXPECT(std::strstr(e.what(), "SYMMPOOL_MAX_BLOCKS") && std::strstr(e.what(), "'lots'"), "%s", e.what());
+    RANK_EXPECT(std::strstr(e.what(), "SYMMPOOL_MAX_BLOCKS") && std::strstr(e.what(), "'lots'"), "%s",
+                e.what());
   }
   if (had_cap)
     ::setenv("SYMMPOOL_MAX_BLOCKS", previous.c_str(), 1);

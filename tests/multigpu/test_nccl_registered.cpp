@@ -2,12 +2,6 @@
 // symmpool registered with the communicator equal NCCL on plain cudaMalloc
 // buffers and the host reference; registrations stay flat in steady state.
 
-#include "process_group.hpp"
-#include "rank_checks.hpp"
-
-#include <symmpool/device_allocators.hpp>
-#include <symmpool/nccl_registration.hpp>
-
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -15,7 +9,12 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/nccl_registration.hpp>
 #include <vector>
+
+#include "process_group.hpp"
+#include "rank_checks.hpp"
 
 namespace symmpool::test {
 
@@ -71,7 +70,8 @@ int check_collectives(int rank, int world, ncclComm_t comm, cudaStream_t stream,
           if (op == 0)
             std::copy(d.begin(), d.end(), expect_f.begin() + static_cast<std::ptrdiff_t>(r * count));
           else
-            for (std::size_t i = 0; i < count; ++i) expect_f[i] += d[static_cast<std::size_t>(rank) * count + i];
+            for (std::size_t i = 0; i < count; ++i)
+              expect_f[i] += d[static_cast<std::size_t>(rank) * count + i];
         }
         auto expect = encode(expect_f, type);
 
@@ -89,13 +89,13 @@ int check_collectives(int rank, int world, ncclComm_t comm, cudaStream_t stream,
         }
         std::vector<unsigned char> got_sym(out_count * elem), got_plain(out_count * elem);
         RANK_CUDA(cudaMemcpyAsync(got_sym.data(), sym.out, got_sym.size(), cudaMemcpyDeviceToHost, stream));
-        RANK_CUDA(cudaMemcpyAsync(got_plain.data(), plain.out, got_plain.size(), cudaMemcpyDeviceToHost, stream));
+        RANK_CUDA(
+            cudaMemcpyAsync(got_plain.data(), plain.out, got_plain.size(), cudaMemcpyDeviceToHost, stream));
         RANK_CUDA(cudaStreamSynchronize(stream));
         if (got_sym != expect || got_plain != expect) {
           std::fprintf(stderr, "[rank %d] %s %s count=%zu: registered %s, plain %s\n", rank,
-                       op == 0 ? "all-gather" : "reduce-scatter",
-                       type == ncclFloat32 ? "fp32" : "bf16", count,
-                       got_sym == expect ? "ok" : "WRONG", got_plain == expect ? "ok" : "WRONG");
+                       op == 0 ? "all-gather" : "reduce-scatter", type == ncclFloat32 ? "fp32" : "bf16",
+                       count, got_sym == expect ? "ok" : "WRONG", got_plain == expect ? "ok" : "WRONG");
           ++failures;
         }
         alloc.deallocate(sym.in, cu);
@@ -135,8 +135,8 @@ int registered_matches_plain(int rank, int world, Rendezvous& rv) {
   }
   RANK_CUDA(cudaStreamSynchronize(stream));
   auto counts = hook.counts();
-  std::printf("[rank %d] registrations after step 1: %llu, after step 100: %llu, live segments %zu\n",
-              rank, static_cast<unsigned long long>(after_first),
+  std::printf("[rank %d] registrations after step 1: %llu, after step 100: %llu, live segments %zu\n", rank,
+              static_cast<unsigned long long>(after_first),
               static_cast<unsigned long long>(counts.registrations), counts.live);
   if (counts.registrations != after_first) ++failures;
 

@@ -5,16 +5,15 @@
 // for the segment arena it is given (as RMM's adaptors wrap an upstream
 // resource): the arena makes and maps segments, this class carves blocks.
 
-#include <symmpool/allocator_stats.hpp>
-#include <symmpool/driver_api.hpp>
-#include <symmpool/segment_arena.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <symmpool/allocator_stats.hpp>
+#include <symmpool/driver_api.hpp>
+#include <symmpool/segment_arena.hpp>
 #include <unordered_map>
 #include <vector>
 
@@ -22,12 +21,12 @@ namespace symmpool {
 
 class CachingAllocator {
  public:
-  static constexpr std::size_t kMinBlockSize = 512;             // every size rounds up to this
-  static constexpr std::size_t kSmallSize = 1 << 20;            // largest "small" request
-  static constexpr std::size_t kSmallSegment = 2 << 20;         // segments of the small pool
-  static constexpr std::size_t kMinLargeAlloc = 10 << 20;       // below: share a large segment
-  static constexpr std::size_t kLargeSegment = 20 << 20;        // segments for mid-size requests
-  static constexpr std::size_t kLargeRounding = 2 << 20;        // big requests round to this
+  static constexpr std::size_t kMinBlockSize = 512;        // every size rounds up to this
+  static constexpr std::size_t kSmallSize = 1 << 20;       // largest "small" request
+  static constexpr std::size_t kSmallSegment = 2 << 20;    // segments of the small pool
+  static constexpr std::size_t kMinLargeAlloc = 10 << 20;  // below: share a large segment
+  static constexpr std::size_t kLargeSegment = 20 << 20;   // segments for mid-size requests
+  static constexpr std::size_t kLargeRounding = 2 << 20;   // big requests round to this
 
   // Owns `arena` (its device, driver table and address range).
   explicit CachingAllocator(std::unique_ptr<SegmentArena> arena);
@@ -64,8 +63,8 @@ class CachingAllocator {
   void unmap_internal_segment(void* ptr);
   std::uint64_t free_internal_slots() const;  // bit s: slot s is free
 
-  bool owns(const void* ptr) const;        // inside one of our segments
-  bool is_allocation(const void* ptr) const;  // the start of a live block
+  bool owns(const void* ptr) const;                    // inside one of our segments
+  bool is_allocation(const void* ptr) const;           // the start of a live block
   std::size_t allocation_size(const void* ptr) const;  // bytes asked for; throws if unknown
 
   AllocatorStats stats() const;
@@ -109,7 +108,7 @@ class CachingAllocator {
   Pool& pool_of(const Block* block);
   [[noreturn]] void throw_unknown_pointer(const void* ptr, const char* action) const;
 
-  const DriverApi& drv_;  // declared before arena_: taken from the arena before it is moved in
+  const DriverApi& drv_;                 // declared before arena_: taken from the arena before it is moved in
   std::unique_ptr<SegmentArena> arena_;  // never null
   std::size_t device_total_ = 0;
   mutable std::mutex mutex_;
@@ -117,8 +116,8 @@ class CachingAllocator {
   Pool large_pool_;
   std::unordered_map<std::uintptr_t, Block*> active_;
   std::unordered_map<std::uint64_t, Block*> segment_heads_;  // segment id -> first block
-  std::deque<std::pair<CUevent, Block*>> pending_;            // frees waiting on events
-  std::vector<Block*> unrecorded_;  // frees whose events failed to record, to retry
+  std::deque<std::pair<CUevent, Block*>> pending_;           // frees waiting on events
+  std::vector<Block*> unrecorded_;                           // frees whose events failed to record, to retry
   std::vector<CUevent> spare_events_;
   AllocatorStats stats_;
 };

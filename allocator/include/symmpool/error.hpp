@@ -81,8 +81,8 @@ namespace detail {
 #define SYMMPOOL_STRINGIFY(x) SYMMPOOL_STRINGIFY_DETAIL(x)
 
 // Throws symmpool::logic_error carrying `msg` (anything streamable into std::string +).
-#define SYMMPOOL_EXPECTS(cond, msg)                                        \
-  do {                                                                     \
+#define SYMMPOOL_EXPECTS(cond, msg)                                                \
+  do {                                                                             \
     if (!(cond)) ::symmpool::detail::throw_logic_error(__FILE__, __LINE__, (msg)); \
   } while (0)
 
@@ -90,33 +90,33 @@ namespace detail {
 
 // Calls `call` through the driver table `drv` (a symmpool::DriverApi) and
 // throws symmpool::cuda_error on failure: SYMMPOOL_CU_TRY(drv, cuMemMap(...)).
-#define SYMMPOOL_CU_TRY(drv, call)                                                          \
-  do {                                                                                      \
-    CUresult symmpool_cu_status_ = (drv).call;                                              \
-    if (symmpool_cu_status_ != CUDA_SUCCESS)                                                \
-      ::symmpool::detail::throw_cuda_error(__FILE__, __LINE__, #call, symmpool_cu_status_,  \
-                                           (drv).error_string(symmpool_cu_status_));        \
+#define SYMMPOOL_CU_TRY(drv, call)                                                         \
+  do {                                                                                     \
+    CUresult symmpool_cu_status_ = (drv).call;                                             \
+    if (symmpool_cu_status_ != CUDA_SUCCESS)                                               \
+      ::symmpool::detail::throw_cuda_error(__FILE__, __LINE__, #call, symmpool_cu_status_, \
+                                           (drv).error_string(symmpool_cu_status_));       \
   } while (0)
 
 // Calls `call` through the NCCL table `nccl` (a symmpool::NcclApi) and throws
 // symmpool::nccl_error on failure.
-#define SYMMPOOL_NCCL_TRY(nccl, call)                                                        \
-  do {                                                                                       \
-    auto symmpool_nccl_status_ = (nccl).call;                                                \
-    if (symmpool_nccl_status_ != 0)                                                          \
-      ::symmpool::detail::throw_nccl_error(__FILE__, __LINE__, #call,                        \
-                                           static_cast<int>(symmpool_nccl_status_),          \
-                                           (nccl).error_string(symmpool_nccl_status_));      \
+#define SYMMPOOL_NCCL_TRY(nccl, call)                                                   \
+  do {                                                                                  \
+    auto symmpool_nccl_status_ = (nccl).call;                                           \
+    if (symmpool_nccl_status_ != 0)                                                     \
+      ::symmpool::detail::throw_nccl_error(__FILE__, __LINE__, #call,                   \
+                                           static_cast<int>(symmpool_nccl_status_),     \
+                                           (nccl).error_string(symmpool_nccl_status_)); \
   } while (0)
 
 // A CUDA runtime call that throws symmpool::cuda_error with the call and the
 // runtime's error string (code() then holds the cudaError_t value). Driver
 // calls go through SYMMPOOL_CU_TRY: they use the driver table, real or fake.
-#define SYMMPOOL_CUDA_TRY(call)                                                                \
-  do {                                                                                         \
-    cudaError_t symmpool_rt_status_ = (call);                                                  \
-    if (symmpool_rt_status_ != cudaSuccess)                                                    \
-      ::symmpool::detail::throw_cuda_error(__FILE__, __LINE__, #call,                          \
-                                           static_cast<CUresult>(symmpool_rt_status_),         \
-                                           cudaGetErrorString(symmpool_rt_status_));           \
+#define SYMMPOOL_CUDA_TRY(call)                                                        \
+  do {                                                                                 \
+    cudaError_t symmpool_rt_status_ = (call);                                          \
+    if (symmpool_rt_status_ != cudaSuccess)                                            \
+      ::symmpool::detail::throw_cuda_error(__FILE__, __LINE__, #call,                  \
+                                           static_cast<CUresult>(symmpool_rt_status_), \
+                                           cudaGetErrorString(symmpool_rt_status_));   \
   } while (0)

@@ -4,11 +4,10 @@
 // so NCCL can use symmpool buffers zero-copy. Cached segments stay
 // registered: in steady state no registration happens.
 
-#include <symmpool/nccl_api.hpp>
-#include <symmpool/segment.hpp>
-
 #include <cstdint>
 #include <mutex>
+#include <symmpool/nccl_api.hpp>
+#include <symmpool/segment.hpp>
 #include <unordered_map>
 
 namespace symmpool {
@@ -17,7 +16,7 @@ struct RegistrationCounts {
   std::uint64_t registrations = 0;    // ncclCommRegister calls that succeeded
   std::uint64_t deregistrations = 0;  // ncclCommDeregister calls
   std::uint64_t failed_deregistrations = 0;
-  std::size_t live = 0;               // segments registered now
+  std::size_t live = 0;  // segments registered now
   std::size_t live_bytes = 0;
 
   RegistrationCounts& operator+=(const RegistrationCounts& o) {

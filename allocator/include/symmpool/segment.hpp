@@ -11,11 +11,11 @@
 namespace symmpool {
 
 struct Segment {
-  std::uint64_t id = 0;       // unique within its arena, never reused
+  std::uint64_t id = 0;  // unique within its arena, never reused
   int device = -1;
-  CUdeviceptr address = 0;    // where it is mapped
-  std::size_t size = 0;       // a multiple of the arena's granularity
-  std::size_t offset = 0;     // address - arena base: equal on SPMD ranks
+  CUdeviceptr address = 0;  // where it is mapped
+  std::size_t size = 0;     // a multiple of the arena's granularity
+  std::size_t offset = 0;   // address - arena base: equal on SPMD ranks
   CUmemGenericAllocationHandle handle = 0;
   CUmemAllocationHandleType handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   bool multicast_capable = false;  // sized and aligned for a multicast binding

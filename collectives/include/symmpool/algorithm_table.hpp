@@ -11,10 +11,9 @@
 // at the same sizes as bf16 (collectives_dtype_h200x2_2026-11-22.json), and
 // fp16 runs bf16's kernels.
 
-#include <symmpool/collective_types.hpp>
-
 #include <cstddef>
 #include <limits>
+#include <symmpool/collective_types.hpp>
 
 namespace symmpool {
 
@@ -67,7 +66,7 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
     // In place, 2 ranks: two-shot 5.7 vs one-shot 6.7 us at 8 KiB (uncapped grid),
     // 321 vs 281 GB/s at 1 GiB; 4 ranks: two-shot won at every size.
     case CollectiveKind::kAllReduce:
-      return Algorithm::kTwoShot;     // (all_reduce falls back to one-shot where two-shot cannot run)
+      return Algorithm::kTwoShot;  // (all_reduce falls back to one-shot where two-shot cannot run)
   }
   return Algorithm::kOneShot;
 }

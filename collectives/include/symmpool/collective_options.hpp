@@ -7,17 +7,16 @@
 //   SYMMPOOL_BARRIER_TIMEOUT  seconds any barrier waits for a peer; overrides
 //                             the timeout the caller gives the communicator
 
-#include <symmpool/environment.hpp>
-
 #include <chrono>
 #include <optional>
+#include <symmpool/environment.hpp>
 
 namespace symmpool {
 
 struct CollectiveOptions {
-  // 2x H200, 256 MiB reduce-scatter under 8 matmuls (bench/results/collectives_grid_cap_h200x2_2026-11-22.json):
-  // 528 blocks 328 GB/s at 1 GiB alone but matmuls 24.9% slower; 64 blocks
-  // 298 GB/s and 11.2% (NCCL: 260 GB/s, 12.2%); 32 blocks 166 GB/s.
+  // 2x H200, 256 MiB reduce-scatter under 8 matmuls
+  // (bench/results/collectives_grid_cap_h200x2_2026-11-22.json): 528 blocks 328 GB/s at 1 GiB alone but
+  // matmuls 24.9% slower; 64 blocks 298 GB/s and 11.2% (NCCL: 260 GB/s, 12.2%); 32 blocks 166 GB/s.
   static constexpr int kDefaultMaxBlocks = 64;
   static constexpr int kLargestGrid = 65535;
   static constexpr int kDefaultCopyStreams = 1;

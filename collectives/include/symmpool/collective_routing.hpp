@@ -7,11 +7,10 @@
 // communicator can tell: whether the group spans nodes, whether the buffers
 // lie in this rank's heap, whether they are symmetric on every rank.
 
-#include <symmpool/algorithm_table.hpp>
-#include <symmpool/detail/peer_pointers.hpp>
-
 #include <cstddef>
 #include <cstdint>
+#include <symmpool/algorithm_table.hpp>
+#include <symmpool/detail/peer_pointers.hpp>
 
 namespace symmpool {
 
@@ -41,22 +40,38 @@ inline constexpr int kRouteReasons = static_cast<int>(RouteReason::kNotSymmetric
 
 constexpr const char* to_string(RouteReason r) {
   switch (r) {
-    case RouteReason::kTablePrefersSymmpool: return "table prefers symmpool at this size";
-    case RouteReason::kCollectivesAlways: return "SYMMPOOL_COLLECTIVES=always";
-    case RouteReason::kCollectivesDisabled: return "collectives disabled";
-    case RouteReason::kSeveralTensors: return "several tensors in one call";
-    case RouteReason::kNotCuda: return "not a CUDA tensor";
-    case RouteReason::kTooManyRanks: return "more ranks than symmpool supports";
-    case RouteReason::kDtypeNotSupported: return "dtype not supported";
-    case RouteReason::kDtypesDiffer: return "input and output dtypes differ";
-    case RouteReason::kReduceOpNotSupported: return "reduce op not supported";
-    case RouteReason::kNotContiguous: return "not contiguous";
-    case RouteReason::kSizesDoNotMatch: return "sizes do not match the group";
-    case RouteReason::kEmpty: return "empty tensor";
-    case RouteReason::kTablePrefersNccl: return "table prefers NCCL at this size";
-    case RouteReason::kGroupSpansNodes: return "group spans nodes";
-    case RouteReason::kNotInHeap: return "buffer not in symmpool heap";
-    case RouteReason::kNotSymmetric: return "buffer not symmetric on every rank";
+    case RouteReason::kTablePrefersSymmpool:
+      return "table prefers symmpool at this size";
+    case RouteReason::kCollectivesAlways:
+      return "SYMMPOOL_COLLECTIVES=always";
+    case RouteReason::kCollectivesDisabled:
+      return "collectives disabled";
+    case RouteReason::kSeveralTensors:
+      return "several tensors in one call";
+    case RouteReason::kNotCuda:
+      return "not a CUDA tensor";
+    case RouteReason::kTooManyRanks:
+      return "more ranks than symmpool supports";
+    case RouteReason::kDtypeNotSupported:
+      return "dtype not supported";
+    case RouteReason::kDtypesDiffer:
+      return "input and output dtypes differ";
+    case RouteReason::kReduceOpNotSupported:
+      return "reduce op not supported";
+    case RouteReason::kNotContiguous:
+      return "not contiguous";
+    case RouteReason::kSizesDoNotMatch:
+      return "sizes do not match the group";
+    case RouteReason::kEmpty:
+      return "empty tensor";
+    case RouteReason::kTablePrefersNccl:
+      return "table prefers NCCL at this size";
+    case RouteReason::kGroupSpansNodes:
+      return "group spans nodes";
+    case RouteReason::kNotInHeap:
+      return "buffer not in symmpool heap";
+    case RouteReason::kNotSymmetric:
+      return "buffer not symmetric on every rank";
   }
   return "unknown";
 }
@@ -96,9 +111,9 @@ struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::kAllGather;
   int world = 1;
   bool on_cuda = true;
-  bool contiguous = true;         // input and output
+  bool contiguous = true;  // input and output
   bool same_dtype = true;
-  bool dtype_supported = true;    // one symmpool reduces (all-gather copies any)
+  bool dtype_supported = true;      // one symmpool reduces (all-gather copies any)
   bool reduce_op_supported = true;  // sum or avg (all-gather has none)
   std::int64_t input_numel = 0, output_numel = 0;
   std::size_t element_size = 0;
@@ -113,9 +128,10 @@ constexpr std::size_t table_bytes(const CollectiveCall& c) {
 
 constexpr RouteDecision route_by_shape(const CollectiveCall& c, RoutingSettings settings) {
   const bool reduces = c.kind != CollectiveKind::kAllGather;
-  const bool sizes_match = c.kind == CollectiveKind::kAllGather       ? c.output_numel == c.input_numel * c.world
-                           : c.kind == CollectiveKind::kReduceScatter ? c.input_numel == c.output_numel * c.world
-                                                                      : c.input_numel == c.output_numel;
+  const bool sizes_match = c.kind == CollectiveKind::kAllGather ? c.output_numel == c.input_numel * c.world
+                           : c.kind == CollectiveKind::kReduceScatter
+                               ? c.input_numel == c.output_numel * c.world
+                               : c.input_numel == c.output_numel;
   auto nccl = [](RouteReason r) { return RouteDecision{Engine::kNccl, r}; };
   if (!settings.enabled) return nccl(RouteReason::kCollectivesDisabled);
   if (!c.on_cuda) return nccl(RouteReason::kNotCuda);

@@ -22,24 +22,31 @@ enum class BarrierKind {
 };
 
 enum class Algorithm {
-  kAuto,             // by op, size and world size (algorithm_table.hpp): equal on every rank
-  kCopyEnginePull,   // all-gather: each rank's copy engines read the peers' inputs; no SM
-  kCopyEnginePush,   // all-gather: each rank writes its input into every peer's output; no SM
-  kKernel,           // all-gather: one kernel reads every peer, barriers inside (small messages)
-  kOneShot,          // reduce-scatter, all-reduce: one kernel reads every peer's input
-  kTwoShot,          // all-reduce: reduce our chunk, write it into every peer's output
-  kTwoStep,          // reduce-scatter: copy engines pull our chunks, then a local reduce
+  kAuto,            // by op, size and world size (algorithm_table.hpp): equal on every rank
+  kCopyEnginePull,  // all-gather: each rank's copy engines read the peers' inputs; no SM
+  kCopyEnginePush,  // all-gather: each rank writes its input into every peer's output; no SM
+  kKernel,          // all-gather: one kernel reads every peer, barriers inside (small messages)
+  kOneShot,         // reduce-scatter, all-reduce: one kernel reads every peer's input
+  kTwoShot,         // all-reduce: reduce our chunk, write it into every peer's output
+  kTwoStep,         // reduce-scatter: copy engines pull our chunks, then a local reduce
 };
 
 inline const char* to_string(Algorithm a) {
   switch (a) {
-    case Algorithm::kAuto: return "auto";
-    case Algorithm::kCopyEnginePull: return "copy-engine pull";
-    case Algorithm::kCopyEnginePush: return "copy-engine push";
-    case Algorithm::kKernel: return "kernel";
-    case Algorithm::kOneShot: return "one-shot";
-    case Algorithm::kTwoShot: return "two-shot";
-    case Algorithm::kTwoStep: return "two-step";
+    case Algorithm::kAuto:
+      return "auto";
+    case Algorithm::kCopyEnginePull:
+      return "copy-engine pull";
+    case Algorithm::kCopyEnginePush:
+      return "copy-engine push";
+    case Algorithm::kKernel:
+      return "kernel";
+    case Algorithm::kOneShot:
+      return "one-shot";
+    case Algorithm::kTwoShot:
+      return "two-shot";
+    case Algorithm::kTwoStep:
+      return "two-step";
   }
   return "unknown";
 }

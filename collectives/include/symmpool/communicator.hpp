@@ -2,9 +2,9 @@
 // Zero-copy intra-node collectives on a symmetric heap. Every call is
 // collective (all ranks, same order, same sizes, same algorithm), runs on
 // the caller's stream after the communicator's previous call, whatever that
-// call's stream (as NCCL orders one communicator's work), can be captured in a CUDA graph once its buffers were
-// seen eagerly, and checks that its buffers are symmetric before touching a
-// peer. Algorithms (collective_types.hpp):
+// call's stream (as NCCL orders one communicator's work), can be captured in a CUDA graph once its buffers
+// were seen eagerly, and checks that its buffers are symmetric before touching a peer. Algorithms
+// (collective_types.hpp):
 //   all_gather     copy-engine pull or push (no SM), or one kernel for small messages
 //   reduce_scatter one-shot kernel (16-byte loads, fp32 accumulation) or
 //                  two-step (copy engines pull, local reduce)
@@ -25,17 +25,16 @@
 // raises collective_error with the same text. Buffers that are not
 // symmetric raise not_symmetric_error and leave the communicator sound.
 
-#include <symmpool/collective_options.hpp>
-#include <symmpool/collective_types.hpp>
-#include <symmpool/detail/peer_pointers.hpp>
-#include <symmpool/symmetric_heap.hpp>
-
 #include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
+#include <symmpool/collective_options.hpp>
+#include <symmpool/collective_types.hpp>
+#include <symmpool/detail/peer_pointers.hpp>
+#include <symmpool/symmetric_heap.hpp>
 #include <utility>
 #include <vector>
 
@@ -49,7 +48,7 @@ class IssueOrder;
 class StreamOpWatchdog;
 struct ErrorWords;
 struct ReduceLaunch;
-}
+}  // namespace detail
 
 // Hears a communicator's failure once, from any thread, before the stalled
 // stream goes on (the torch backend aborts the process here when asked).
@@ -73,8 +72,7 @@ class Communicator {
   // from the environment when the communicator is made; a bad value raises
   // logic_error naming its variable.
   Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
-               std::chrono::seconds barrier_timeout = kDefaultBarrierTimeout,
-               FailureHandler on_failure = {},
+               std::chrono::seconds barrier_timeout = kDefaultBarrierTimeout, FailureHandler on_failure = {},
                const CollectiveOptions& options = CollectiveOptions::from_environment());
   ~Communicator();
   Communicator(const Communicator&) = delete;
@@ -129,8 +127,8 @@ class Communicator {
   // loudly instead of pairing up; a buffer outside the heap needs none.
   void require_symmetric(const void* ptr, std::size_t bytes, const char* what);
   bool is_symmetric(const void* ptr, std::size_t bytes, const char* what);
-  void begin_call(const char* op);  // numbers a collective
-  std::string call_label() const;   // "<op> #<number>" of the current call
+  void begin_call(const char* op);    // numbers a collective
+  std::string call_label() const;     // "<op> #<number>" of the current call
   void release_resources() noexcept;  // internal slot and host words
 
   // Signal pads and barriers (barrier.cpp).
@@ -166,28 +164,28 @@ class Communicator {
 
   SymmetricHeap& heap_;
   CachingAllocator& allocator_;
-  std::uint32_t* pads_ = nullptr;          // [kPadRows][kMaxRanks], symmetric
-  std::uint32_t* kernel_epoch_ = nullptr;  // device-side counter of kernel barriers
-  std::uint32_t* block_epochs_ = nullptr;  // device-side counters of block meetings
-  std::uint32_t stream_op_epoch_ = 0;      // host-side counter of stream-op barriers
-  detail::PadPointers peer_pads_{};        // every rank's pads, mapped here
-  int timeout_seconds_ = 0;                // barriers' patience (argument or options' override)
-  long long timeout_cycles_ = 0;           // the same in clock cycles, for the kernels
-  int max_blocks_ = 0;                     // grid cap of unsynchronised reductions
-  std::unique_ptr<detail::CopyStreams> copies_;  // where copy-engine copies are issued
-  std::unique_ptr<detail::IssueOrder> order_;    // collectives run in the order issued
+  std::uint32_t* pads_ = nullptr;                       // [kPadRows][kMaxRanks], symmetric
+  std::uint32_t* kernel_epoch_ = nullptr;               // device-side counter of kernel barriers
+  std::uint32_t* block_epochs_ = nullptr;               // device-side counters of block meetings
+  std::uint32_t stream_op_epoch_ = 0;                   // host-side counter of stream-op barriers
+  detail::PadPointers peer_pads_{};                     // every rank's pads, mapped here
+  int timeout_seconds_ = 0;                             // barriers' patience (argument or options' override)
+  long long timeout_cycles_ = 0;                        // the same in clock cycles, for the kernels
+  int max_blocks_ = 0;                                  // grid cap of unsynchronised reductions
+  std::unique_ptr<detail::CopyStreams> copies_;         // where copy-engine copies are issued
+  std::unique_ptr<detail::IssueOrder> order_;           // collectives run in the order issued
   std::unique_ptr<detail::StreamOpWatchdog> watchdog_;  // times out stream-op barriers
-  void* internal_ = nullptr;               // our internal heap slot: pads and epochs
-  detail::ErrorWords* error_words_ = nullptr;  // host-mapped: set by a barrier that timed out
-  int* error_flag_ = nullptr;              // the same words, as the kernels take them
+  void* internal_ = nullptr;                            // our internal heap slot: pads and epochs
+  detail::ErrorWords* error_words_ = nullptr;           // host-mapped: set by a barrier that timed out
+  int* error_flag_ = nullptr;                           // the same words, as the kernels take them
   std::unique_ptr<detail::FailureMonitor> monitor_;
-  void* scratch_ = nullptr;                // plain device memory for staging
+  void* scratch_ = nullptr;  // plain device memory for staging
   std::size_t scratch_bytes_ = 0;
-  bool scratch_captured_ = false;          // scratch_ is in a captured CUDA graph
-  std::vector<void*> retired_scratch_;     // outgrown but in graphs: freed with us
-  std::uint64_t calls_ = 0;    // collectives asked of us or run elsewhere, same on every rank
-  const char* call_op_ = "";   // the current call's op; with calls_, what symmetry exchanges carry
-  bool exchange_next_check_ = false;  // a call ran elsewhere: verify alignment at the next check
+  bool scratch_captured_ = false;       // scratch_ is in a captured CUDA graph
+  std::vector<void*> retired_scratch_;  // outgrown but in graphs: freed with us
+  std::uint64_t calls_ = 0;             // collectives asked of us or run elsewhere, same on every rank
+  const char* call_op_ = "";            // the current call's op; with calls_, what symmetry exchanges carry
+  bool exchange_next_check_ = false;    // a call ran elsewhere: verify alignment at the next check
   // Buffers seen symmetric (empty) or not (why not), until the next sync.
   std::map<std::pair<const void*, std::size_t>, std::string> checked_;
 };

@@ -77,7 +77,7 @@ class FdServer {
   std::chrono::milliseconds io_timeout_;
   uid_t uid_;
   mutable std::mutex allowed_mutex_;
-  std::vector<pid_t> allowed_pids_;  // sorted
+  std::vector<pid_t> allowed_pids_;                       // sorted
   std::chrono::steady_clock::time_point accept_after_{};  // EMFILE back-off (server thread)
   std::atomic<bool> stopping_{false};
   int listen_fd_ = -1;

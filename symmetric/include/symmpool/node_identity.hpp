@@ -3,9 +3,8 @@
 // hash): hostname and kernel boot id, or SYMMPOOL_HOST_ID when set. Ranks
 // with different identities cannot share a symmetric heap.
 
-#include <symmpool/environment.hpp>
-
 #include <string>
+#include <symmpool/environment.hpp>
 
 namespace symmpool {
 

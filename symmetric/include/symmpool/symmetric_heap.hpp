@@ -7,17 +7,16 @@
 // collective point: metadata through the Store, descriptors over Unix sockets.
 // Symmetry is checked, never assumed (check_symmetric).
 
-#include <symmpool/caching_allocator.hpp>
-#include <symmpool/error.hpp>
-#include <symmpool/fd_channel.hpp>
-#include <symmpool/store.hpp>
-
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <symmpool/caching_allocator.hpp>
+#include <symmpool/error.hpp>
+#include <symmpool/fd_channel.hpp>
+#include <symmpool/store.hpp>
 #include <vector>
 
 namespace symmpool {
@@ -32,8 +31,8 @@ class SymmetricHeap final : public SegmentObserver {
   // peer never arrives, multi_node_error when the ranks are on different
   // nodes and logic_error when their heaps cannot match (two ranks on one
   // GPU, devices of different sizes).
-  SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, Store& store, std::string group,
-                int rank, int world, HeapOptions options = {});
+  SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, Store& store, std::string group, int rank,
+                int world, HeapOptions options = {});
   ~SymmetricHeap() override;
   SymmetricHeap(const SymmetricHeap&) = delete;
   SymmetricHeap& operator=(const SymmetricHeap&) = delete;
@@ -128,12 +127,12 @@ class SymmetricHeap final : public SegmentObserver {
   HeapOptions options_;
   std::uint64_t round_ = 0;  // collective calls so far: keys never repeat
 
-  mutable std::mutex mutex_;          // local_ (allocator and server threads)
+  mutable std::mutex mutex_;              // local_ (allocator and server threads)
   std::map<std::uint64_t, Piece> local_;  // by segment id
   std::set<std::uint64_t> published_;     // ids of local_ at the last sync(): all export_fd serves
-  std::uint64_t local_generation_ = 0;     // bumped on every local map/unmap
-  std::uint64_t synced_generation_ = 0;    // local_generation_ at the last sync()
-  std::string failure_;                    // first failure of a collective call (sticky)
+  std::uint64_t local_generation_ = 0;    // bumped on every local map/unmap
+  std::uint64_t synced_generation_ = 0;   // local_generation_ at the last sync()
+  std::string failure_;                   // first failure of a collective call (sticky)
   std::vector<CUdeviceptr> peer_base_;
   std::vector<std::map<std::size_t, Piece>> peer_pieces_;  // by offset
   std::vector<std::string> peer_socket_;

@@ -1,8 +1,7 @@
-#include "fake_fixture.hpp"
-
+#include <cstdint>
 #include <symmpool/error.hpp>
 
-#include <cstdint>
+#include "fake_fixture.hpp"
 
 namespace symmpool::test {
 
@@ -113,8 +112,7 @@ TEST_F(HugeDeviceTest, HugeVirtualRangeRequestIsRejected) {
 }
 
 // A device whose memory, doubled for the default virtual range, overflows.
-class TooLargeToDoubleTest : public FakeDriverTest,
-                             public ::testing::WithParamInterface<std::size_t> {
+class TooLargeToDoubleTest : public FakeDriverTest, public ::testing::WithParamInterface<std::size_t> {
  protected:
   FakeDeviceConfig config() override {
     FakeDeviceConfig c;

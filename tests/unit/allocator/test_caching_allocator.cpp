@@ -1,10 +1,9 @@
-#include "fake_fixture.hpp"
-
-#include <symmpool/error.hpp>
-
 #include <algorithm>
 #include <cstring>
+#include <symmpool/error.hpp>
 #include <thread>
+
+#include "fake_fixture.hpp"
 
 namespace symmpool::test {
 

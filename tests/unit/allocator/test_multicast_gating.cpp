@@ -1,12 +1,11 @@
-#include "fake_fixture.hpp"
-
-#include <symmpool/node_identity.hpp>
-
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <symmpool/node_identity.hpp>
+
+#include "fake_fixture.hpp"
 
 namespace symmpool::test {
 
@@ -39,8 +38,7 @@ TEST_F(MulticastGatingTest, NotRequestedMeansNoMulticastCall) {
 }
 
 // Each variable alone turns multicast off before any cuMulticast* call.
-class MulticastEnvTest : public MulticastGatingTest,
-                         public ::testing::WithParamInterface<const char*> {};
+class MulticastEnvTest : public MulticastGatingTest, public ::testing::WithParamInterface<const char*> {};
 
 TEST_P(MulticastEnvTest, EnvironmentVariableDisablesMulticast) {
   const std::string which = GetParam();

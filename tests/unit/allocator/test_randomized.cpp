@@ -1,11 +1,10 @@
-#include "fake_fixture.hpp"
-
-#include <symmpool/error.hpp>
-
 #include <cstring>
 #include <map>
 #include <ostream>
 #include <random>
+#include <symmpool/error.hpp>
+
+#include "fake_fixture.hpp"
 
 namespace symmpool::test {
 
@@ -177,10 +176,10 @@ class PropertyRun {
     ASSERT_NE(p, nullptr) << *this;
     const auto address = reinterpret_cast<std::uintptr_t>(p);
     const AllocatorStats after = a_.stats();
-    const auto block = static_cast<std::size_t>(after.allocated_bytes.current - before.allocated_bytes.current);
+    const auto block =
+        static_cast<std::size_t>(after.allocated_bytes.current - before.allocated_bytes.current);
     if (after.oom_retries != before.oom_retries) held_.clear();  // it waited for every event
-    ASSERT_FALSE(overlaps(held_, address, block))
-        << "handed out memory that a stream may still use" << *this;
+    ASSERT_FALSE(overlaps(held_, address, block)) << "handed out memory that a stream may still use" << *this;
     // The charge is the size rounded to 512 bytes, plus for the large pool a
     // remainder of at most kSmallSize that was not worth splitting off.
     const std::size_t rounded = (size + 511) / 512 * 512;

@@ -1,6 +1,6 @@
-#include <symmpool/detail/range_allocator.hpp>
-
 #include <gtest/gtest.h>
+
+#include <symmpool/detail/range_allocator.hpp>
 
 using symmpool::detail::RangeAllocator;
 

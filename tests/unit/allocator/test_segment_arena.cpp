@@ -1,9 +1,8 @@
-#include "fake_fixture.hpp"
-
+#include <cstring>
 #include <symmpool/error.hpp>
 #include <symmpool/segment_arena.hpp>
 
-#include <cstring>
+#include "fake_fixture.hpp"
 
 namespace symmpool::test {
 

@@ -1,8 +1,7 @@
-#include "fake_fixture.hpp"
-
+#include <string>
 #include <symmpool/error.hpp>
 
-#include <string>
+#include "fake_fixture.hpp"
 
 namespace symmpool::test {
 
@@ -117,8 +116,7 @@ TEST_P(FailedEventTest, KeepsTheBlockAndRetries) {
   EXPECT_EQ(a->stats().segments.current, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(EachEventCall, FailedEventTest,
-                         ::testing::Values("cuEventRecord", "cuEventCreate"),
+INSTANTIATE_TEST_SUITE_P(EachEventCall, FailedEventTest, ::testing::Values("cuEventRecord", "cuEventCreate"),
                          [](const auto& info) { return std::string(info.param); });
 
 // With two streams to wait for and only the second event failing, the first

@@ -1,9 +1,8 @@
-#include <symmpool/collective_options.hpp>
-#include <symmpool/error.hpp>
-
 #include <gtest/gtest.h>
 
 #include <string>
+#include <symmpool/collective_options.hpp>
+#include <symmpool/error.hpp>
 
 namespace symmpool::test {
 
@@ -47,12 +46,16 @@ TEST(CollectiveOptions, RefusesBadValuesNamingTheVariable) {
     const char* value;
     const char* message;
   } cases[] = {
-      {&Environment::max_blocks, "lots", "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got 'lots'"},
+      {&Environment::max_blocks, "lots",
+       "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got 'lots'"},
       {&Environment::max_blocks, "0", "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got '0'"},
-      {&Environment::max_blocks, "65536", "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got '65536'"},
-      {&Environment::max_blocks, "64 ", "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got '64 '"},
+      {&Environment::max_blocks, "65536",
+       "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got '65536'"},
+      {&Environment::max_blocks, "64 ",
+       "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got '64 '"},
       {&Environment::copy_streams, "9", "SYMMPOOL_COPY_STREAMS must be a whole number from 1 to 8, got '9'"},
-      {&Environment::barrier_timeout, "0", "SYMMPOOL_BARRIER_TIMEOUT must be a whole number from 1 to 86400, got '0'"},
+      {&Environment::barrier_timeout, "0",
+       "SYMMPOOL_BARRIER_TIMEOUT must be a whole number from 1 to 86400, got '0'"},
       {&Environment::barrier_timeout, "1e3",
        "SYMMPOOL_BARRIER_TIMEOUT must be a whole number from 1 to 86400, got '1e3'"},
   };

@@ -1,18 +1,17 @@
-#include <symmpool/collective_routing.hpp>
-#include <symmpool/environment.hpp>
-
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <symmpool/collective_routing.hpp>
+#include <symmpool/environment.hpp>
 
 namespace symmpool::test {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr RoutingSettings kTable{};                   // SYMMPOOL_COLLECTIVES unset
-constexpr RoutingSettings kAlways{true, true};        // =always
-constexpr RoutingSettings kDisabled{false, false};    // =0
+constexpr RoutingSettings kTable{};                 // SYMMPOOL_COLLECTIVES unset
+constexpr RoutingSettings kAlways{true, true};      // =always
+constexpr RoutingSettings kDisabled{false, false};  // =0
 
 // A call symmpool takes at 2 ranks: `count` bf16 elements per rank.
 CollectiveCall call_of(CollectiveKind kind, std::int64_t count = 1024, int world = 2) {
@@ -57,7 +56,8 @@ TEST(CollectiveRouting, TheTableSeesTheBytesItWasMeasuredOn) {
   EXPECT_EQ(table_bytes(call_of(CollectiveKind::kAllGather, 100, 4)), 800u);
   EXPECT_EQ(table_bytes(call_of(CollectiveKind::kReduceScatter, 100, 4)), 800u);
   // World sizes the table has no measurements for.
-  for (CollectiveKind kind : kKinds) expect_nccl(call_of(kind, 1024, 3), RouteReason::kTablePrefersNccl, kTable);
+  for (CollectiveKind kind : kKinds)
+    expect_nccl(call_of(kind, 1024, 3), RouteReason::kTablePrefersNccl, kTable);
 }
 
 TEST(CollectiveRouting, EachIneligibleCallSaysWhy) {

@@ -3,15 +3,6 @@
 // the wire format, and a deadline on every socket operation. Time limits are
 // generous upper bounds; nothing asserts that something takes long.
 
-#include "fake_fixture.hpp"
-#include "process_group.hpp"
-
-#include <symmpool/error.hpp>
-#include <symmpool/fd_channel.hpp>
-#include <symmpool/random_token.hpp>
-#include <symmpool/store.hpp>
-#include <symmpool/symmetric_heap.hpp>
-
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -24,15 +15,23 @@
 
 #include <cerrno>
 #include <chrono>
-#include <ctime>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <string>
+#include <symmpool/error.hpp>
+#include <symmpool/fd_channel.hpp>
+#include <symmpool/random_token.hpp>
+#include <symmpool/store.hpp>
+#include <symmpool/symmetric_heap.hpp>
 #include <thread>
 #include <vector>
+
+#include "fake_fixture.hpp"
+#include "process_group.hpp"
 
 namespace symmpool::test {
 
@@ -244,9 +243,11 @@ TEST(FdChannel, APidOutsideTheAllowedSetIsRefused) {
 }
 
 TEST(FdChannel, AnotherUidIsRefusedEvenWithAnAllowedPidAndTheSecret) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a child as uid 65534 (the tests run as root in CI)";
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "needs root to run a child as uid 65534 (the tests run as root in CI)";
   FdServer server(export_text("payload"));
-  EXPECT_EQ(allowed_child_outcome(server, /*drop_uid=*/false), 10) << "the same-uid control child was not served";
+  EXPECT_EQ(allowed_child_outcome(server, /*drop_uid=*/false), 10)
+      << "the same-uid control child was not served";
   EXPECT_EQ(allowed_child_outcome(server, /*drop_uid=*/true), 0) << "uid 65534 was not refused";
 }
 
@@ -313,8 +314,8 @@ TEST(FdChannel, MalformedRequestsAreRefusedWithinTheDeadline) {
   EXPECT_EQ(raw_exchange(server.name(), wrong_magic, false, wait), kRefused) << "wrong magic";
   EXPECT_EQ(raw_exchange(server.name(), request(server.secret(), 7, /*version=*/2), false, wait), kRefused)
       << "wrong version";
-  EXPECT_EQ(raw_exchange(server.name(), std::string(request("", 0).size() + FdServer::kSecretHexChars, '\xff'),
-                         false, wait),
+  EXPECT_EQ(raw_exchange(server.name(),
+                         std::string(request("", 0).size() + FdServer::kSecretHexChars, '\xff'), false, wait),
             kRefused)
       << "garbage";
   EXPECT_EQ(raw_exchange(server.name(), request(std::string(FdServer::kSecretHexChars, 'z'), 7), false, wait),
@@ -404,7 +405,8 @@ TEST(FdChannel, RunningOutOfDescriptorsDoesNotSpinTheServer) {
     ::_exit(status == kOk ? 0 : 44);
   }
   ASSERT_GT(child, 0);
-  EXPECT_EQ(wait_child(child), 0) << "40-42: setup failed, 43: the server spun on EMFILE, 44: not served after";
+  EXPECT_EQ(wait_child(child), 0)
+      << "40-42: setup failed, 43: the server spun on EMFILE, 44: not served after";
 }
 
 // --- The channel inside the symmetric heap (fake driver, real processes).
@@ -415,7 +417,8 @@ std::unique_ptr<CachingAllocator> heap_allocator(int device) {
   FakeDriver::instance().reset(3);
   ArenaOptions options;
   options.env = Environment{};
-  return std::make_unique<CachingAllocator>(std::make_unique<SegmentArena>(FakeDriver::instance().api(), device, options));
+  return std::make_unique<CachingAllocator>(
+      std::make_unique<SegmentArena>(FakeDriver::instance().api(), device, options));
 }
 
 std::vector<std::string> words_of(const std::string& text) {
@@ -445,7 +448,8 @@ TEST(SymmetricHeapChannel, AMalformedHelloIsRefusedNamingTheRankAndField) {
       {"n 1 pci " + good_socket + " " + secret.substr(2) + " 123", "the secret is not 64 hex characters"},
       {"n 1 pci " + good_socket + " " + std::string(64, 'G') + " 123", "the secret is not 64 hex characters"},
       {"n 1 pci symmpool-../x " + secret + " 123", "the socket name is not symmpool-<hex>"},
-      {"n 1 pci symmpool-" + std::string(200, 'a') + " " + secret + " 123", "the socket name is not symmpool-<hex>"},
+      {"n 1 pci symmpool-" + std::string(200, 'a') + " " + secret + " 123",
+       "the socket name is not symmpool-<hex>"},
       {"n 1 pci " + good_socket, "4 fields, not 6"},
   };
   int i = 0;
@@ -502,7 +506,8 @@ TEST(SymmetricHeapChannel, OnlyPublishedSegmentsAreServed) {
     }
     store.set("test/done", "");
     if (served != heap.mapped_peer_segments() || served != 1) {
-      std::fprintf(stderr, "[rank 1] %zu segments served, %zu published\n", served, heap.mapped_peer_segments());
+      std::fprintf(stderr, "[rank 1] %zu segments served, %zu published\n", served,
+                   heap.mapped_peer_segments());
       return 1;
     }
     return 0;

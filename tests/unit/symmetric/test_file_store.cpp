@@ -1,9 +1,6 @@
 // FileStore on a shared machine: its directory must be private, and no key,
 // planted symlink or oversized file gets it to touch anything outside.
 
-#include <symmpool/error.hpp>
-#include <symmpool/store.hpp>
-
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -15,6 +12,8 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <symmpool/error.hpp>
+#include <symmpool/store.hpp>
 
 namespace symmpool {
 
@@ -42,7 +41,8 @@ void expect_refused(F f, std::initializer_list<std::string> parts) {
     f();
     ADD_FAILURE() << "not refused";
   } catch (const logic_error& e) {
-    for (const std::string& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    for (const std::string& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
   }
 }
 
@@ -122,8 +122,9 @@ TEST(FileStore, AGroupOrWorldWritableDirectoryIsRefused) {
     ASSERT_EQ(::chmod(dir.path().c_str(), mode), 0);
     char octal[8];
     std::snprintf(octal, sizeof octal, "%04o", static_cast<unsigned>(mode));
-    expect_refused([&] { FileStore store(dir.path()); },
-                   {dir.path(), "owner uid " + std::to_string(::geteuid()), std::string("mode ") + octal, "writable"});
+    expect_refused(
+        [&] { FileStore store(dir.path()); },
+        {dir.path(), "owner uid " + std::to_string(::geteuid()), std::string("mode ") + octal, "writable"});
   }
   ASSERT_EQ(::chmod(dir.path().c_str(), 0700), 0);
   FileStore store(dir.path());
@@ -147,7 +148,8 @@ TEST(FileStore, KeysCannotEscapeTheDirectory) {
   const std::string inner = parent.path() + "/store";
   FileStore store(inner);
   write_file(parent.path() + "/x", "outside");
-  for (const std::string& key : std::initializer_list<std::string>{"", ".", "..", std::string("a\0/../x", 7)}) {
+  for (const std::string& key :
+       std::initializer_list<std::string>{"", ".", "..", std::string("a\0/../x", 7)}) {
     expect_refused([&] { store.set(key, "v"); }, {"is not allowed"});
     expect_refused([&] { store.get(key, kShort); }, {"is not allowed"});
     expect_refused([&] { store.erase(key); }, {"is not allowed"});

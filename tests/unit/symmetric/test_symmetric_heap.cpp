@@ -2,19 +2,18 @@
 // really cross Unix sockets and the fake's memfd-backed "device memory" is
 // really shared, so a rank reads what its peer wrote.
 
-#include "fake_fixture.hpp"
-#include "process_group.hpp"
-#include "rank_checks.hpp"
-
-#include <symmpool/error.hpp>
-#include <symmpool/symmetric_heap.hpp>
-
 #include <dirent.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <symmpool/error.hpp>
+#include <symmpool/symmetric_heap.hpp>
+
+#include "fake_fixture.hpp"
+#include "process_group.hpp"
+#include "rank_checks.hpp"
 
 namespace symmpool::test {
 
@@ -24,7 +23,8 @@ std::unique_ptr<CachingAllocator> fake_allocator(int device) {
   FakeDriver::instance().reset(3);  // this process's own fake driver
   ArenaOptions options;
   options.env = Environment{};
-  return std::make_unique<CachingAllocator>(std::make_unique<SegmentArena>(FakeDriver::instance().api(), device, options));
+  return std::make_unique<CachingAllocator>(
+      std::make_unique<SegmentArena>(FakeDriver::instance().api(), device, options));
 }
 
 // Forms `group`'s heap on fake GPU `device`, expecting it to fail with E
@@ -59,11 +59,13 @@ TEST(SymmetricHeapFake, RanksReadEachOthersBuffersAndReleasesPropagate) {
       void* big = alloc->allocate(30 * MiB, stream(1));
       for (std::uint32_t i = 0; i < 1000; ++i) a[i] = static_cast<std::uint32_t>(rank) * 100000u + i;
       heap.sync();
-      RANK_CHECK(heap.mapped_peer_segments() == 2u * static_cast<std::size_t>(w - 1), "%zu", heap.mapped_peer_segments());
+      RANK_CHECK(heap.mapped_peer_segments() == 2u * static_cast<std::size_t>(w - 1), "%zu",
+                 heap.mapped_peer_segments());
       for (int peer = 0; peer < w; ++peer) {
         auto* pa = static_cast<const std::uint32_t*>(heap.peer_ptr(a, peer));
         for (std::uint32_t i = 0; i < 1000; ++i)
-          RANK_CHECK(pa[i] == static_cast<std::uint32_t>(peer) * 100000u + i, "peer %d [%u] = %u", peer, i, pa[i]);
+          RANK_CHECK(pa[i] == static_cast<std::uint32_t>(peer) * 100000u + i, "peer %d [%u] = %u", peer, i,
+                     pa[i]);
       }
       // Writes through the peer mapping land in the peer's memory (once
       // everyone has finished reading: check_symmetric is also a barrier).
@@ -79,7 +81,8 @@ TEST(SymmetricHeapFake, RanksReadEachOthersBuffersAndReleasesPropagate) {
       RANK_CHECK(!heap.needs_sync(), "empty_cache made rank %d need a sync alone", rank);
       // Releasing is collective, and peers unmap what was released.
       RANK_CHECK(heap.release_cached() == 30 * MiB, "released a different amount");
-      RANK_CHECK(heap.mapped_peer_segments() == static_cast<std::size_t>(w - 1), "%zu", heap.mapped_peer_segments());
+      RANK_CHECK(heap.mapped_peer_segments() == static_cast<std::size_t>(w - 1), "%zu",
+                 heap.mapped_peer_segments());
       alloc->deallocate(a, stream(1));
       return 0;
     });
@@ -134,8 +137,9 @@ TEST(SymmetricHeapFake, ChecksOfDifferentCallsFailAtOnceNamingBoth) {
       heap.check_symmetric(a, 4096, rank == 0 ? "all_gather #5 output" : "all_gather #6 output");
       RANK_CHECK(false, "rank %d paired two different calls", rank);
     } catch (const divergence_error& e) {
-      RANK_CHECK(std::strstr(e.what(), "all_gather #5 output") && std::strstr(e.what(), "all_gather #6 output"),
-                 "%s", e.what());
+      RANK_CHECK(
+          std::strstr(e.what(), "all_gather #5 output") && std::strstr(e.what(), "all_gather #6 output"),
+          "%s", e.what());
     }
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     RANK_CHECK(waited < 5.0, "rank %d waited %.1f s for a divergence it could see at once", rank, waited);
@@ -200,7 +204,10 @@ TEST(SymmetricHeapFake, AsymmetricBuffersAreReportedWithRanksAndSizes) {
       heap.check_symmetric(c, bytes, "c");
       RANK_CHECK(false, "size mismatch went unnoticed");
     } catch (const logic_error& e) {
-      RANK_CHECK(std::strstr(e.what(), "buffer 'c' is not symmetric; rank 1 has (offset size) 0 8192 where rank 0 has 0 4096"), "%s", e.what());
+      RANK_CHECK(
+          std::strstr(e.what(),
+                      "buffer 'c' is not symmetric; rank 1 has (offset size) 0 8192 where rank 0 has 0 4096"),
+          "%s", e.what());
     }
     int on_stack = 0;
     try {

@@ -33,16 +33,16 @@ constexpr int kPadRows = kFirstBlockRow + kMaxSyncBlocks;
 // What a kernel needs to signal its peers and wait for their signals (the
 // kernels take the world size on its own: they loop over it too).
 struct PeerSignals {
-  PadPointers peers{};             // pads of every rank, mapped here
+  PadPointers peers{};  // pads of every rank, mapped here
   std::uint32_t* my_pads = nullptr;
   int rank = 0;
-  int* error_flag = nullptr;       // host-mapped: 1 + a rank that never signalled
-  long long timeout_cycles = 0;    // how long a wait lasts before it gives up
+  int* error_flag = nullptr;     // host-mapped: 1 + a rank that never signalled
+  long long timeout_cycles = 0;  // how long a wait lasts before it gives up
 };
 
 // What a kernel needs to meet its peers at its start and its end.
 struct BlockSync {
-  bool enabled = false;            // false: the caller brackets the kernel with barriers
+  bool enabled = false;  // false: the caller brackets the kernel with barriers
   PeerSignals signals;
   std::uint32_t* block_epochs = nullptr;  // [kMaxSyncBlocks], this rank's only
 };
