@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: builds everything (library, torch extension, tests,
-# benches), runs the GoogleTest suites through ctest and the pytest suite,
+# The test command: checks the C++ layout (scripts/check_format.sh), builds
+# everything (library, torch extension, tests, benches), runs the GoogleTest
+# suites through ctest and the pytest suite,
 # then the unit tests again under ASan/UBSan and under TSan (scripts/sanitize.sh).
 # GPU tests skip with a message where there is no GPU.
 set -euo pipefail
@@ -8,6 +9,8 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 py=$(bash scripts/setup.sh)
 jobs=$(nproc)
+
+bash scripts/check_format.sh "$py"
 
 cmake -S . -B build -G Ninja -DSYMMPOOL_BUILD_TORCH=ON -DPython3_EXECUTABLE="$py"
 cmake --build build -j "$jobs"
