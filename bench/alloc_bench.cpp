@@ -5,15 +5,15 @@
 //                              (cuMemCreate + map + ncclCommRegister) against
 //                              ncclMemAlloc + ncclCommRegister
 
-#include <benchmark/benchmark.h>
-#include <cuda_runtime_api.h>
-#include <nccl.h>
+#include "bench_checks.hpp"
+#include "bench_context.hpp"
 
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/nccl_registration.hpp>
 
-#include "bench_checks.hpp"
-#include "bench_context.hpp"
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
 
 #ifdef SYMMPOOL_BENCH_WITH_TORCH
 #include <c10/cuda/CUDACachingAllocator.h>

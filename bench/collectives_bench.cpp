@@ -14,6 +14,17 @@
 // Every rank runs the same list with fixed iteration counts, so ranks stay
 // in step. Usage: symmpool_collectives_bench [--ranks N] [benchmark flags]
 
+#include "bench_checks.hpp"
+#include "bench_context.hpp"
+#include "process_group.hpp"
+
+#include <symmpool/communicator.hpp>
+#include <symmpool/detail/scope_exit.hpp>
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/driver_api.hpp>
+#include <symmpool/nccl_registration.hpp>
+#include <symmpool/symmetric_group.hpp>
+
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -26,17 +37,7 @@
 #include <functional>
 #include <random>
 #include <string>
-#include <symmpool/communicator.hpp>
-#include <symmpool/detail/scope_exit.hpp>
-#include <symmpool/device_allocators.hpp>
-#include <symmpool/driver_api.hpp>
-#include <symmpool/nccl_registration.hpp>
-#include <symmpool/symmetric_group.hpp>
 #include <vector>
-
-#include "bench_checks.hpp"
-#include "bench_context.hpp"
-#include "process_group.hpp"
 
 namespace {
 

@@ -1,10 +1,11 @@
-#include <algorithm>
-#include <cstdio>
-#include <string>
 #include <symmpool/caching_allocator.hpp>
 #include <symmpool/detail/checked_size.hpp>
 #include <symmpool/detail/format.hpp>
 #include <symmpool/error.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
 
 namespace symmpool {
 

@@ -1,9 +1,10 @@
-#include <array>
-#include <mutex>
-#include <string>
 #include <symmpool/detail/format.hpp>
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/error.hpp>
+
+#include <array>
+#include <mutex>
+#include <string>
 
 namespace symmpool {
 

@@ -1,9 +1,10 @@
+#include <symmpool/driver_api.hpp>
+#include <symmpool/error.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <mutex>
 #include <string>
-#include <symmpool/driver_api.hpp>
-#include <symmpool/error.hpp>
 
 namespace symmpool {
 

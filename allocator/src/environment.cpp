@@ -1,7 +1,8 @@
+#include <symmpool/environment.hpp>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
-#include <symmpool/environment.hpp>
 
 namespace symmpool {
 

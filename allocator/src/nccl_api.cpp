@@ -1,9 +1,10 @@
+#include <symmpool/error.hpp>
+#include <symmpool/nccl_api.hpp>
+
 #include <dlfcn.h>
 
 #include <mutex>
 #include <string>
-#include <symmpool/error.hpp>
-#include <symmpool/nccl_api.hpp>
 
 namespace symmpool {
 

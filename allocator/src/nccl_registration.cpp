@@ -1,6 +1,7 @@
-#include <cstdio>
 #include <symmpool/error.hpp>
 #include <symmpool/nccl_registration.hpp>
+
+#include <cstdio>
 
 namespace symmpool {
 

@@ -1,12 +1,13 @@
-#include <algorithm>
-#include <cstdio>
-#include <numeric>
-#include <string>
 #include <symmpool/detail/checked_size.hpp>
 #include <symmpool/detail/format.hpp>
 #include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
 #include <symmpool/segment_arena.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <string>
 
 namespace symmpool {
 

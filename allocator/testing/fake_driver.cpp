@@ -1,3 +1,5 @@
+#include <symmpool/testing/fake_driver.hpp>
+
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -6,7 +8,6 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <symmpool/testing/fake_driver.hpp>
 #include <unordered_map>
 
 namespace symmpool::testing {

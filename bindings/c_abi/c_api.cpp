@@ -1,9 +1,9 @@
 #include <symmpool/c_api.h>
+#include <symmpool/device_allocators.hpp>
 
 #include <cstdio>
 #include <exception>
 #include <string>
-#include <symmpool/device_allocators.hpp>
 
 namespace {
 

@@ -3,6 +3,7 @@
 // exchanges its metadata where torch.distributed already rendezvoused.
 
 #include <symmpool/store.hpp>
+
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace symmpool::torch_ext {

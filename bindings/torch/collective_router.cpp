@@ -1,12 +1,12 @@
 #include "collective_router.hpp"
 
+#include "torch_errors.hpp"
+
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <atomic>
 #include <cstdio>
-
-#include "torch_errors.hpp"
 
 namespace symmpool::torch_ext {
 

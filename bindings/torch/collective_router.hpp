@@ -7,17 +7,18 @@
 // with SYMMPOOL_DEBUG_ROUTING=1 (read when the group is made) each one is
 // also printed to stderr.
 
+#include <symmpool/collective_routing.hpp>
+#include <symmpool/communicator.hpp>
+#include <symmpool/environment.hpp>
+
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <symmpool/collective_routing.hpp>
-#include <symmpool/communicator.hpp>
-#include <symmpool/environment.hpp>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <vector>
 
 namespace symmpool::torch_ext {

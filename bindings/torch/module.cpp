@@ -1,14 +1,15 @@
 // symmpool._C: the "symm" backend factory, allocator and routing statistics.
 
-#include <pybind11/stl.h>
-#include <torch/csrc/utils/pybind.h>
+#include "symm_backend.hpp"
+#include "torch_errors.hpp"
 
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/device_allocators.hpp>
-#include <vector>
 
-#include "symm_backend.hpp"
-#include "torch_errors.hpp"
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <vector>
 
 namespace py = pybind11;
 using symmpool::torch_ext::call_translating_errors;

@@ -1,5 +1,12 @@
 #include "symm_backend.hpp"
 
+#include "c10d_store.hpp"
+#include "symm_work.hpp"
+#include "torch_errors.hpp"
+
+#include <symmpool/detail/failure_record.hpp>
+#include <symmpool/device_allocators.hpp>
+
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -12,12 +19,6 @@
 #include <cstdlib>
 #include <limits>
 #include <set>
-#include <symmpool/detail/failure_record.hpp>
-#include <symmpool/device_allocators.hpp>
-
-#include "c10d_store.hpp"
-#include "symm_work.hpp"
-#include "torch_errors.hpp"
 
 namespace symmpool::torch_ext {
 

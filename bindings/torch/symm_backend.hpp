@@ -9,16 +9,18 @@
 // runs on NCCL. A failed symmpool collective fails the group for good: every
 // later collective raises its error.
 
-#include <map>
-#include <memory>
-#include <mutex>
+#include "collective_router.hpp"
+
 #include <symmpool/detail/failure_record.hpp>
 #include <symmpool/nccl_registration.hpp>
 #include <symmpool/symmetric_group.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#include <vector>
 
-#include "collective_router.hpp"
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 namespace symmpool::torch_ext {
 

@@ -7,14 +7,15 @@
 // communicator is gone; the Future (made on first use) carries the device,
 // so callbacks (DDP comm hooks) run after the collective on their own streams.
 
+#include <symmpool/detail/failure_record.hpp>
+
 #include <ATen/core/ivalue.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <memory>
 #include <mutex>
-#include <symmpool/detail/failure_record.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
 namespace symmpool::torch_ext {
 

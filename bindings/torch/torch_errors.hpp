@@ -2,9 +2,9 @@
 // symmpool exceptions become the torch errors Python users expect:
 // out_of_memory -> torch.OutOfMemoryError, anything else -> RuntimeError.
 
-#include <c10/util/Exception.h>
-
 #include <symmpool/error.hpp>
+
+#include <c10/util/Exception.h>
 
 namespace symmpool::torch_ext {
 

@@ -2,14 +2,15 @@
 // barriers, or one kernel (small messages) reads every peer and meets them
 // inside.
 
-#include <symmpool/algorithm_table.hpp>
-#include <symmpool/communicator.hpp>
-#include <symmpool/error.hpp>
-#include <vector>
-
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
 #include "kernels.hpp"
+
+#include <symmpool/algorithm_table.hpp>
+#include <symmpool/communicator.hpp>
+#include <symmpool/error.hpp>
+
+#include <vector>
 
 namespace symmpool {
 

@@ -2,16 +2,17 @@
 // operations (SM-free) between the steps of a collective, and the BlockSync
 // that lets a kernel meet its peers itself.
 
-#include <chrono>
-#include <cstdint>
-#include <memory>
+#include "failure_monitor.hpp"
+#include "kernels.hpp"
+#include "stream_op_watchdog.hpp"
+
 #include <symmpool/communicator.hpp>
 #include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
 
-#include "failure_monitor.hpp"
-#include "kernels.hpp"
-#include "stream_op_watchdog.hpp"
+#include <chrono>
+#include <cstdint>
+#include <memory>
 
 namespace symmpool {
 

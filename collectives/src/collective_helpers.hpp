@@ -2,11 +2,12 @@
 // Small helpers the collectives' files share: byte arithmetic on buffers and
 // the check of an algorithm the caller named.
 
+#include <symmpool/algorithm_table.hpp>
+#include <symmpool/error.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <symmpool/algorithm_table.hpp>
-#include <symmpool/error.hpp>
 
 namespace symmpool::detail {
 

@@ -1,7 +1,8 @@
-#include <exception>
-#include <string>
 #include <symmpool/collective_options.hpp>
 #include <symmpool/error.hpp>
+
+#include <exception>
+#include <string>
 
 namespace symmpool {
 

@@ -4,19 +4,20 @@
 // two_step.cpp (reduce_scatter), two_shot.cpp (all_reduce), one_shot.cpp
 // (both), with reduction.cpp and scratch.cpp for what they share.
 
-#include <cstdint>
-#include <cstdio>
-#include <functional>
-#include <string>
-#include <symmpool/communicator.hpp>
-#include <symmpool/detail/scope_exit.hpp>
-#include <symmpool/error.hpp>
-
 #include "copy_streams.hpp"
 #include "failure_monitor.hpp"
 #include "issue_order.hpp"
 #include "relaxed_capture.hpp"
 #include "stream_op_watchdog.hpp"
+
+#include <symmpool/communicator.hpp>
+#include <symmpool/detail/scope_exit.hpp>
+#include <symmpool/error.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
 
 namespace symmpool {
 

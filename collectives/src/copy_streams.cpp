@@ -1,7 +1,8 @@
 #include "copy_streams.hpp"
 
-#include <algorithm>
 #include <symmpool/error.hpp>
+
+#include <algorithm>
 
 namespace symmpool::detail {
 

@@ -1,7 +1,8 @@
 #include "failure_monitor.hpp"
 
-#include <cstdio>
 #include <symmpool/error.hpp>
+
+#include <cstdio>
 
 namespace symmpool::detail {
 

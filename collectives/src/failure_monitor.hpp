@@ -11,6 +11,8 @@
 //   asks) before it lets the stalled kernel go on. So no stream gets past a
 //   failed collective before the failure is on record.
 
+#include <symmpool/detail/failure_record.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -22,7 +24,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <symmpool/detail/failure_record.hpp>
 #include <thread>
 #include <vector>
 

@@ -1,10 +1,10 @@
+#include "kernels.hpp"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cuda/atomic>
-
-#include "kernels.hpp"
 
 namespace symmpool::detail {
 

@@ -4,12 +4,13 @@
 // ready everywhere) and at their end (nobody reads or writes a peer any
 // more); otherwise the caller brackets them with launch_barrier.
 
+#include <symmpool/collective_types.hpp>
+#include <symmpool/detail/peer_pointers.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <symmpool/collective_types.hpp>
-#include <symmpool/detail/peer_pointers.hpp>
 
 namespace symmpool::detail {
 

@@ -1,14 +1,14 @@
 // One-shot reduction, for reduce_scatter and all_reduce: every rank reads
 // its part of every peer's input and reduces it in one kernel.
 
-#include <symmpool/algorithm_table.hpp>
-#include <symmpool/communicator.hpp>
-#include <symmpool/error.hpp>
-
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
 #include "kernels.hpp"
 #include "reduction.hpp"
+
+#include <symmpool/algorithm_table.hpp>
+#include <symmpool/communicator.hpp>
+#include <symmpool/error.hpp>
 
 namespace symmpool {
 

@@ -2,9 +2,9 @@
 
 #include "reduction.hpp"
 
-#include <symmpool/communicator.hpp>
-
 #include "kernels.hpp"
+
+#include <symmpool/communicator.hpp>
 
 namespace symmpool {
 

@@ -2,11 +2,12 @@
 // One reduce_scatter or all_reduce as its algorithms (one_shot.cpp,
 // two_shot.cpp, two_step.cpp) see it.
 
+#include <symmpool/collective_types.hpp>
+#include <symmpool/communicator.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <symmpool/collective_types.hpp>
-#include <symmpool/communicator.hpp>
 
 namespace symmpool {
 

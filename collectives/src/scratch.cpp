@@ -1,10 +1,10 @@
 // Staging memory of the reductions: peers' chunks brought here (two-step),
 // or results that would land on an input peers still read (one-shot).
 
+#include "relaxed_capture.hpp"
+
 #include <symmpool/communicator.hpp>
 #include <symmpool/error.hpp>
-
-#include "relaxed_capture.hpp"
 
 namespace symmpool {
 

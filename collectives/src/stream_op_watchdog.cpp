@@ -1,8 +1,9 @@
 #include "stream_op_watchdog.hpp"
 
+#include <symmpool/error.hpp>
+
 #include <cstdio>
 #include <exception>
-#include <symmpool/error.hpp>
 #include <vector>
 
 namespace symmpool::detail {

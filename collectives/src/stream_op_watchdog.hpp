@@ -8,6 +8,8 @@
 // into the missing peers' slots of our pad row so the stream goes on. Once
 // the communicator failed for any reason, stalled barriers go at once.
 
+#include <symmpool/driver_api.hpp>
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -17,7 +19,6 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
-#include <symmpool/driver_api.hpp>
 #include <thread>
 
 namespace symmpool::detail {

@@ -1,4 +1,5 @@
 #include <symmpool/symmetric_group.hpp>
+
 #include <utility>
 
 namespace symmpool {

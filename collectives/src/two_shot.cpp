@@ -2,14 +2,15 @@
 // writes it into every rank's output. It falls back to one-shot where
 // two-shot cannot run (the buffers are not symmetric, or overlap).
 
-#include <algorithm>
+#include "collective_helpers.hpp"
+#include "kernels.hpp"
+#include "reduction.hpp"
+
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
 #include <symmpool/error.hpp>
 
-#include "collective_helpers.hpp"
-#include "kernels.hpp"
-#include "reduction.hpp"
+#include <algorithm>
 
 namespace symmpool {
 

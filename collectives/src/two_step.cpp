@@ -2,15 +2,16 @@
 // peer's chunk of this rank here, then a kernel reduces from local memory.
 // One-shot (one_shot.cpp) is the other choice.
 
-#include <symmpool/algorithm_table.hpp>
-#include <symmpool/communicator.hpp>
-#include <symmpool/error.hpp>
-#include <vector>
-
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
 #include "kernels.hpp"
 #include "reduction.hpp"
+
+#include <symmpool/algorithm_table.hpp>
+#include <symmpool/communicator.hpp>
+#include <symmpool/error.hpp>
+
+#include <vector>
 
 namespace symmpool {
 

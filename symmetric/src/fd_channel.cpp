@@ -1,3 +1,8 @@
+#include <symmpool/error.hpp>
+#include <symmpool/fd_channel.hpp>
+#include <symmpool/random_token.hpp>
+#include <symmpool/store.hpp>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -8,10 +13,6 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
-#include <symmpool/error.hpp>
-#include <symmpool/fd_channel.hpp>
-#include <symmpool/random_token.hpp>
-#include <symmpool/store.hpp>
 #include <thread>
 #include <utility>
 

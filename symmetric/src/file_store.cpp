@@ -1,3 +1,7 @@
+#include <symmpool/detail/scope_exit.hpp>
+#include <symmpool/error.hpp>
+#include <symmpool/store.hpp>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,9 +12,6 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
-#include <symmpool/detail/scope_exit.hpp>
-#include <symmpool/error.hpp>
-#include <symmpool/store.hpp>
 #include <thread>
 
 namespace symmpool {

@@ -1,9 +1,10 @@
+#include <symmpool/node_identity.hpp>
+
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
-#include <symmpool/node_identity.hpp>
 
 namespace symmpool {
 

@@ -1,9 +1,10 @@
+#include <symmpool/random_token.hpp>
+
 #include <fcntl.h>
 #include <sys/random.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <symmpool/random_token.hpp>
 #include <system_error>
 #include <vector>
 

@@ -1,3 +1,9 @@
+#include <symmpool/detail/format.hpp>
+#include <symmpool/error.hpp>
+#include <symmpool/node_identity.hpp>
+#include <symmpool/random_token.hpp>
+#include <symmpool/symmetric_heap.hpp>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -5,11 +11,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <symmpool/detail/format.hpp>
-#include <symmpool/error.hpp>
-#include <symmpool/node_identity.hpp>
-#include <symmpool/random_token.hpp>
-#include <symmpool/symmetric_heap.hpp>
 
 namespace symmpool {
 

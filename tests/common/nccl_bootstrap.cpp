@@ -1,11 +1,11 @@
+#include "process_group.hpp"
+
 #include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <stdexcept>
 #include <string>
 #include <thread>
-
-#include "process_group.hpp"
 
 namespace symmpool::test {
 

@@ -1,5 +1,7 @@
 #include "process_group.hpp"
 
+#include <symmpool/store.hpp>
+
 #include <cuda_runtime_api.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -12,7 +14,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
-#include <symmpool/store.hpp>
 #include <thread>
 #include <vector>
 

@@ -1,10 +1,10 @@
 // The C ABI that CUDAPluggableAllocator calls.
 
+#include "gpu_skip.hpp"
+
 #include <symmpool/c_api.h>
 
 #include <string>
-
-#include "gpu_skip.hpp"
 
 namespace symmpool::test {
 

@@ -1,16 +1,17 @@
 // The caching allocator on a real GPU: real cuMem segments, data through
 // them, statistics, empty_cache and the errors that only a device can show.
 
+#include "gpu_skip.hpp"
+
+#include <symmpool/caching_allocator.hpp>
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/error.hpp>
+
 #include <unistd.h>
 
 #include <cstring>
 #include <random>
-#include <symmpool/caching_allocator.hpp>
-#include <symmpool/device_allocators.hpp>
-#include <symmpool/error.hpp>
 #include <vector>
-
-#include "gpu_skip.hpp"
 
 namespace symmpool::test {
 

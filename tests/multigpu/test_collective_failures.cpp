@@ -3,6 +3,14 @@
 // drains), a communicator that fails to form leaves nothing behind, and
 // ranks that share a GPU are refused when their heap forms.
 
+#include "process_group.hpp"
+#include "rank_checks.hpp"
+
+#include <symmpool/communicator.hpp>
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/error.hpp>
+#include <symmpool/symmetric_group.hpp>
+
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -13,13 +21,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <symmpool/communicator.hpp>
-#include <symmpool/device_allocators.hpp>
-#include <symmpool/error.hpp>
-#include <symmpool/symmetric_group.hpp>
-
-#include "process_group.hpp"
-#include "rank_checks.hpp"
 
 namespace symmpool::test {
 

@@ -5,6 +5,13 @@
 // checked against the same host reference, so symmpool and NCCL agree bit
 // for bit. Peers that die or share a GPU: test_collective_failures.cpp.
 
+#include "process_group.hpp"
+#include "rank_checks.hpp"
+
+#include <symmpool/communicator.hpp>
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/error.hpp>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -16,14 +23,8 @@
 #include <cstring>
 #include <random>
 #include <string>
-#include <symmpool/communicator.hpp>
-#include <symmpool/device_allocators.hpp>
-#include <symmpool/error.hpp>
 #include <thread>
 #include <vector>
-
-#include "process_group.hpp"
-#include "rank_checks.hpp"
 
 namespace symmpool::test {
 

@@ -2,6 +2,12 @@
 // symmpool registered with the communicator equal NCCL on plain cudaMalloc
 // buffers and the host reference; registrations stay flat in steady state.
 
+#include "process_group.hpp"
+#include "rank_checks.hpp"
+
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/nccl_registration.hpp>
+
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -9,12 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
-#include <symmpool/device_allocators.hpp>
-#include <symmpool/nccl_registration.hpp>
 #include <vector>
-
-#include "process_group.hpp"
-#include "rank_checks.hpp"
 
 namespace symmpool::test {
 

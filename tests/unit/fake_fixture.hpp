@@ -1,13 +1,14 @@
 #pragma once
 // Test fixture: a fresh fake driver per test and allocators built on it.
 
+#include <symmpool/caching_allocator.hpp>
+#include <symmpool/testing/fake_driver.hpp>
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <symmpool/caching_allocator.hpp>
-#include <symmpool/testing/fake_driver.hpp>
 
 namespace symmpool::test {
 

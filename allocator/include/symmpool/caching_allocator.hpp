@@ -5,15 +5,16 @@
 // for the segment arena it is given (as RMM's adaptors wrap an upstream
 // resource): the arena makes and maps segments, this class carves blocks.
 
+#include <symmpool/allocator_stats.hpp>
+#include <symmpool/driver_api.hpp>
+#include <symmpool/segment_arena.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <set>
-#include <symmpool/allocator_stats.hpp>
-#include <symmpool/driver_api.hpp>
-#include <symmpool/segment_arena.hpp>
 #include <unordered_map>
 #include <vector>
 

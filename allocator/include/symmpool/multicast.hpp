@@ -3,9 +3,10 @@
 // device supports it, and no environment variable turns it off. On the shared
 // H200 test hosts it must stay off: DESIGN.md says why.
 
-#include <string>
 #include <symmpool/driver_api.hpp>
 #include <symmpool/environment.hpp>
+
+#include <string>
 
 namespace symmpool {
 

@@ -4,10 +4,11 @@
 // so NCCL can use symmpool buffers zero-copy. Cached segments stay
 // registered: in steady state no registration happens.
 
-#include <cstdint>
-#include <mutex>
 #include <symmpool/nccl_api.hpp>
 #include <symmpool/segment.hpp>
+
+#include <cstdint>
+#include <mutex>
 #include <unordered_map>
 
 namespace symmpool {

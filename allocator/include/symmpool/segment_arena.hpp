@@ -4,14 +4,15 @@
 // for the owning device. Observers hear about every map and unmap.
 // Not thread-safe: the caching allocator above it holds the lock.
 
-#include <cstddef>
-#include <map>
-#include <memory>
 #include <symmpool/detail/range_allocator.hpp>
 #include <symmpool/driver_api.hpp>
 #include <symmpool/environment.hpp>
 #include <symmpool/multicast.hpp>
 #include <symmpool/segment.hpp>
+
+#include <cstddef>
+#include <map>
+#include <memory>
 #include <vector>
 
 namespace symmpool {

@@ -11,9 +11,10 @@
 // at the same sizes as bf16 (collectives_dtype_h200x2_2026-11-22.json), and
 // fp16 runs bf16's kernels.
 
+#include <symmpool/collective_types.hpp>
+
 #include <cstddef>
 #include <limits>
-#include <symmpool/collective_types.hpp>
 
 namespace symmpool {
 

@@ -7,9 +7,10 @@
 //   SYMMPOOL_BARRIER_TIMEOUT  seconds any barrier waits for a peer; overrides
 //                             the timeout the caller gives the communicator
 
+#include <symmpool/environment.hpp>
+
 #include <chrono>
 #include <optional>
-#include <symmpool/environment.hpp>
 
 namespace symmpool {
 

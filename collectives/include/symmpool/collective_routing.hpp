@@ -7,10 +7,11 @@
 // communicator can tell: whether the group spans nodes, whether the buffers
 // lie in this rank's heap, whether they are symmetric on every rank.
 
-#include <cstddef>
-#include <cstdint>
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/detail/peer_pointers.hpp>
+
+#include <cstddef>
+#include <cstdint>
 
 namespace symmpool {
 

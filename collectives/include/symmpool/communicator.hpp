@@ -25,16 +25,17 @@
 // raises collective_error with the same text. Buffers that are not
 // symmetric raise not_symmetric_error and leave the communicator sound.
 
+#include <symmpool/collective_options.hpp>
+#include <symmpool/collective_types.hpp>
+#include <symmpool/detail/peer_pointers.hpp>
+#include <symmpool/symmetric_heap.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
-#include <symmpool/collective_options.hpp>
-#include <symmpool/collective_types.hpp>
-#include <symmpool/detail/peer_pointers.hpp>
-#include <symmpool/symmetric_heap.hpp>
 #include <utility>
 #include <vector>
 

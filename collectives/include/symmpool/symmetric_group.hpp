@@ -6,13 +6,14 @@
 // then the communicator over the heap. The communicator goes first when the
 // group does, before the heap it maps through.
 
-#include <chrono>
-#include <memory>
-#include <string>
 #include <symmpool/caching_allocator.hpp>
 #include <symmpool/communicator.hpp>
 #include <symmpool/store.hpp>
 #include <symmpool/symmetric_heap.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
 
 namespace symmpool {
 

@@ -3,8 +3,9 @@
 // hash): hostname and kernel boot id, or SYMMPOOL_HOST_ID when set. Ranks
 // with different identities cannot share a symmetric heap.
 
-#include <string>
 #include <symmpool/environment.hpp>
+
+#include <string>
 
 namespace symmpool {
 

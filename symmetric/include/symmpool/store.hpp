@@ -2,13 +2,14 @@
 // Where ranks exchange metadata: a small key-value store. The torch bindings
 // adapt c10d's store; C++-only users have FileStore (a shared directory).
 
+#include <symmpool/error.hpp>  // timeout_error
+
 #include <sys/types.h>
 
 #include <chrono>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
-#include <symmpool/error.hpp>  // timeout_error
 
 namespace symmpool {
 

@@ -7,16 +7,17 @@
 // collective point: metadata through the Store, descriptors over Unix sockets.
 // Symmetry is checked, never assumed (check_symmetric).
 
+#include <symmpool/caching_allocator.hpp>
+#include <symmpool/error.hpp>
+#include <symmpool/fd_channel.hpp>
+#include <symmpool/store.hpp>
+
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
-#include <symmpool/caching_allocator.hpp>
-#include <symmpool/error.hpp>
-#include <symmpool/fd_channel.hpp>
-#include <symmpool/store.hpp>
 #include <vector>
 
 namespace symmpool {

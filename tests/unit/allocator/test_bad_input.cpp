@@ -1,7 +1,8 @@
-#include <cstdint>
+#include "fake_fixture.hpp"
+
 #include <symmpool/error.hpp>
 
-#include "fake_fixture.hpp"
+#include <cstdint>
 
 namespace symmpool::test {
 

@@ -1,9 +1,10 @@
+#include "fake_fixture.hpp"
+
+#include <symmpool/error.hpp>
+
 #include <algorithm>
 #include <cstring>
-#include <symmpool/error.hpp>
 #include <thread>
-
-#include "fake_fixture.hpp"
 
 namespace symmpool::test {
 

@@ -1,7 +1,7 @@
+#include "fake_fixture.hpp"
+
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/error.hpp>
-
-#include "fake_fixture.hpp"
 
 namespace symmpool::test {
 

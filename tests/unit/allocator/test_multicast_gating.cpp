@@ -1,11 +1,12 @@
+#include "fake_fixture.hpp"
+
+#include <symmpool/node_identity.hpp>
+
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <symmpool/node_identity.hpp>
-
-#include "fake_fixture.hpp"
 
 namespace symmpool::test {
 

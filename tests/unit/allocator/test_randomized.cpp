@@ -1,10 +1,11 @@
+#include "fake_fixture.hpp"
+
+#include <symmpool/error.hpp>
+
 #include <cstring>
 #include <map>
 #include <ostream>
 #include <random>
-#include <symmpool/error.hpp>
-
-#include "fake_fixture.hpp"
 
 namespace symmpool::test {
 

@@ -1,6 +1,6 @@
-#include <gtest/gtest.h>
-
 #include <symmpool/detail/range_allocator.hpp>
+
+#include <gtest/gtest.h>
 
 using symmpool::detail::RangeAllocator;
 

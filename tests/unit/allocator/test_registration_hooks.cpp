@@ -1,8 +1,9 @@
-#include <algorithm>
+#include "fake_fixture.hpp"
+
 #include <symmpool/error.hpp>
 #include <symmpool/nccl_registration.hpp>
 
-#include "fake_fixture.hpp"
+#include <algorithm>
 
 namespace symmpool::test {
 

@@ -1,8 +1,9 @@
-#include <cstring>
+#include "fake_fixture.hpp"
+
 #include <symmpool/error.hpp>
 #include <symmpool/segment_arena.hpp>
 
-#include "fake_fixture.hpp"
+#include <cstring>
 
 namespace symmpool::test {
 

@@ -1,7 +1,8 @@
-#include <string>
+#include "fake_fixture.hpp"
+
 #include <symmpool/error.hpp>
 
-#include "fake_fixture.hpp"
+#include <string>
 
 namespace symmpool::test {
 

@@ -1,6 +1,6 @@
-#include <gtest/gtest.h>
-
 #include <symmpool/algorithm_table.hpp>
+
+#include <gtest/gtest.h>
 
 namespace symmpool::test {
 

@@ -1,8 +1,9 @@
+#include <symmpool/collective_options.hpp>
+#include <symmpool/error.hpp>
+
 #include <gtest/gtest.h>
 
 #include <string>
-#include <symmpool/collective_options.hpp>
-#include <symmpool/error.hpp>
 
 namespace symmpool::test {
 

@@ -1,10 +1,11 @@
+#include <symmpool/collective_routing.hpp>
+#include <symmpool/environment.hpp>
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <set>
 #include <string>
-#include <symmpool/collective_routing.hpp>
-#include <symmpool/environment.hpp>
 
 namespace symmpool::test {
 

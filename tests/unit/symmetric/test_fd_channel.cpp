@@ -3,6 +3,15 @@
 // the wire format, and a deadline on every socket operation. Time limits are
 // generous upper bounds; nothing asserts that something takes long.
 
+#include "fake_fixture.hpp"
+#include "process_group.hpp"
+
+#include <symmpool/error.hpp>
+#include <symmpool/fd_channel.hpp>
+#include <symmpool/random_token.hpp>
+#include <symmpool/store.hpp>
+#include <symmpool/symmetric_heap.hpp>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -22,16 +31,8 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <symmpool/error.hpp>
-#include <symmpool/fd_channel.hpp>
-#include <symmpool/random_token.hpp>
-#include <symmpool/store.hpp>
-#include <symmpool/symmetric_heap.hpp>
 #include <thread>
 #include <vector>
-
-#include "fake_fixture.hpp"
-#include "process_group.hpp"
 
 namespace symmpool::test {
 

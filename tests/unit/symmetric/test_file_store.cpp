@@ -1,6 +1,9 @@
 // FileStore on a shared machine: its directory must be private, and no key,
 // planted symlink or oversized file gets it to touch anything outside.
 
+#include <symmpool/error.hpp>
+#include <symmpool/store.hpp>
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -12,8 +15,6 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <symmpool/error.hpp>
-#include <symmpool/store.hpp>
 
 namespace symmpool {
 

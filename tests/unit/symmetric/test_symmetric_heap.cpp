@@ -2,18 +2,19 @@
 // really cross Unix sockets and the fake's memfd-backed "device memory" is
 // really shared, so a rank reads what its peer wrote.
 
+#include "fake_fixture.hpp"
+#include "process_group.hpp"
+#include "rank_checks.hpp"
+
+#include <symmpool/error.hpp>
+#include <symmpool/symmetric_heap.hpp>
+
 #include <dirent.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <symmpool/error.hpp>
-#include <symmpool/symmetric_heap.hpp>
-
-#include "fake_fixture.hpp"
-#include "process_group.hpp"
-#include "rank_checks.hpp"
 
 namespace symmpool::test {
 

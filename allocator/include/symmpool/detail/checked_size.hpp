@@ -2,11 +2,12 @@
 // Size arithmetic on caller-given sizes: `(n + m - 1) / m * m` wraps to a
 // small number for n near SIZE_MAX, so rounding checks for overflow instead.
 
+#include <symmpool/detail/format.hpp>
+#include <symmpool/error.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <symmpool/detail/format.hpp>
-#include <symmpool/error.hpp>
 
 namespace symmpool::detail {
 

@@ -4,10 +4,11 @@
 // by cuMemMap, so buffers can be written and read. Every call is logged;
 // failures can be injected; events can be held pending to test stream order.
 
-#include <cstddef>
-#include <string>
 #include <symmpool/driver_api.hpp>
 #include <symmpool/nccl_api.hpp>
+
+#include <cstddef>
+#include <string>
 #include <vector>
 
 namespace symmpool::testing {
