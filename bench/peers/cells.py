@@ -1,0 +1,118 @@
+"""One (peer, variant, op, size) on every rank: set up the call, check it
+against NCCL's result, time it eager and in a CUDA graph. Every step ends
+with the ranks agreeing (over a CPU gloo group) on whether it failed
+anywhere, so a failure on one rank skips the cell on all of them instead of
+leaving the others waiting in a collective."""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.distributed as dist
+
+import timing
+from peers import PEER_COPY, DTYPE, input_numel
+
+
+class Ranks:
+    """What the ranks do together on the CPU: start a timing, exchange values."""
+
+    def __init__(self, group):
+        self.group = group
+        self.world = dist.get_world_size(group)
+
+    def start_together(self) -> None:
+        torch.cuda.synchronize()
+        dist.barrier(group=self.group)
+
+    def gather(self, value) -> list:
+        values = [None] * self.world
+        dist.all_gather_object(values, value, group=self.group)
+        return values
+
+    def first_error(self, error: str | None) -> str | None:
+        """The first rank's error, on every rank, or None when none failed."""
+        return next((f"rank {r}: {e}" for r, e in enumerate(self.gather(error)) if e), None)
+
+
+def attempt(fn):
+    """(fn(), None), or (None, the error's text)."""
+    try:
+        return fn(), None
+    except Exception as e:  # noqa: BLE001  (recorded in the JSON; the run goes on)
+        return None, f"{type(e).__name__}: {e}"[:500]
+
+
+class Reference:
+    """This rank's input data and NCCL's result on it, for one (op, size) at a
+    time: random integers in [-8, 8], different on every rank, so sums of up
+    to 32 ranks are exact in bf16 whatever the order."""
+
+    def __init__(self, nccl_peer, device, rank: int, world: int, seed: int, max_bytes: int):
+        self.nccl, self.device, self.rank, self.world, self.seed = nccl_peer, device, rank, world, seed
+        self.data = torch.empty(max_bytes // DTYPE.itemsize, dtype=DTYPE, device=device)
+        self.expected = torch.empty_like(self.data)
+        self.key = None
+
+    def get(self, op: str, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ref_op = "all_gather" if op == PEER_COPY else op  # the peer copy moves an all-gather's bytes
+        data = self.data[:input_numel(ref_op, nbytes, self.world)]
+        if self.key != (ref_op, nbytes):
+            self.key = None
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(zlib.crc32(f"{self.seed}/{self.rank}/{ref_op}/{nbytes}".encode()))
+            data.random_(-8, 9, generator=gen)
+            call = self.nccl.call(ref_op, None, nbytes)
+            call.inp.copy_(data)
+            result = call.run()
+            self.expected[:result.numel()].copy_(result)
+            torch.cuda.synchronize()
+            self.key = (ref_op, nbytes)
+        return data, self.expected
+
+
+def check(call, data: torch.Tensor, expected: torch.Tensor, ranks: Ranks) -> bool:
+    """Runs `call` once on `data` into NaN-poisoned outputs: equal to NCCL's?"""
+    call.inp.copy_(data)
+    if call.poison is not None:
+        call.poison.fill_(float("nan"))
+    ranks.start_together()  # every rank's input written before any peer reads it
+    result = call.run()
+    torch.cuda.synchronize()
+    return torch.equal(call.compared(result), call.compared(expected[:result.numel()]))
+
+
+def measure(peer, variant, op: str, nbytes: int, modes: list[str], args, ranks: Ranks, reference: Reference,
+            symm_collectives, row) -> list[dict]:
+    """The result rows of one cell, one per mode, from `row(mode, per_rank,
+    **fields)`. `symm_collectives()`: symmpool's count of the collectives it
+    ran in this process."""
+    call, error = attempt(lambda: peer.call(op, variant, nbytes))
+    error = ranks.first_error(error)
+    if error:
+        return [row(m, unavailable=f"setup: {error}") for m in modes]
+    ok, error = attempt(lambda: check(call, *reference.get(op, nbytes), ranks))
+    error = ranks.first_error(error)
+    if error:
+        return [row(m, unavailable=f"check: {error}") for m in modes]
+    correct = all(ranks.gather(ok))
+    rows = []
+    for mode in modes:
+        before = symm_collectives()
+        if mode == "eager":
+            issued = args.warmup + args.iters * args.reps
+            samples, error = attempt(lambda: timing.time_eager(call.run, args.iters, args.reps, args.warmup,
+                                                               ranks.start_together))
+        else:  # the replays run captured work: only the warm-up and the capture pass the router
+            issued = timing.GRAPH_WARMUP_CALLS + args.graph_calls
+            samples, error = attempt(lambda: timing.time_graph(call.run, args.graph_calls, args.reps,
+                                                               ranks.start_together))
+        ran = symm_collectives() - before
+        error = ranks.first_error(error)
+        if error:
+            rows.append(row(mode, correct=correct, unavailable=f"{mode}: {error}"))
+            continue
+        rows.append(row(mode, ranks.gather(samples), correct=correct, calls_issued=issued,
+                        symm_collectives=ran))
+    return rows

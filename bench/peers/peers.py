@@ -1,0 +1,217 @@
+"""The peers the benchmark times, each on its own buffers: how each one is set
+up and how it runs one call of an op at one size.
+
+* symmpool: a "symm" group made while SYMMPOOL_COLLECTIVES=always, buffers
+  from its backend's allocate_tensor.
+* nccl: a "nccl" group, torch.empty buffers.
+* nccl-registered: a second "symm" group made while SYMMPOOL_COLLECTIVES=0
+  (the symm backend reads it when it is constructed: SymmBackend's
+  constructor calls Environment::from_process()), so every call goes to its
+  ProcessGroupNCCL, on the same symmpool buffers as symmpool's, which the
+  symm backend registers with that group's NCCL communicator too.
+* torch-symm-mem: torch.distributed._symmetric_memory buffers
+  (symm_mem.empty + rendezvous on the nccl group), one variant per torch op
+  (no multimem_* op: NVLink multicast stays off).
+* peer-copy: the bytes a rank receives in an all-gather, pulled from the
+  peers' torch symm_mem buffers with torch's copy_ (cudaMemcpyAsync, a
+  copy engine), no synchronization: what the links give.
+
+Buffers are two flat bf16 tensors per peer (`a`, `b`) of the largest size;
+every size uses their leading elements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+OPS = ("all_gather", "reduce_scatter", "all_reduce")
+PEER_COPY = "peer_copy"  # the op name of the peer-copy reference
+PEERS = ("symmpool", "nccl", "nccl-registered", "torch-symm-mem", "peer-copy")
+DTYPE = torch.bfloat16
+
+# torch.ops.symm_mem ops per op (torch 2.11: torch/distributed/_symmetric_memory/__init__.py
+# defines the _low_contention_* ones, libtorch_cuda's CUDASymmetricMemoryOps.cu the others).
+TORCH_SYMM_MEM_OPS = {
+    "all_gather": ("_low_contention_all_gather",),
+    "reduce_scatter": ("_low_contention_reduce_scatter", "reduce_scatter_out"),
+    "all_reduce": ("one_shot_all_reduce_out", "two_shot_all_reduce_"),
+}
+
+
+def input_numel(op: str, nbytes: int, world: int) -> int:
+    """Elements of one rank's input: `nbytes` is the all-gather output, the
+    reduce-scatter input, the all-reduce buffer."""
+    numel = nbytes // DTYPE.itemsize
+    return numel // world if op in ("all_gather", PEER_COPY) else numel
+
+
+def output_numel(op: str, nbytes: int, world: int) -> int:
+    numel = nbytes // DTYPE.itemsize
+    return numel // world if op == "reduce_scatter" else numel
+
+
+@dataclasses.dataclass
+class Buffers:
+    a: torch.Tensor  # inputs
+    b: torch.Tensor  # outputs of out-of-place calls
+
+    @classmethod
+    def make(cls, empty: Callable[[int], torch.Tensor], nbytes: int) -> "Buffers":
+        return cls(empty(nbytes // DTYPE.itemsize), empty(nbytes // DTYPE.itemsize))
+
+    def views(self, op: str, nbytes: int, world: int, in_place: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        inp = self.a[:input_numel(op, nbytes, world)]
+        return inp, (inp if in_place else self.b[:output_numel(op, nbytes, world)])
+
+
+@dataclasses.dataclass
+class Call:
+    """One op at one size on one peer: run() enqueues it on the current
+    stream and returns the tensor holding its result."""
+    inp: torch.Tensor
+    run: Callable[[], torch.Tensor]
+    poison: torch.Tensor | None = None  # filled with NaN before the check; None: in place or made by the op
+    compared: Callable[[torch.Tensor], torch.Tensor] = lambda t: t  # the part of a result the check compares
+
+
+class C10dPeer:
+    """torch.distributed's collectives on one group (nccl, symmpool, nccl-registered)."""
+
+    def __init__(self, name: str, group, buffers: Buffers, world: int):
+        self.name, self.group, self.buffers, self.world = name, group, buffers, world
+
+    def variants(self, op: str) -> list:
+        return [None] if op in OPS else []
+
+    def call(self, op: str, variant, nbytes: int) -> Call:
+        inp, out = self.buffers.views(op, nbytes, self.world, in_place=op == "all_reduce")
+        g = self.group
+        if op == "all_gather":
+            def run():
+                dist.all_gather_into_tensor(out, inp, group=g)
+                return out
+        elif op == "reduce_scatter":
+            def run():
+                dist.reduce_scatter_tensor(out, inp, group=g)
+                return out
+        else:
+            def run():
+                dist.all_reduce(out, group=g)
+                return out
+        return Call(inp, run, poison=None if out is inp else out)
+
+
+class TorchSymmMemPeer:
+    """torch.ops.symm_mem on symm_mem.empty buffers rendezvoused on `group`."""
+    name = "torch-symm-mem"
+
+    def __init__(self, group, buffers: Buffers, world: int):
+        self.group_name, self.buffers, self.world = group.group_name, buffers, world
+
+    def variants(self, op: str) -> list:
+        return list(TORCH_SYMM_MEM_OPS.get(op, ()))
+
+    @staticmethod
+    def missing(variant: str) -> str | None:
+        """Why this torch cannot run `variant`, or None."""
+        import torch.distributed._symmetric_memory  # noqa: F401  (defines the _low_contention_* ops)
+
+        return None if hasattr(torch.ops.symm_mem, variant) else f"torch.ops.symm_mem.{variant} not in this torch"
+
+    def call(self, op: str, variant: str, nbytes: int) -> Call:
+        ops, name = torch.ops.symm_mem, self.group_name
+        in_place = variant == "two_shot_all_reduce_"
+        inp, out = self.buffers.views(op, nbytes, self.world, in_place)
+        if variant in ("_low_contention_all_gather", "_low_contention_reduce_scatter"):
+            # They copy on a side stream and register a Work for the result:
+            # wait_tensor makes the current stream wait for it, so the
+            # events (and a graph capture) see the whole op.
+            args = (inp, name) if variant == "_low_contention_all_gather" else (inp, "sum", name)
+            op_fn = getattr(ops, variant)
+
+            def run():
+                return torch.ops._c10d_functional.wait_tensor(op_fn(*args))
+            return Call(inp, run)
+        if variant == "reduce_scatter_out":
+            def run():
+                return ops.reduce_scatter_out(inp, name, False, out)
+        elif variant == "one_shot_all_reduce_out":
+            def run():
+                return ops.one_shot_all_reduce_out(inp, "sum", name, out)
+        elif variant == "two_shot_all_reduce_":
+            def run():
+                return ops.two_shot_all_reduce_(inp, "sum", name)
+        else:
+            raise ValueError(f"unknown torch-symm-mem variant {variant!r} for {op}")
+        return Call(inp, run, poison=None if in_place else out)
+
+
+class PeerCopyPeer:
+    """Pulls, from every other rank's torch symm_mem buffer, the chunk it
+    would receive in an all-gather of this size, into its own output."""
+    name = "peer-copy"
+
+    def __init__(self, handle, buffers: Buffers, rank: int, world: int):
+        self.handle, self.buffers, self.rank, self.world = handle, buffers, rank, world
+
+    def variants(self, op: str) -> list:
+        return [None] if op == PEER_COPY else []
+
+    def call(self, op: str, variant, nbytes: int) -> Call:
+        inp, out = self.buffers.views(PEER_COPY, nbytes, self.world, in_place=False)
+        chunk = inp.numel()
+        peers = [p for p in range(self.world) if p != self.rank]
+        # get_buffer(peer, sizes, dtype, storage_offset): the peer's `a` (its input) mapped here.
+        pulls = [(out[p * chunk:(p + 1) * chunk], self.handle.get_buffer(p, (chunk,), DTYPE, 0)) for p in peers]
+
+        def run():
+            for dst, src in pulls:
+                dst.copy_(src)
+            return out
+
+        def compared(t):  # this rank's own chunk is not copied
+            return torch.cat([t[p * chunk:(p + 1) * chunk] for p in peers])
+        return Call(inp, run, poison=out, compared=compared)
+
+
+def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nbytes: int) -> tuple[dict, dict]:
+    """The groups and buffers of every peer in `names` (nccl always: it is
+    the reference), made in the same order on every rank. Returns
+    ({name: peer}, {name: reason}) for peers whose setup failed."""
+    peers, failed = {}, {}
+    nccl = dist.new_group(backend="nccl")
+    peers["nccl"] = C10dPeer("nccl", nccl, Buffers.make(
+        lambda n: torch.empty(n, dtype=DTYPE, device=device), nbytes), world)
+
+    if "symmpool" in names or "nccl-registered" in names:
+        os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+        symm = dist.new_group(backend=symm_backend_name)
+        os.environ["SYMMPOOL_COLLECTIVES"] = "0"  # read when the next symm backend is made
+        symm_nccl = dist.new_group(backend=symm_backend_name)
+        os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+        backend = symm._get_backend(device)
+        symm_buffers = Buffers.make(lambda n: backend.allocate_tensor(n, dtype=DTYPE, device=device), nbytes)
+        peers["symmpool"] = C10dPeer("symmpool", symm, symm_buffers, world)
+        peers["nccl-registered"] = C10dPeer("nccl-registered", symm_nccl, symm_buffers, world)
+
+    if "torch-symm-mem" in names or "peer-copy" in names:
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            # symm_mem.empty draws on a caching MemPool: buffers of 16 MiB and
+            # more in whole 2 MiB pages get a segment each, so each starts its
+            # allocation (offset 0), where get_buffer(peer, ..., 0) points.
+            symm_bytes = max(16 << 20, -(-nbytes // (2 << 20)) * (2 << 20))
+            buffers = Buffers.make(lambda n: symm_mem.empty(n, dtype=DTYPE, device=device), symm_bytes)
+            handle = symm_mem.rendezvous(buffers.a, nccl)  # collective: every rank makes it here
+            symm_mem.rendezvous(buffers.b, nccl)
+            peers["torch-symm-mem"] = TorchSymmMemPeer(nccl, buffers, world)
+            peers["peer-copy"] = PeerCopyPeer(handle, buffers, rank, world)
+        except Exception as e:  # noqa: BLE001  (recorded, the other peers still run)
+            failed["torch-symm-mem"] = failed["peer-copy"] = f"setup: {type(e).__name__}: {e}"
+    return {n: p for n, p in peers.items() if n in names or n == "nccl"}, failed

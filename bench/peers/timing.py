@@ -1,0 +1,110 @@
+"""Timers and statistics of the peer benchmark: eager (CUDA events around
+back-to-back calls) and CUDA-graph (events around one replay of captured
+calls) timing, percentiles, the slowest rank per repetition, and bandwidth as
+nccl-tests defines it."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+GRAPH_WARMUP_CALLS = 3  # eager calls on a side stream before a capture
+
+# busbw = algbw * factor: the bytes each rank sends (and receives) over its
+# links per byte of the op's size, as nccl-tests counts them.
+BUS_FACTOR = {
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "peer_copy": lambda n: (n - 1) / n,  # the bytes a rank receives in an all-gather of this size
+}
+
+
+def bandwidth(op: str, nbytes: int, time_us: float, world: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes per second) of `nbytes` (all-gather
+    output, reduce-scatter input, all-reduce buffer) in `time_us`."""
+    if time_us is None or time_us <= 0:
+        return None, None
+    algbw = nbytes / time_us / 1e3
+    return algbw, algbw * BUS_FACTOR[op](world)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100), interpolated linearly as numpy's default."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("no values")
+    pos = (len(ordered) - 1) * q / 100
+    low, high = math.floor(pos), math.ceil(pos)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def slowest_rank(per_rank: list[list[float]]) -> list[float]:
+    """Per repetition, the largest time over ranks: a collective takes as
+    long as its slowest rank."""
+    if len({len(s) for s in per_rank}) != 1:
+        raise ValueError(f"ranks timed different numbers of repetitions: {[len(s) for s in per_rank]}")
+    return [max(times) for times in zip(*per_rank)]
+
+
+def summarize(per_rank: list[list[float]]) -> dict:
+    """Per-call microseconds of every rank's repetitions -> median, p10, p90
+    over repetitions of the slowest rank's time."""
+    times = slowest_rank(per_rank)
+    return {"time_us_median": percentile(times, 50), "time_us_p10": percentile(times, 10),
+            "time_us_p90": percentile(times, 90)}
+
+
+def time_eager(run: Callable[[], object], iters: int, reps: int, warmup: int,
+               start_together: Callable[[], None]) -> list[float]:
+    """Per-call microseconds of each repetition: `iters` calls back to back
+    between two CUDA events, the ranks started together before each."""
+    import torch
+
+    for _ in range(warmup):
+        run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(reps):
+        start_together()
+        start.record()
+        for _ in range(iters):
+            run()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / iters)
+    return samples
+
+
+def time_graph(run: Callable[[], object], calls: int, reps: int,
+               start_together: Callable[[], None]) -> list[float]:
+    """Per-call microseconds of each repetition: one replay of a CUDA graph
+    of `calls` captured calls between two CUDA events. Warmed up on a side
+    stream first, as torch.cuda.graph's documentation asks (lazy setup of
+    communicators and workspaces must not land in the capture)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(GRAPH_WARMUP_CALLS):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            run()
+    start_together()
+    graph.replay()  # the first replay uploads the graph: not timed
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(reps):
+        start_together()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    del graph
+    return samples

@@ -1,0 +1,350 @@
+"""The peer benchmark (bench/peers) without a GPU: arguments and sizes, the
+bandwidth and percentile arithmetic, the plan of series, buffer views, one
+cell's check/timing/agreement logic on CPU tensors with fake ranks, the
+JSON rows and the PNG. Everything that needs CUDA or several processes
+(groups, symmetric memory, the timers themselves) runs on the GPU machine
+only."""
+
+import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench" / "peers"
+MODULES = ("timing", "peers", "cells", "plot", "run")
+
+
+def _load_bench() -> dict:
+    """bench/peers' modules, imported as the scripts import each other (by
+    bare name), then taken out of sys.modules and sys.path again: bench/fsdp2
+    has a run.py and a plot.py of its own that its tests import by name.
+    run.py sets multicast and SYMMPOOL_COLLECTIVES variables on import: the
+    environment is put back too."""
+    saved_path, saved_env = list(sys.path), dict(os.environ)
+    saved = {n: sys.modules.pop(n) for n in MODULES if n in sys.modules}
+    sys.path.insert(0, str(BENCH))
+    try:
+        return {n: importlib.import_module(n) for n in MODULES}
+    finally:
+        sys.path[:] = saved_path
+        for n in MODULES:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+M = _load_bench()
+run, timing, peers, cells, plot = M["run"], M["timing"], M["peers"], M["cells"], M["plot"]
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+
+
+def test_defaults_are_the_issue_sizes_ops_and_peers():
+    args = run.parse_args([])
+    assert args.sizes == [KIB * 4**i for i in range(11)] and args.sizes[-1] == GIB
+    assert args.ops == ["all_gather", "reduce_scatter", "all_reduce"]
+    assert args.peers == ["symmpool", "nccl", "nccl-registered", "torch-symm-mem", "peer-copy"]
+    assert args.graph and args.graph_max_bytes == 8 * MIB and args.time_budget is None
+    assert not run.parse_args(["--no-graph"]).graph
+
+
+def test_sizes_parse_as_ranges_and_lists():
+    assert run.parse_sizes("1K:1M:2") == [KIB << i for i in range(11)]
+    assert run.parse_sizes("4KiB:64k") == [4 * KIB, 16 * KIB, 64 * KIB]
+    assert run.parse_sizes("1G, 4096,1M,1M") == [4096, MIB, GIB]
+    assert run.parse_sizes("256:256") == [256]
+    assert run.parse_size("16MiB") == 16 * MIB and run.parse_size("1g") == GIB
+    for bad in ("100", "1K:1M:1", "1M:1K", "1X", "1K:2K:3:4", ""):
+        with pytest.raises(ValueError):
+            run.parse_sizes(bad)
+
+
+def test_bad_arguments_exit_with_a_message(capsys):
+    for argv, text in ((["--sizes", "1000"], "multiples of 256"), (["--ops", "all_gather,gather"], "unknown ops"),
+                       (["--peers", "nccl,mpi"], "unknown peers: mpi"), (["--iters", "0"], "must be >= 1"),
+                       (["--graph-max-bytes", "lots"], "not a size")):
+        with pytest.raises(SystemExit) as e:
+            run.parse_args(argv)
+        assert e.value.code == 2
+        assert text in capsys.readouterr().err
+    args = run.parse_args(["--ops", "all_reduce, all_gather,all_reduce", "--peers", "nccl", "--time-budget", "60"])
+    assert args.ops == ["all_reduce", "all_gather"] and args.peers == ["nccl"] and args.time_budget == 60
+
+
+def test_help_needs_no_gpu():
+    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--time-budget" in proc.stdout and "--no-graph" in proc.stdout
+
+
+def test_bandwidth_is_nccl_tests_busbw():
+    algbw, busbw = timing.bandwidth("all_gather", MIB, 10.0, world=2)
+    assert algbw == pytest.approx(104.8576) and busbw == pytest.approx(52.4288)
+    algbw, busbw = timing.bandwidth("all_reduce", GIB, 5000.0, world=2)
+    assert algbw == pytest.approx(214.7483648) and busbw == pytest.approx(214.7483648)
+    assert timing.bandwidth("all_reduce", GIB, 5000.0, world=4)[1] == pytest.approx(214.7483648 * 1.5)
+    assert timing.bandwidth("reduce_scatter", 8 * MIB, 100.0, world=8)[1] == pytest.approx(83.88608 * 7 / 8)
+    assert timing.bandwidth("peer_copy", 2 * MIB, 10.0, world=2)[1] == pytest.approx(104.8576)
+    assert timing.bandwidth("all_gather", MIB, None, world=2) == (None, None)
+
+
+def test_percentiles_interpolate_like_numpy_and_the_slowest_rank_counts():
+    values = [float(v) for v in range(10, 0, -1)]
+    assert timing.percentile(values, 10) == pytest.approx(1.9)
+    assert timing.percentile(values, 50) == pytest.approx(5.5)
+    assert timing.percentile(values, 90) == pytest.approx(9.1)
+    assert timing.percentile([7.0], 90) == 7.0
+    assert timing.slowest_rank([[1, 5, 3], [2, 4, 3]]) == [2, 5, 3]
+    assert timing.summarize([[1, 5, 3], [2, 4, 3]]) == pytest.approx(
+        {"time_us_median": 3, "time_us_p10": 2.2, "time_us_p90": 4.6})
+    with pytest.raises(ValueError, match="different numbers"):
+        timing.slowest_rank([[1, 2], [1]])
+
+
+def test_buffer_views_give_each_op_its_shapes():
+    bufs = peers.Buffers.make(lambda n: torch.zeros(n, dtype=peers.DTYPE), 64 * KIB)
+    assert bufs.a.numel() == bufs.b.numel() == 32 * KIB
+    inp, out = bufs.views("all_gather", 16 * KIB, world=4, in_place=False)
+    assert (inp.numel(), out.numel()) == (2 * KIB, 8 * KIB)
+    inp, out = bufs.views("reduce_scatter", 16 * KIB, world=4, in_place=False)
+    assert (inp.numel(), out.numel()) == (8 * KIB, 2 * KIB)
+    inp, out = bufs.views("all_reduce", 16 * KIB, world=4, in_place=True)
+    assert inp is out and inp.numel() == 8 * KIB
+    inp, out = bufs.views("peer_copy", 16 * KIB, world=2, in_place=False)
+    assert (inp.numel(), out.numel()) == (4 * KIB, 8 * KIB)
+    assert inp.data_ptr() == bufs.a.data_ptr() and out.data_ptr() == bufs.b.data_ptr()  # offset 0: symmetric
+
+
+def test_torch_symm_mem_variants_are_real_ops_never_multimem():
+    p = peers.TorchSymmMemPeer(type("G", (), {"group_name": "0"})(), None, 2)
+    every = [v for op in peers.OPS for v in p.variants(op)]
+    assert every and not any("multimem" in v for v in every)
+    assert all(p.missing(v) is None for v in every), [p.missing(v) for v in every]
+    assert "not in this torch" in p.missing("no_such_op")
+    bufs = peers.Buffers.make(lambda n: torch.zeros(n, dtype=peers.DTYPE), 4 * KIB)
+    p.buffers = bufs
+    two_shot = p.call("all_reduce", "two_shot_all_reduce_", 4 * KIB)
+    one_shot = p.call("all_reduce", "one_shot_all_reduce_out", 4 * KIB)
+    assert two_shot.poison is None and one_shot.poison.data_ptr() == bufs.b.data_ptr()
+    assert p.call("all_gather", "_low_contention_all_gather", 4 * KIB).poison is None  # the op allocates it
+    with pytest.raises(ValueError, match="unknown torch-symm-mem variant"):
+        p.call("all_reduce", "_low_contention_all_gather_", 4 * KIB)
+
+
+def test_peer_copy_pulls_every_other_rank_chunk_and_checks_only_those():
+    world, rank, nbytes = 4, 1, 4 * KIB
+    bufs = peers.Buffers.make(lambda n: torch.zeros(n, dtype=peers.DTYPE), nbytes)
+    chunk = nbytes // 2 // world
+    remote = {p: torch.full((chunk,), float(p + 10), dtype=peers.DTYPE) for p in range(world)}
+
+    class Handle:
+        def get_buffer(self, peer, sizes, dtype, offset):
+            assert offset == 0 and tuple(sizes) == (chunk,) and dtype == peers.DTYPE
+            return remote[peer]
+
+    call = peers.PeerCopyPeer(Handle(), bufs, rank, world).call("peer_copy", None, nbytes)
+    call.poison.fill_(float("nan"))
+    out = call.run()
+    assert out[:chunk].eq(10).all() and out[2 * chunk:].gt(11).all() and out[chunk:2 * chunk].isnan().all()
+    assert call.compared(out).numel() == 3 * chunk and not call.compared(out).isnan().any()
+
+
+def test_plan_orders_ops_then_peers_and_keeps_failed_peers_as_one_entry():
+    class Peer:
+        def __init__(self, variants):
+            self.v = variants
+
+        def variants(self, op):
+            return self.v.get(op, [])
+
+    ps = {"nccl": Peer({op: [None] for op in peers.OPS}),
+          "torch-symm-mem": Peer({"all_reduce": ["one_shot_all_reduce_out", "two_shot_all_reduce_"]}),
+          "peer-copy": Peer({"peer_copy": [None]})}
+    plan = run.plan(["all_reduce"], ps, {}, ["torch-symm-mem", "nccl", "peer-copy"])
+    assert plan == [("all_reduce", "torch-symm-mem", "one_shot_all_reduce_out"),
+                    ("all_reduce", "torch-symm-mem", "two_shot_all_reduce_"), ("all_reduce", "nccl", None),
+                    ("peer_copy", "peer-copy", None)]
+    failed = {"torch-symm-mem": "setup: boom", "peer-copy": "setup: boom"}
+    plan = run.plan(["all_gather", "all_reduce"], ps, failed, ["torch-symm-mem", "peer-copy"])
+    assert plan == [("all_gather", "torch-symm-mem", None), ("all_reduce", "torch-symm-mem", None),
+                    ("peer_copy", "peer-copy", None)]
+
+
+class FakeRanks:
+    """Two ranks seen from rank 0: rank 1 says what `other` makes of rank 0's
+    value, and fails (an error string) at the gathers numbered in `fail_at`."""
+    world = 2
+    first_error = cells.Ranks.first_error
+
+    def __init__(self, other=lambda v: v, fail_at=()):
+        self.other, self.fail_at, self.gathers, self.starts = other, set(fail_at), 0, 0
+
+    def start_together(self):
+        self.starts += 1
+
+    def gather(self, value):
+        self.gathers += 1
+        return [value, "RuntimeError: boom" if self.gathers in self.fail_at else self.other(value)]
+
+
+class FakePeer:
+    """A 2-rank all-reduce of equal inputs (the sum is twice the input), or a
+    wrong one, or one that writes nothing."""
+    name = "fake"
+
+    def __init__(self, behaviour="right"):
+        self.behaviour = behaviour
+
+    def call(self, op, variant, nbytes):
+        if self.behaviour == "raises":
+            raise RuntimeError("no such size")
+        inp, out = torch.zeros(4), torch.zeros(4)
+
+        def run_once():
+            if self.behaviour != "silent":
+                out.copy_(inp * 2 + (1 if self.behaviour == "wrong" else 0))
+            return out
+        return peers.Call(inp, run_once, poison=out)
+
+
+class FakeReference:
+    def get(self, op, nbytes):
+        data = torch.arange(4.0)
+        return data, torch.cat([data * 2, torch.full((4,), -1.0)])  # longer than the result, as the real one
+
+
+@pytest.fixture
+def cell(monkeypatch):
+    """measure() of FakePeer on CPU: the timers return fixed samples and the
+    symmpool counter grows by 7 per reading."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(timing, "time_eager", lambda run_once, iters, reps, warmup, start: [10.0, 12.0, 11.0])
+    monkeypatch.setattr(timing, "time_graph", lambda run_once, calls, reps, start: [5.0, 5.0, 6.0])
+    args = run.parse_args(["--iters", "4", "--reps", "3", "--warmup", "2", "--graph-calls", "8"])
+    counter = iter(range(0, 1000, 7))
+
+    def measure(peer, ranks, modes=("eager", "graph")):
+        def row(mode, per_rank=None, **fields):
+            return run.result_row("fake", None, "all_reduce", 32, mode, 2, per_rank, **fields)
+        return cells.measure(peer, None, "all_reduce", 32, list(modes), args, ranks, FakeReference(),
+                             lambda: next(counter), row)
+    return measure
+
+
+def test_a_cell_checks_then_times_every_mode_and_takes_the_slower_rank(cell):
+    ranks = FakeRanks(other=lambda v: [x + 1 for x in v] if isinstance(v, list) else v)
+    eager, graph = cell(FakePeer(), ranks)
+    assert ranks.starts == 1  # the check starts the ranks together; the (fake) timers do the rest
+    assert eager["correct"] is True and eager["unavailable"] is None
+    assert eager["time_us_median"] == 12 and eager["calls_issued"] == 2 + 4 * 3 and eager["symm_collectives"] == 7
+    assert graph["mode"] == "graph" and graph["time_us_median"] == 6 and graph["calls_issued"] == 3 + 8
+    assert graph["busbw_gbps"] == pytest.approx(32 / 6 / 1e3)
+
+
+def test_a_wrong_or_silent_peer_is_timed_and_flagged(cell):
+    for behaviour in ("wrong", "silent"):  # silent: the NaN poison stays
+        rows = cell(FakePeer(behaviour), FakeRanks())
+        assert [r["correct"] for r in rows] == [False, False] and rows[0]["time_us_median"] == 11
+    rows = cell(FakePeer(), FakeRanks(other=lambda v: False if v is True else v))  # wrong on rank 1 only
+    assert [r["correct"] for r in rows] == [False, False]
+
+
+def test_a_failure_on_any_rank_skips_the_cell_on_every_rank(cell):
+    rows = cell(FakePeer("raises"), FakeRanks())
+    assert [r["unavailable"] for r in rows] == ["setup: rank 0: RuntimeError: no such size"] * 2
+    assert rows[0]["time_us_median"] is None and rows[0]["correct"] is None
+    rows = cell(FakePeer(), FakeRanks(fail_at={1}))  # rank 1's setup failed
+    assert [r["unavailable"] for r in rows] == ["setup: rank 1: RuntimeError: boom"] * 2
+    rows = cell(FakePeer(), FakeRanks(fail_at={2}))  # rank 1's check raised
+    assert rows[0]["unavailable"].startswith("check: rank 1")
+    # gathers: setup error, check error, check result, eager error, eager samples, graph error
+    eager, graph = cell(FakePeer(), FakeRanks(fail_at={4}))
+    assert eager["unavailable"] == "eager: rank 1: RuntimeError: boom" and eager["correct"] is True
+    assert graph["unavailable"] is None and graph["time_us_median"] == 5
+
+
+def test_the_reference_data_is_small_integers_per_rank_and_made_once(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    calls = []
+
+    class Nccl:  # a 2-rank all-gather whose other rank sent zeros
+        def call(self, op, variant, nbytes):
+            calls.append((op, nbytes))
+            inp = torch.empty(nbytes // 4, dtype=peers.DTYPE)
+            return peers.Call(inp, lambda: torch.cat([inp, torch.zeros_like(inp)]))
+
+    refs = [cells.Reference(Nccl(), torch.device("cpu"), rank, 2, seed=0, max_bytes=64 * KIB) for rank in (0, 1)]
+    data0, expected0 = refs[0].get("all_gather", 16 * KIB)
+    data1, _ = refs[1].get("all_gather", 16 * KIB)
+    assert data0.numel() == 4 * KIB and data0.abs().max() <= 8 and torch.equal(data0, data0.round())
+    assert not torch.equal(data0, data1)  # rank-dependent
+    assert torch.equal(expected0[:4 * KIB], data0) and expected0[4 * KIB:8 * KIB].eq(0).all()
+    again, _ = refs[0].get("peer_copy", 16 * KIB)  # the peer copy checks against the all-gather's
+    assert torch.equal(again, data0) and calls == [("all_gather", 16 * KIB)] * 2
+
+
+def synthetic_document():
+    rows = []
+    for nbytes in (KIB, MIB, GIB):
+        for peer, variant, op in (("symmpool", None, "all_gather"), ("nccl", None, "all_gather"),
+                                  ("torch-symm-mem", "one_shot_all_reduce_out", "all_reduce"),
+                                  ("peer-copy", None, "peer_copy")):
+            for mode in ("eager", "graph"):
+                us = nbytes / 300e3 + (5 if mode == "eager" else 2)
+                rows.append(run.result_row(peer, variant, op, nbytes, mode, 2, [[us, us * 1.1], [us * 1.05, us]],
+                                           correct=peer != "nccl" or nbytes != GIB, calls_issued=40,
+                                           symm_collectives=40 if peer == "symmpool" else 0))
+    rows.append(run.result_row("torch-symm-mem", "_low_contention_all_gather", "all_gather", GIB, "eager", 2,
+                               None, unavailable="check: rank 0: RuntimeError: out of memory"))
+    return run.document({"gpu": "NVIDIA H200", "ranks": 2, "nvlink_gbps_per_direction": 478}, rows)
+
+
+def test_json_rows_have_the_issue_shape(tmp_path):
+    path = tmp_path / "peers_h200x2_2026-11-24.json"
+    run.write_json(str(path), synthetic_document())
+    doc = json.loads(path.read_text())
+    assert set(doc) == {"context", "results"} and doc["context"]["nvlink_gbps_per_direction"] == 478
+    required = {"peer", "variant", "op", "bytes", "mode", "time_us_median", "time_us_p10", "time_us_p90",
+                "busbw_gbps", "algbw_gbps", "correct", "unavailable"}
+    for r in doc["results"]:
+        assert required <= r.keys()
+    ran = doc["results"][0]
+    us = 1024 / 300e3 + 5
+    assert ran["time_us_median"] == pytest.approx((us * 1.05 + us * 1.1) / 2)  # per repetition, the slower rank
+    assert ran["time_us_p10"] <= ran["time_us_median"] <= ran["time_us_p90"]
+    assert ran["busbw_gbps"] == pytest.approx(ran["algbw_gbps"] / 2)
+    missing = doc["results"][-1]
+    assert missing["time_us_median"] is None and missing["busbw_gbps"] is None and "out of memory" in \
+        missing["unavailable"]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_plot_writes_a_png_next_to_the_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "peers_h200x2_2026-11-24.json"
+    run.write_json(str(path), synthetic_document())
+    png = plot.plot(str(path))
+    assert png == str(tmp_path / "peers_h200x2_2026-11-24.png") and os.path.getsize(png) > 1000
+    lines = plot.series([r for r in synthetic_document()["results"] if r["op"] == "all_gather"])
+    assert ("nccl (WRONG)", "eager") in lines and ("symmpool", "graph") in lines
+    assert plot.size_label(GIB) == "1G" and plot.size_label(4 * KIB) == "4K" and plot.size_label(256) == "256"
+
+
+def test_problems_are_wrong_results_and_calls_run_elsewhere():
+    def row(peer, ran, correct=True):
+        return run.result_row(peer, None, "all_gather", KIB, "eager", 2, [[1.0]], correct=correct, calls_issued=10,
+                              symm_collectives=ran)
+    assert run.problems([row("symmpool", 10), row("nccl", 0), row("nccl-registered", 0),
+                         run.result_row("torch-symm-mem", "x", "all_gather", KIB, "graph", 2, None,
+                                        unavailable="no such op")]) == []
+    found = run.problems([row("symmpool", 9), row("nccl-registered", 10), row("nccl", 0, correct=False)])
+    assert found == ["symmpool all_gather 1024 B eager: 9 of 10 calls ran on symmpool, expected 10",
+                     "nccl-registered all_gather 1024 B eager: 10 of 10 calls ran on symmpool, expected 0",
+                     "nccl all_gather 1024 B eager: result differs from NCCL's"]
