@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine: build, run every test, the main job and the benches in
 # one go, logs under $OUT. Stages: env build ctest pytest pytest2 train train-own bench hostcost collbench
-# fsdp2bench (all but pytest2 and fsdp2bench by default), e.g. `bash scripts/gpu_check.sh build bench`.
+# fsdp2bench peers (all but pytest2, hostcost, fsdp2bench and peers by default), e.g.
+# `bash scripts/gpu_check.sh build bench`.
 # fsdp2bench runs bench/fsdp2/run.py with $FSDP2_BENCH_ARGS (default: its own defaults, the
 # issue's six configs x six modes x 3 reps: far more than 10 minutes; give --configs and
 # --time-budget), JSON and PNG into $OUT.
+# peers runs bench/peers/run.py on every GPU (symmpool, NCCL, NCCL on registered buffers,
+# torch symm_mem, the bare peer copy) with a 480 s budget and $PEERS_BENCH_ARGS, JSON and PNG into $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -53,6 +56,10 @@ for stage in $stages; do
     fsdp2bench)  # e.g. FSDP2_BENCH_ARGS="--configs 3.5b-b2s2048 --time-budget 540"
       # shellcheck disable=SC2086  # the variable holds several arguments
       run fsdp2bench.log $py bench/fsdp2/run.py --out-dir "$OUT" ${FSDP2_BENCH_ARGS:-} ;;
+    peers)  # e.g. PEERS_BENCH_ARGS="--sizes 1K:64M --ops all_reduce"
+      # shellcheck disable=SC2086  # the variable holds several arguments
+      run peers.log $py -m torch.distributed.run --standalone --nproc-per-node="$(nvidia-smi -L | wc -l)" \
+        bench/peers/run.py --out "$OUT/peers.json" --time-budget 480 ${PEERS_BENCH_ARGS:-} ;;
     collbench)
       run collbench.log build/bench/symmpool_collectives_bench \
         --benchmark_out="$OUT/collectives_bench.json" --benchmark_out_format=json
