@@ -11,19 +11,18 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy
+
 from configs import MODES, model_fields, parse_config
 
 GIB = 2**30
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
+    """The q-th percentile (0-100), interpolated linearly (numpy's default)."""
     if not values:
         raise ValueError("percentile of nothing")
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    return float(numpy.percentile(values, q))
 
 
 def _max_present(values):

@@ -5,8 +5,9 @@ nccl-tests defines it."""
 
 from __future__ import annotations
 
-import math
 from typing import Callable
+
+import numpy
 
 GRAPH_WARMUP_CALLS = 3  # eager calls on a side stream before a capture
 
@@ -30,13 +31,10 @@ def bandwidth(op: str, nbytes: int, time_us: float, world: int) -> tuple[float, 
 
 
 def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100), interpolated linearly as numpy's default."""
-    ordered = sorted(values)
-    if not ordered:
+    """The q-th percentile (0-100), interpolated linearly (numpy's default)."""
+    if not values:
         raise ValueError("no values")
-    pos = (len(ordered) - 1) * q / 100
-    low, high = math.floor(pos), math.ceil(pos)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+    return float(numpy.percentile(values, q))
 
 
 def slowest_rank(per_rank: list[list[float]]) -> list[float]:
