@@ -1,5 +1,6 @@
 // symmpool._C: the "symm" backend factory, allocator and routing statistics.
 
+#include "peer_memory.hpp"
 #include "symm_backend.hpp"
 #include "torch_errors.hpp"
 
@@ -125,6 +126,7 @@ PYBIND11_MODULE(_C, m) {
       },
       "Collectives the symm backends of this process routed, by reason: where each ran and why "
       "(SYMMPOOL_DEBUG_ROUTING=1 prints each decision to stderr).");
+  symmpool::torch_ext::define_peer_memory(m);
   m.def(
       "table_world_sizes",
       [] {

@@ -309,6 +309,12 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   return &group_->communicator();
 }
 
+Communicator* SymmBackend::peer_memory(c10::DeviceIndex device) {
+  raise_if_failed();
+  c10::cuda::CUDAGuard guard(device);
+  return communicator(device);
+}
+
 c10::intrusive_ptr<c10d::Work> SymmBackend::on_symmpool(CollectiveKind kind, at::Tensor& output,
                                                         at::Tensor& input, c10d::ReduceOp::RedOpType op,
                                                         c10d::OpType type) {

@@ -61,6 +61,12 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
 
   RegistrationCounts registration_counts() const;
 
+  // The group's communicator on `device` for the peer-memory API
+  // (peer_memory.cpp), made by the first call (collective, as for the first
+  // routed collective); null, on every rank, when the group spans nodes.
+  // Raises the group's sticky failure, if any.
+  Communicator* peer_memory(c10::DeviceIndex device);
+
  private:
   void register_if_ready(const at::Device& device);
   template <typename F>

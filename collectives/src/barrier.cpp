@@ -20,7 +20,10 @@ namespace {
 
 constexpr std::size_t kPadWords = std::size_t{detail::kPadRows} * detail::kMaxRanks;
 constexpr std::size_t kPadBytes = kPadWords * sizeof(std::uint32_t);
-constexpr std::size_t kEpochBytes = (1 + detail::kMaxSyncBlocks) * sizeof(std::uint32_t);
+// The kernel barrier's epoch, the block meetings' epochs, then the signals
+// this rank sent to and received from each peer.
+constexpr std::size_t kEpochBytes =
+    (1 + detail::kMaxSyncBlocks + 2 * detail::kMaxRanks) * sizeof(std::uint32_t);
 static_assert(kPadBytes + kEpochBytes <= 4096, "pads and epochs fit in any internal slot");
 
 }  // namespace
@@ -30,6 +33,8 @@ void Communicator::allocate_signal_pads() {
   pads_ = static_cast<std::uint32_t*>(internal_);
   kernel_epoch_ = pads_ + kPadWords;
   block_epochs_ = kernel_epoch_ + 1;
+  signals_sent_ = block_epochs_ + detail::kMaxSyncBlocks;
+  signals_received_ = signals_sent_ + detail::kMaxRanks;
   cudaStream_t setup = nullptr;  // private: a device-wide sync would break a capture
   SYMMPOOL_CUDA_TRY(cudaStreamCreateWithFlags(&setup, cudaStreamNonBlocking));
   detail::ScopeExit destroy([setup] { cudaStreamDestroy(setup); });

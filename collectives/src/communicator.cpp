@@ -2,7 +2,8 @@
 // collectives run in, their numbering and the symmetry checks. Each
 // collective and algorithm has its own file: barrier.cpp, all_gather.cpp,
 // two_step.cpp (reduce_scatter), two_shot.cpp (all_reduce), one_shot.cpp
-// (both), with reduction.cpp and scratch.cpp for what they share.
+// (both), with reduction.cpp and scratch.cpp for what they share;
+// peer_memory.cpp serves patterns users write themselves.
 
 #include "copy_streams.hpp"
 #include "failure_monitor.hpp"

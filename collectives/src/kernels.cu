@@ -90,6 +90,20 @@ __global__ void barrier_kernel(PeerSignals signals, int world, std::uint32_t* ep
   if (threadIdx.x == 0) *epoch_counter = epoch;
 }
 
+__global__ void signal_kernel(PeerSignals signals, int peer, std::uint32_t* sent) {
+  const std::uint32_t count = sent[peer] + 1;
+  sent[peer] = count;
+  signal(pick(signals.peers.peer, peer) + kSignalRow * kMaxRanks + signals.rank, count,
+         cuda::std::memory_order_release);
+}
+
+__global__ void wait_kernel(PeerSignals signals, int peer, std::uint32_t* received) {
+  const std::uint32_t count = received[peer] + 1;
+  wait_for(signals.my_pads + kSignalRow * kMaxRanks + peer, count, cuda::std::memory_order_acquire, peer,
+           signals.error_flag, signals.timeout_cycles);
+  received[peer] = count;
+}
+
 // Start and end meetings of a block-synchronised kernel: each block uses
 // its own pad row and epoch, so blocks never wait for each other. Only
 // threads below `world` take part; each keeps the block's epoch itself.
@@ -266,6 +280,16 @@ cudaError_t reduce_as(const ReduceLaunch& r, cudaStream_t stream) {
 cudaError_t launch_barrier(const PeerSignals& signals, int world, std::uint32_t* epoch_counter,
                            cudaStream_t stream) {
   barrier_kernel<<<1, 32, 0, stream>>>(signals, world, epoch_counter);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_signal(const PeerSignals& signals, int peer, std::uint32_t* sent, cudaStream_t stream) {
+  signal_kernel<<<1, 1, 0, stream>>>(signals, peer, sent);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_wait(const PeerSignals& signals, int peer, std::uint32_t* received, cudaStream_t stream) {
+  wait_kernel<<<1, 1, 0, stream>>>(signals, peer, received);
   return cudaGetLastError();
 }
 

@@ -20,6 +20,16 @@ namespace symmpool::detail {
 cudaError_t launch_barrier(const PeerSignals& signals, int world, std::uint32_t* epoch_counter,
                            cudaStream_t stream);
 
+// Point-to-point signals, counted on the device (so graphs replay them
+// right): signal adds one to what `peer` sees from us on kSignalRow (a
+// release: what the stream did before is visible to the peer); wait holds
+// the stream until `peer`'s count reaches one more than what this rank
+// consumed before (an acquire), then consumes it. `sent`/`received`: this
+// rank's counters, one word per peer. A wait that gives up sets the error
+// flag as a barrier does.
+cudaError_t launch_signal(const PeerSignals& signals, int peer, std::uint32_t* sent, cudaStream_t stream);
+cudaError_t launch_wait(const PeerSignals& signals, int peer, std::uint32_t* received, cudaStream_t stream);
+
 // One reduction kernel: for i < count and o < n_outs,
 //   out_o[dst_offset + i] = scale * sum_p in_p[src_offset + i], in fp32
 // (offsets and counts in elements of `type`).

@@ -446,17 +446,18 @@ std::size_t SymmetricHeap::offset_of(const void* local) const {
 
 bool SymmetricHeap::contains(const void* local) const { return allocator_.owns(local); }
 
-void* SymmetricHeap::peer_ptr(const void* local, int peer) const {
+void* SymmetricHeap::peer_ptr(const void* local, int peer, std::size_t bytes) const {
   require_sound();
   SYMMPOOL_EXPECTS(peer >= 0 && peer < world_, "peer " + std::to_string(peer) + " is not in the group");
   const std::size_t offset = offset_of(local);
   if (peer == rank_) return const_cast<void*>(local);
   const auto& mapped = peer_pieces_[static_cast<std::size_t>(peer)];
   auto it = mapped.upper_bound(offset);
-  SYMMPOOL_EXPECTS(it != mapped.begin() && std::prev(it)->second.offset + std::prev(it)->second.size > offset,
-                   "rank " + std::to_string(peer) + " has no segment at offset " + std::to_string(offset) +
-                       " mapped on rank " + std::to_string(rank_) +
-                       " (call sync() after allocating, on every rank)");
+  const std::size_t end = offset + std::max<std::size_t>(bytes, 1);
+  SYMMPOOL_EXPECTS(it != mapped.begin() && std::prev(it)->second.offset + std::prev(it)->second.size >= end,
+                   "rank " + std::to_string(peer) + " has no segment holding offsets [" +
+                       std::to_string(offset) + ", " + std::to_string(end) + ") mapped on rank " +
+                       std::to_string(rank_) + " (call sync() after allocating, on every rank)");
   return reinterpret_cast<void*>(peer_base_[static_cast<std::size_t>(peer)] + offset);
 }
 

@@ -33,6 +33,7 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -91,6 +92,26 @@ class Communicator {
   // Two-shot needs a symmetric `out` (in place is the usual case).
   void all_reduce(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
                   cudaStream_t stream, Algorithm algorithm = Algorithm::kAuto);
+
+  // Peer memory, for patterns users write themselves (peer_memory.cpp).
+  // Collective: checks that [ptr, ptr + bytes) has the same offset and size
+  // in every rank's heap (syncing the heap first where a rank's segments
+  // changed) and remembers it for peer_address. Throws not_symmetric_error,
+  // the same on every rank, otherwise.
+  void rendezvous(const void* ptr, std::size_t bytes);
+  // Local: where `peer`'s copy of [ptr, ptr + bytes) is mapped here. The
+  // range must lie in one that went through rendezvous (logic_error
+  // otherwise). Valid while the buffer lives on every rank.
+  void* peer_address(const void* ptr, std::size_t bytes, int peer) const;
+  // Point to point, neither collective nor ordered with the collectives:
+  // signal tells `peer` that what `stream` did before is done (counted, so
+  // no signal is lost); wait holds `stream` until `peer` has signalled this
+  // rank once more than earlier waits consumed. One-thread kernels (a graph
+  // replays them right); a wait gives up after the barrier timeout and fails
+  // the communicator. Signals to one peer, and waits on one peer, must be
+  // issued in one order (one stream, or streams ordered by events).
+  void signal(int peer, cudaStream_t stream);
+  void wait(int peer, cudaStream_t stream);
 
   // Raises collective_error once the communicator failed (sticky).
   void check_errors();
@@ -160,6 +181,7 @@ class Communicator {
   void one_shot(const Reduction& r, std::size_t in_count, std::size_t src_offset);
   void two_shot(const Reduction& r);
   void two_step(const Reduction& r);
+  void check_peer(int peer, const char* op) const;  // peer_memory.cpp
   // At least `bytes` of plain device memory for work enqueued on `stream` (scratch.cpp).
   void* scratch(std::size_t bytes, cudaStream_t stream);
 
@@ -168,6 +190,8 @@ class Communicator {
   std::uint32_t* pads_ = nullptr;                       // [kPadRows][kMaxRanks], symmetric
   std::uint32_t* kernel_epoch_ = nullptr;               // device-side counter of kernel barriers
   std::uint32_t* block_epochs_ = nullptr;               // device-side counters of block meetings
+  std::uint32_t* signals_sent_ = nullptr;               // device-side, one per peer: signal()s
+  std::uint32_t* signals_received_ = nullptr;           // device-side, one per peer: wait()s passed
   std::uint32_t stream_op_epoch_ = 0;                   // host-side counter of stream-op barriers
   detail::PadPointers peer_pads_{};                     // every rank's pads, mapped here
   int timeout_seconds_ = 0;                             // barriers' patience (argument or options' override)
@@ -189,6 +213,7 @@ class Communicator {
   bool exchange_next_check_ = false;    // a call ran elsewhere: verify alignment at the next check
   // Buffers seen symmetric (empty) or not (why not), until the next sync.
   std::map<std::pair<const void*, std::size_t>, std::string> checked_;
+  std::map<std::uintptr_t, std::size_t> rendezvoused_;  // start -> bytes of ranges peers may be read at
 };
 
 }  // namespace symmpool

@@ -78,8 +78,10 @@ class SymmetricHeap final : public SegmentObserver {
   std::string failure() const;
 
   // The address of `local`'s counterpart on `peer`, mapped here. Throws if
-  // `local` is not in the heap or the peer's segment was not synced yet.
-  void* peer_ptr(const void* local, int peer) const;
+  // `local` is not in the heap or the peer's segment was not synced yet;
+  // with `bytes`, also unless one mapped segment of the peer holds all of
+  // [local, local + bytes).
+  void* peer_ptr(const void* local, int peer, std::size_t bytes = 1) const;
   std::size_t offset_of(const void* local) const;
   bool contains(const void* local) const;
 

@@ -26,9 +26,10 @@ struct PadPointers {
 enum PadRow : int {
   kKernelBarrierRow = 0,
   kStreamOpBarrierRow = 1,
-  kFirstBlockRow = 2,  // kMaxSyncBlocks rows follow
+  kFirstBlockRow = 2,                            // kMaxSyncBlocks rows follow
+  kSignalRow = kFirstBlockRow + kMaxSyncBlocks,  // point-to-point signals (Communicator::signal)
 };
-constexpr int kPadRows = kFirstBlockRow + kMaxSyncBlocks;
+constexpr int kPadRows = kSignalRow + 1;
 
 // What a kernel needs to signal its peers and wait for their signals (the
 // kernels take the world size on its own: they loop over it too).

@@ -1,0 +1,453 @@
+"""Fused tensor-parallel ops on a "symm" group, micro-pipelined as PyTorch's
+ProcessGroupCudaP2P and symmetric-memory ops are:
+
+- ``torch.ops.symmpool.fused_all_gather_matmul(A_shard, Bs, gather_dim,
+  group_size, group_name) -> (A, [A @ B for B in Bs])``: each rank's shard is
+  multiplied as soon as it has arrived, while the copy engines fetch the next;
+- ``torch.ops.symmpool.fused_matmul_reduce_scatter(A, B, reduce_op,
+  scatter_dim, group_size, group_name)``: ``reduce_scatter(A @ B)``, each
+  rank's part of the product computed and pushed to it by the copy engines
+  while the next part is computed;
+- ``torch.ops.symmpool.pipelined_produce_and_all_to_all(A, B, group_size,
+  group_name)``: ``all_to_all_single(A @ B)`` with equal chunks along dim 0
+  (chunk ``s`` of the output comes from rank ``s``), pipelined the same way.
+
+The copies take no SM from the matmuls. Shards pass through one symmetric
+workspace per group and device, grown on demand (``reserve_workspace`` grows
+it ahead, as a CUDA graph capture needs). Where symmpool cannot serve the
+call (not a "symm" group, ranks on several nodes, CPU tensors, one rank, a
+workspace that came out asymmetric) the op runs unfused on the group, and
+``symmpool.peer_memory_counts()`` counts it with its reason; every rank
+takes the same decision. Every op takes ``group_size``: the output shapes
+depend on it, and torch.compile's caches key on the op's arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
+
+from . import _C
+from .peer_memory import _counts, barrier, peer_tensor, symm_backend
+
+_WORKSPACE_GRANULE = 2 << 20  # bytes: workspaces grow in whole granules of the heap
+
+
+# -- the group's workspace and copy stream ---------------------------------------------------
+
+
+class _Workspace:
+    """One group's symmetric staging buffer on one device."""
+
+    def __init__(self) -> None:
+        self.tensor: Optional[torch.Tensor] = None  # uint8, rendezvoused
+        self.not_symmetric = ""  # why the last one was refused (same text on every rank)
+        self.refused_bytes = 0  # the size refused: a larger request tries again
+        self.last_use: Optional[torch.cuda.Event] = None  # the stream's position after the last op read it
+
+
+_workspaces: dict[tuple[str, int], _Workspace] = {}
+_copy_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def _workspace(group: dist.ProcessGroup, device: int, nbytes: int) -> _Workspace:
+    """The workspace of ``group`` on ``device``, at least ``nbytes`` (collective
+    when it grows). Check ``.tensor``: None when it came out asymmetric."""
+    ws = _workspaces.setdefault((group.group_name, device), _Workspace())
+    have = 0 if ws.tensor is None else ws.tensor.numel()
+    if have >= nbytes or (ws.tensor is None and 0 < nbytes <= ws.refused_bytes):
+        return ws
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"symmpool fused ops: the workspace of group {group.group_name!r} holds {have} bytes, "
+            f"{nbytes} are needed, and it cannot grow during a CUDA graph capture; call "
+            f"symmpool.reserve_workspace({nbytes}, group) on every rank before capturing")
+    if ws.tensor is not None:
+        torch.cuda.synchronize(device)  # our streams are done with it; end barriers: the peers are too
+    ws.tensor, ws.last_use = None, None
+    size = -(-nbytes // _WORKSPACE_GRANULE) * _WORKSPACE_GRANULE
+    backend = symm_backend(group, device)
+    tensor = _C._allocate_symmetric(backend, size, device)
+    why_not = _C._rendezvous(backend, tensor)
+    if why_not:
+        ws.not_symmetric, ws.refused_bytes = why_not, size
+    else:
+        ws.tensor, ws.not_symmetric, ws.refused_bytes = tensor, "", 0
+    return ws
+
+
+def reserve_workspace(nbytes: int, group: Optional[dist.ProcessGroup] = None, device=None) -> bool:
+    """Collective: grows the fused ops' workspace of ``group`` to at least
+    ``nbytes`` now (before a CUDA graph capture, say). Returns whether it is
+    symmetric, i.e. whether the fused ops will run on it."""
+    group = group if group is not None else dist.group.WORLD
+    device = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
+    if symm_backend(group, device) is None:
+        raise TypeError("symmpool.reserve_workspace needs a \"symm\" process group")
+    return _workspace(group, device, nbytes).tensor is not None
+
+
+def _copy_stream(device: int) -> torch.cuda.Stream:
+    if device not in _copy_streams:
+        _copy_streams[device] = torch.cuda.Stream(device)
+    return _copy_streams[device]
+
+
+def _check_group_size(group_size: int, op: str) -> None:
+    if group_size < 1:
+        raise ValueError(f"{op}: group_size must be >= 1, got {group_size}")
+
+
+def _group_of(group_name: str, group_size: int, op: str) -> dist.ProcessGroup:
+    group = _resolve_process_group(group_name)
+    if group.size() != group_size:
+        raise ValueError(f"{op}: group_size is {group_size} but group {group_name!r} has {group.size()} ranks")
+    return group
+
+
+def _why_not_fused(group: dist.ProcessGroup, tensors: list[torch.Tensor]) -> str:
+    """'' when symmpool serves the call, else why not (the same on every rank)."""
+    if not all(t.is_cuda for t in tensors):
+        return "CPU tensors"
+    if any(t.numel() == 0 for t in tensors):
+        return "empty tensors"
+    if group.size() == 1:
+        return "one rank"
+    device = tensors[0].device.index
+    backend = symm_backend(group, device)
+    if backend is None:
+        return "not a symm group"
+    if not _C._peer_memory_available(backend, device):
+        return "ranks span nodes"
+    return ""
+
+
+def _count(op: str, why_not: str) -> None:
+    if why_not:
+        _counts[f"{op}.fallback"] += 1
+        _counts[f"{op}.fallback: {why_not}"] += 1
+    else:
+        _counts[f"{op}.fused"] += 1
+
+
+class _Pipeline:
+    """One fused call's streams and workspace: enter after the workspace was
+    sized; on exit the copy stream has joined the caller's and the workspace
+    records where the caller's stream last used it."""
+
+    def __init__(self, group: dist.ProcessGroup, ws: _Workspace, device: int) -> None:
+        self.group, self.ws = group, ws
+        self.rank, self.world = group.rank(), group.size()
+        self.main = torch.cuda.current_stream(device)
+        self.copies = _copy_stream(device)
+        self.capturing = torch.cuda.is_current_stream_capturing()
+
+    def __enter__(self) -> "_Pipeline":
+        if self.ws.last_use is not None and not self.capturing:
+            self.main.wait_event(self.ws.last_use)  # the previous op read it, maybe on another stream
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.main.wait_stream(self.copies)
+        if not self.capturing:
+            self.ws.last_use = self.main.record_event()
+
+    def staging(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's copy of the workspace, viewed as ``shape`` of ``dtype``."""
+        count = 1
+        for s in shape:
+            count *= s
+        return self.ws.tensor[: count * dtype.itemsize].view(dtype).view(shape)
+
+    def barrier(self) -> None:
+        barrier(self.group, self.main)
+
+
+# -- all-gather, then matmul ----------------------------------------------------------------------
+
+
+def _check_all_gather_matmul(A_shard, Bs, gather_dim: int, group_size: int) -> int:
+    op = "fused_all_gather_matmul"
+    _check_group_size(group_size, op)
+    if A_shard.dim() < 2:
+        raise ValueError(f"{op}: A_shard must have at least 2 dims, got {A_shard.dim()}")
+    if not -A_shard.dim() <= gather_dim < A_shard.dim():
+        raise ValueError(f"{op}: gather_dim {gather_dim} is out of range for {A_shard.dim()} dims")
+    gather_dim %= A_shard.dim()
+    k = A_shard.shape[-1] * (group_size if gather_dim == A_shard.dim() - 1 else 1)
+    if not Bs:
+        raise ValueError(f"{op}: Bs is empty")
+    for B in Bs:
+        if B.dim() != 2 or B.shape[0] != k or B.dtype != A_shard.dtype:
+            raise ValueError(f"{op}: every B must be a {A_shard.dtype} matrix of {k} rows, got "
+                             f"{B.dtype} {tuple(B.shape)}")
+    return gather_dim
+
+
+def _gathered_shape(A_shard, gather_dim: int, group_size: int) -> list[int]:
+    shape = list(A_shard.shape)
+    shape[gather_dim] *= group_size
+    return shape
+
+
+def _all_gather_matmul_unfused(A_shard, Bs, gather_dim: int, group) -> tuple:
+    x = A_shard.movedim(gather_dim, 0).contiguous()
+    gathered = x.new_empty((group.size() * x.shape[0], *x.shape[1:]))
+    dist.all_gather_into_tensor(gathered, x, group=group)
+    A = gathered.movedim(0, gather_dim).contiguous()
+    return A, [A @ B for B in Bs]
+
+
+def _all_gather_matmul_rows(p: _Pipeline, x: torch.Tensor, Bs, shape_out: Callable) -> tuple:
+    """A gathered along rows of ``x`` [m, k]: A_flat [world * m, k], each
+    rank's rows multiplied by every B as they arrive."""
+    m, k = x.shape
+    mine = p.staging((m, k), x.dtype)
+    A_flat = x.new_empty(p.world * m, k)
+    outs = [x.new_empty(p.world * m, B.shape[1]) for B in Bs]
+    mine.copy_(x)
+    p.barrier()  # every rank's shard is in its workspace
+    p.copies.wait_stream(p.main)
+    with torch.cuda.stream(p.copies):
+        A_flat[p.rank * m:(p.rank + 1) * m].copy_(mine)
+    for B, out in zip(Bs, outs):
+        torch.mm(x, B, out=out[p.rank * m:(p.rank + 1) * m])
+    for step in range(1, p.world):
+        src = (p.rank + step) % p.world
+        rows = slice(src * m, (src + 1) * m)
+        with torch.cuda.stream(p.copies):
+            A_flat[rows].copy_(peer_tensor(mine, src, p.group))
+        p.main.wait_stream(p.copies)
+        for B, out in zip(Bs, outs):
+            torch.mm(A_flat[rows], B, out=out[rows])
+    p.main.wait_stream(p.copies)
+    p.barrier()  # nobody reads our workspace any more
+    return shape_out(A_flat), [shape_out(out) for out in outs]
+
+
+def _all_gather_matmul_columns(p: _Pipeline, x: torch.Tensor, Bs) -> tuple:
+    """A gathered along columns of ``x`` [m, k]: A @ B is the sum over ranks
+    of shard @ (that rank's rows of B), accumulated as shards arrive."""
+    m, k = x.shape
+    mine = p.staging((m, k), x.dtype)
+    shards = x.new_empty(p.world, m, k)
+    outs = [x.new_empty(m, B.shape[1]) for B in Bs]
+    mine.copy_(x)
+    p.barrier()
+    p.copies.wait_stream(p.main)
+    with torch.cuda.stream(p.copies):
+        shards[p.rank].copy_(mine)
+    for B, out in zip(Bs, outs):
+        torch.mm(x, B[p.rank * k:(p.rank + 1) * k], out=out)
+    for step in range(1, p.world):
+        src = (p.rank + step) % p.world
+        with torch.cuda.stream(p.copies):
+            shards[src].copy_(peer_tensor(mine, src, p.group))
+        p.main.wait_stream(p.copies)
+        for B, out in zip(Bs, outs):
+            torch.addmm(out, shards[src], B[src * k:(src + 1) * k], out=out)
+    p.main.wait_stream(p.copies)
+    p.barrier()
+    return shards.permute(1, 0, 2).reshape(m, p.world * k), outs
+
+
+@torch.library.custom_op(
+    "symmpool::fused_all_gather_matmul", mutates_args=(),
+    schema="(Tensor A_shard, Tensor[] Bs, int gather_dim, int group_size, str group_name) -> (Tensor, Tensor[])")
+def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: list[torch.Tensor], gather_dim: int, group_size: int,
+                            group_name: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(all_gather(A_shard, gather_dim), [that @ B for B in Bs])."""
+    op = "fused_all_gather_matmul"
+    gather_dim = _check_all_gather_matmul(A_shard, Bs, gather_dim, group_size)
+    group = _group_of(group_name, group_size, op)
+    why_not = _why_not_fused(group, [A_shard, *Bs])
+    ws = None
+    if not why_not:
+        device = A_shard.device.index
+        ws = _workspace(group, device, A_shard.numel() * A_shard.element_size())
+        why_not = "workspace not symmetric" if ws.tensor is None else ""
+    _count(op, why_not)
+    if why_not:
+        return _all_gather_matmul_unfused(A_shard, Bs, gather_dim, group)
+    with _Pipeline(group, ws, A_shard.device.index) as p:
+        if gather_dim == A_shard.dim() - 1:
+            lead = A_shard.shape[:-1]
+            A, outs = _all_gather_matmul_columns(p, A_shard.reshape(-1, A_shard.shape[-1]), Bs)
+            return A.view(*lead, -1), [out.view(*lead, -1) for out in outs]
+        x = A_shard.movedim(gather_dim, 0)
+        lead = (group_size * x.shape[0], *x.shape[1:-1])
+
+        def shape_out(flat: torch.Tensor) -> torch.Tensor:
+            return flat.view(*lead, flat.shape[-1]).movedim(0, gather_dim).contiguous()
+
+        return _all_gather_matmul_rows(p, x.reshape(-1, x.shape[-1]), Bs, shape_out)
+
+
+@fused_all_gather_matmul.register_fake
+def _(A_shard, Bs, gather_dim, group_size, group_name):
+    gather_dim = _check_all_gather_matmul(A_shard, Bs, gather_dim, group_size)
+    shape = _gathered_shape(A_shard, gather_dim, group_size)
+    A = A_shard.new_empty(shape)
+    return A, [A_shard.new_empty((*shape[:-1], B.shape[1])) for B in Bs]
+
+
+# -- matmul, then all-to-all or reduce-scatter --------------------------------------------------------
+
+
+def _produce_and_all_to_all(p: _Pipeline, produce: Callable, chunk: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """Every rank's chunk for rank ``d`` is ``produce(d, out)``; returns this
+    rank's workspace as [world, *chunk], slot ``s`` holding rank ``s``'s chunk
+    for us (valid until the pipeline exits). Each chunk for a peer is made in
+    a staging buffer and pushed into the peer's slot by the copy engines
+    while the next one is made; ours goes last, straight into our slot."""
+    stacked = p.staging((p.world, *chunk), dtype)
+    p.barrier()  # every peer is done with its workspace's last use: we may write into it
+    staging = [torch.empty(chunk, dtype=dtype, device=stacked.device) for _ in range(min(2, p.world - 1))]
+    pushed: list[Optional[torch.cuda.Event]] = [None] * len(staging)
+    for step in range(1, p.world):
+        dst, slot = (p.rank + step) % p.world, step % len(staging)
+        if pushed[slot] is not None:
+            p.main.wait_event(pushed[slot])  # the copy engines are done with this staging buffer
+        produce(dst, staging[slot])
+        p.copies.wait_stream(p.main)
+        with torch.cuda.stream(p.copies):
+            peer_tensor(stacked[p.rank], dst, p.group).copy_(staging[slot])
+            pushed[slot] = p.copies.record_event()
+    produce(p.rank, stacked[p.rank])
+    p.main.wait_stream(p.copies)
+    p.barrier()  # every push has landed, everywhere
+    return stacked
+
+
+def _check_matmul(A, B, op: str) -> None:
+    if A.dim() < 2 or B.dim() != 2 or A.shape[-1] != B.shape[0] or A.dtype != B.dtype:
+        raise ValueError(f"{op}: need A [..., k] and B [k, n] of one dtype, got {A.dtype} {tuple(A.shape)} "
+                         f"and {B.dtype} {tuple(B.shape)}")
+
+
+def _check_reduce_scatter(A, B, reduce_op: str, scatter_dim: int, group_size: int) -> int:
+    op = "fused_matmul_reduce_scatter"
+    _check_group_size(group_size, op)
+    _check_matmul(A, B, op)
+    if reduce_op not in ("sum", "avg"):
+        raise ValueError(f"{op}: reduce_op must be 'sum' or 'avg', got {reduce_op!r}")
+    if not -A.dim() <= scatter_dim < A.dim():
+        raise ValueError(f"{op}: scatter_dim {scatter_dim} is out of range for {A.dim()} dims")
+    scatter_dim %= A.dim()
+    extent = B.shape[1] if scatter_dim == A.dim() - 1 else A.shape[scatter_dim]
+    if extent % group_size:
+        raise ValueError(f"{op}: dim {scatter_dim} of A @ B ({extent}) is not divisible by the group size "
+                         f"{group_size}")
+    return scatter_dim
+
+
+def _reduce_scatter_shape(A, B, scatter_dim: int, group_size: int) -> list[int]:
+    shape = [*A.shape[:-1], B.shape[1]]
+    shape[scatter_dim] //= group_size
+    return shape
+
+
+def _matmul_reduce_scatter_unfused(A, B, reduce_op: str, scatter_dim: int, group) -> torch.Tensor:
+    product = (A @ B).movedim(scatter_dim, 0).contiguous()
+    out = product.new_empty((product.shape[0] // group.size(), *product.shape[1:]))
+    op = dist.ReduceOp.SUM if reduce_op == "sum" else dist.ReduceOp.AVG
+    dist.reduce_scatter_tensor(out, product, op=op, group=group)
+    return out.movedim(0, scatter_dim).contiguous()
+
+
+@torch.library.custom_op(
+    "symmpool::fused_matmul_reduce_scatter", mutates_args=(),
+    schema="(Tensor A, Tensor B, str reduce_op, int scatter_dim, int group_size, str group_name) -> Tensor")
+def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
+                                group_size: int, group_name: str) -> torch.Tensor:
+    """reduce_scatter(A @ B, reduce_op, scatter_dim) over the group."""
+    op = "fused_matmul_reduce_scatter"
+    scatter_dim = _check_reduce_scatter(A, B, reduce_op, scatter_dim, group_size)
+    group = _group_of(group_name, group_size, op)
+    shape = _reduce_scatter_shape(A, B, scatter_dim, group_size)
+    chunk_numel = 1
+    for s in shape:
+        chunk_numel *= s
+    why_not = _why_not_fused(group, [A, B])
+    ws = None
+    if not why_not:
+        ws = _workspace(group, A.device.index, group_size * chunk_numel * A.element_size())
+        why_not = "workspace not symmetric" if ws.tensor is None else ""
+    _count(op, why_not)
+    if why_not:
+        return _matmul_reduce_scatter_unfused(A, B, reduce_op, scatter_dim, group)
+    reduce = torch.sum if reduce_op == "sum" else torch.mean
+    with _Pipeline(group, ws, A.device.index) as p:
+        if scatter_dim == A.dim() - 1:  # each rank owns a block of B's columns
+            a, n = A.reshape(-1, A.shape[-1]), B.shape[1] // group_size
+
+            def produce(dst: int, out: torch.Tensor) -> None:
+                torch.mm(a, B[:, dst * n:(dst + 1) * n], out=out)
+
+            stacked = _produce_and_all_to_all(p, produce, (a.shape[0], n), A.dtype)
+            return reduce(stacked, dim=0).view(shape)
+        x = A.movedim(scatter_dim, 0)
+        rows = x.reshape(-1, x.shape[-1])
+        m = rows.shape[0] // group_size
+
+        def produce(dst: int, out: torch.Tensor) -> None:
+            torch.mm(rows[dst * m:(dst + 1) * m], B, out=out)
+
+        stacked = _produce_and_all_to_all(p, produce, (m, B.shape[1]), A.dtype)
+        flat = reduce(stacked, dim=0)
+        moved = [shape[scatter_dim], *(s for i, s in enumerate(shape) if i != scatter_dim)]
+        return flat.view(moved).movedim(0, scatter_dim).contiguous()
+
+
+@fused_matmul_reduce_scatter.register_fake
+def _(A, B, reduce_op, scatter_dim, group_size, group_name):
+    scatter_dim = _check_reduce_scatter(A, B, reduce_op, scatter_dim, group_size)
+    return A.new_empty(_reduce_scatter_shape(A, B, scatter_dim, group_size))
+
+
+def _check_all_to_all(A, B, group_size: int) -> None:
+    op = "pipelined_produce_and_all_to_all"
+    _check_group_size(group_size, op)
+    _check_matmul(A, B, op)
+    if A.dim() != 2 or A.shape[0] % group_size:
+        raise ValueError(f"{op}: A must be a matrix whose rows ({A.shape[0] if A.dim() else 0}) divide by the "
+                         f"group size {group_size}, got {tuple(A.shape)}")
+
+
+@torch.library.custom_op(
+    "symmpool::pipelined_produce_and_all_to_all", mutates_args=(),
+    schema="(Tensor A, Tensor B, int group_size, str group_name) -> Tensor")
+def pipelined_produce_and_all_to_all(A: torch.Tensor, B: torch.Tensor, group_size: int,
+                                     group_name: str) -> torch.Tensor:
+    """all_to_all_single(A @ B) with equal chunks along dim 0: rows chunk
+    ``s`` of the result is rank ``s``'s product's chunk for this rank."""
+    op = "pipelined_produce_and_all_to_all"
+    _check_all_to_all(A, B, group_size)
+    group = _group_of(group_name, group_size, op)
+    m, n = A.shape[0] // group_size, B.shape[1]
+    why_not = _why_not_fused(group, [A, B])
+    ws = None
+    if not why_not:
+        ws = _workspace(group, A.device.index, A.shape[0] * n * A.element_size())
+        why_not = "workspace not symmetric" if ws.tensor is None else ""
+    _count(op, why_not)
+    if why_not:
+        out = A.new_empty(A.shape[0], n)
+        dist.all_to_all_single(out, (A @ B).contiguous(), group=group)
+        return out
+    with _Pipeline(group, ws, A.device.index) as p:
+
+        def produce(dst: int, out: torch.Tensor) -> None:
+            torch.mm(A[dst * m:(dst + 1) * m], B, out=out)
+
+        stacked = _produce_and_all_to_all(p, produce, (m, n), A.dtype)
+        return stacked.reshape(A.shape[0], n).clone()
+
+
+@pipelined_produce_and_all_to_all.register_fake
+def _(A, B, group_size, group_name):
+    _check_all_to_all(A, B, group_size)
+    return A.new_empty(A.shape[0], B.shape[1])

@@ -1,0 +1,134 @@
+"""Peer memory: another rank's copy of a symmetric buffer as a tensor, and
+the barrier and signals that order work on it, for intra-node patterns
+users write themselves (in PyTorch, Triton or CUDA) on a "symm" group.
+
+A buffer is symmetric when every rank allocated it at the same place of its
+symmpool heap (the same sizes in the same order, as SPMD code does).
+``rendezvous`` checks that, on every rank together; ``peer_tensor`` then
+views a peer's copy, read and written over NVLink (a copy with ``copy_``
+runs on the copy engines). A hand-written all-gather::
+
+    group = dist.new_group(backend="symm")          # or the default group
+    with torch.cuda.use_mem_pool(symmpool.mem_pool()):
+        mine = torch.empty(n, device="cuda")          # symmetric on every rank
+    mine.copy_(x)
+    symmpool.rendezvous(mine, group)                  # collective, once
+    symmpool.barrier(group)                           # every rank wrote its own
+    out = torch.empty(world, n, device="cuda")
+    for peer in range(world):
+        out[peer].copy_(symmpool.peer_tensor(mine, peer, group))
+    symmpool.barrier(group)                           # nobody reads `mine` any more
+
+Ranks are the group's ranks. A view stays valid while its buffer lives on
+every rank. ``barrier`` uses stream memory operations (no SM); ``signal``
+and ``wait`` are one-thread kernels counted on the device, so CUDA graphs
+replay them right. A wait that outlasts the group's timeout fails the group
+for good, as a failed collective does. ``peer_memory_counts`` counts the
+calls, fused ops (``symmpool.fused_ops``) and their NCCL fallbacks.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+_counts: collections.Counter = collections.Counter()
+
+
+def _group(group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
+    return group if group is not None else dist.group.WORLD
+
+
+def _device_index(device) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    return torch.device(device).index if not isinstance(device, int) else device
+
+
+def symm_backend(group: Optional[dist.ProcessGroup], device: Optional[int] = None):
+    """The "symm" backend of ``group`` on ``device`` (current by default), or None."""
+    backend = _group(group)._get_backend(torch.device("cuda", _device_index(device)))
+    return backend if isinstance(backend, _C.SymmBackend) else None
+
+
+def _require_symm_backend(group, device, op: str):
+    backend = symm_backend(group, device)
+    if backend is None:
+        raise TypeError(f"symmpool.{op} needs a \"symm\" process group (dist.new_group(backend=\"symm\"))")
+    return backend
+
+
+def _stream_handle(stream: Optional[torch.cuda.Stream]) -> Optional[int]:
+    return None if stream is None else stream.cuda_stream
+
+
+def is_available(group: Optional[dist.ProcessGroup] = None, device=None) -> bool:
+    """Whether ``group`` is a "symm" group whose ranks share a node. Collective
+    the first time on a "symm" group (it forms the group's heap); every rank
+    gets the same answer."""
+    backend = symm_backend(group, device)
+    return backend is not None and _C._peer_memory_available(backend, _device_index(device))
+
+
+def rendezvous(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> None:
+    """Collective: checks that ``tensor``'s bytes sit at the same place of
+    every rank's heap, so ``peer_tensor`` may view them. Raises ValueError,
+    the same on every rank, when they do not (a tensor outside symmpool's
+    memory, or ranks that allocated differently)."""
+    backend = _require_symm_backend(group, tensor.device, "rendezvous")
+    why_not = _C._rendezvous(backend, tensor)
+    _counts["rendezvous"] += 1
+    if why_not:
+        raise ValueError(f"symmpool.rendezvous: the tensor is not symmetric: {why_not}")
+
+
+def peer_tensor(tensor: torch.Tensor, rank: int, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """A view of ``rank``'s copy of ``tensor`` (same shape, strides and
+    dtype), mapped into this device. ``tensor`` (or a tensor it lies in)
+    must have gone through ``rendezvous`` on every rank."""
+    backend = _require_symm_backend(group, tensor.device, "peer_tensor")
+    _counts["peer_tensor"] += 1
+    return _C._peer_tensor(backend, tensor, rank)
+
+
+def barrier(group: Optional[dist.ProcessGroup] = None, stream: Optional[torch.cuda.Stream] = None) -> None:
+    """Collective: work enqueued after it on ``stream`` (current by default)
+    starts once every rank's stream reached it (no SM used)."""
+    device = stream.device.index if stream is not None else None
+    backend = _require_symm_backend(group, device, "barrier")
+    _counts["barrier"] += 1
+    _C._barrier(backend, _device_index(device), _stream_handle(stream))
+
+
+def signal(peer: int, group: Optional[dist.ProcessGroup] = None,
+           stream: Optional[torch.cuda.Stream] = None) -> None:
+    """Tells ``peer`` that what ``stream`` did before is done and visible."""
+    device = stream.device.index if stream is not None else None
+    backend = _require_symm_backend(group, device, "signal")
+    _counts["signal"] += 1
+    _C._signal(backend, _device_index(device), peer, _stream_handle(stream))
+
+
+def wait(peer: int, group: Optional[dist.ProcessGroup] = None,
+         stream: Optional[torch.cuda.Stream] = None) -> None:
+    """Holds ``stream`` until ``peer`` signalled once more than earlier waits
+    on it consumed (signals are counted, never lost)."""
+    device = stream.device.index if stream is not None else None
+    backend = _require_symm_backend(group, device, "wait")
+    _counts["wait"] += 1
+    _C._wait(backend, _device_index(device), peer, _stream_handle(stream))
+
+
+def peer_memory_counts() -> dict:
+    """Calls of this module's functions, and of the fused ops by where they
+    ran (``<op>.fused``, ``<op>.fallback``), in this process."""
+    return dict(_counts)
+
+
+def reset_peer_memory_counts() -> None:
+    _counts.clear()

@@ -1,0 +1,150 @@
+#include "peer_memory.hpp"
+
+#include "symm_backend.hpp"
+#include "torch_errors.hpp"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace py = pybind11;
+
+namespace symmpool::torch_ext {
+
+namespace {
+
+SymmBackend& symm_backend(const c10::intrusive_ptr<c10d::Backend>& backend) {
+  auto* symm = dynamic_cast<SymmBackend*>(backend.get());
+  if (symm == nullptr)
+    throw py::type_error("symmpool peer memory needs a \"symm\" process group, got a \"" +
+                         backend->getBackendName() + "\" one");
+  return *symm;
+}
+
+Communicator& communicator_of(const c10::intrusive_ptr<c10d::Backend>& backend, c10::DeviceIndex device) {
+  Communicator* comm = symm_backend(backend).peer_memory(device);
+  TORCH_CHECK(
+      comm != nullptr,
+      "symmpool peer memory: this group spans nodes; peers' memory can be mapped within one node only");
+  return *comm;
+}
+
+c10::DeviceIndex cuda_device_of(const at::Tensor& t, const char* op) {
+  TORCH_CHECK(t.is_cuda(), "symmpool ", op, ": the tensor must be on a CUDA device, got ", t.device());
+  return t.device().index();
+}
+
+// Bytes from the tensor's first element to one past its last.
+std::size_t span_bytes(const at::Tensor& t) {
+  return t.numel() == 0 ? 0 : at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize());
+}
+
+cudaStream_t stream_or_current(std::optional<std::int64_t> stream, c10::DeviceIndex device) {
+  if (stream) return reinterpret_cast<cudaStream_t>(static_cast<std::intptr_t>(*stream));
+  return c10::cuda::getCurrentCUDAStream(device).stream();
+}
+
+}  // namespace
+
+void define_peer_memory(py::module& m) {
+  m.def(
+      "_peer_memory_available",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, c10::DeviceIndex device) {
+        return call_translating_errors([&] { return symm_backend(backend).peer_memory(device) != nullptr; });
+      },
+      py::arg("backend"), py::arg("device"), py::call_guard<py::gil_scoped_release>(),
+      "Collective the first time: whether the group's ranks share a node (every rank gets the same answer).");
+  m.def(
+      "_allocate_symmetric",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, std::int64_t bytes, c10::DeviceIndex device) {
+        return symm_backend(backend).allocateTensor(
+            bytes, at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, device)));
+      },
+      py::arg("backend"), py::arg("bytes"), py::arg("device"), py::call_guard<py::gil_scoped_release>(),
+      "`bytes` of symmpool memory on `device` (uint8), straight from symmpool's cache.");
+  m.def(
+      "_rendezvous",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& t) -> std::string {
+        const c10::DeviceIndex device = cuda_device_of(t, "rendezvous");
+        const std::size_t bytes = span_bytes(t);
+        TORCH_CHECK(bytes > 0, "symmpool rendezvous: the tensor is empty");
+        Communicator& comm = communicator_of(backend, device);
+        c10::cuda::CUDAGuard guard(device);
+        return call_translating_errors([&]() -> std::string {
+          try {
+            comm.rendezvous(t.data_ptr(), bytes);
+            return {};
+          } catch (const not_symmetric_error& e) {
+            return e.what();  // the same verdict on every rank
+          }
+        });
+      },
+      py::arg("backend"), py::arg("tensor"), py::call_guard<py::gil_scoped_release>(),
+      "Collective: '' when the tensor's bytes sit at the same offset in every rank's heap (peer_tensor "
+      "may then view them), otherwise why not (the same text on every rank).");
+  m.def(
+      "_peer_tensor",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& t, int peer) {
+        const c10::DeviceIndex device = cuda_device_of(t, "peer_tensor");
+        Communicator& comm = communicator_of(backend, device);
+        const std::size_t bytes = span_bytes(t);
+        void* remote = call_translating_errors(
+            [&] { return bytes == 0 ? t.data_ptr() : comm.peer_address(t.data_ptr(), bytes, peer); });
+        // target_device: the memory is the peer's, mapped into this device's
+        // address space; torch must not ask the pointer which device it is on.
+        return at::for_blob(remote, t.sizes())
+            .strides(t.strides())
+            .options(t.options())
+            .target_device(t.device())
+            .make_tensor();
+      },
+      py::arg("backend"), py::arg("tensor"), py::arg("peer"),
+      "A view of `peer`'s copy of a rendezvoused tensor (same shape, strides and dtype).");
+  m.def(
+      "_barrier",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, c10::DeviceIndex device,
+         std::optional<std::int64_t> stream) {
+        Communicator& comm = communicator_of(backend, device);
+        c10::cuda::CUDAGuard guard(device);
+        call_translating_errors([&] {
+          comm.barrier(stream_or_current(stream, device), BarrierKind::kStreamOps);
+          return 0;
+        });
+      },
+      py::arg("backend"), py::arg("device"), py::arg("stream") = py::none(),
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_signal",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, c10::DeviceIndex device, int peer,
+         std::optional<std::int64_t> stream) {
+        Communicator& comm = communicator_of(backend, device);
+        c10::cuda::CUDAGuard guard(device);
+        call_translating_errors([&] {
+          comm.signal(peer, stream_or_current(stream, device));
+          return 0;
+        });
+      },
+      py::arg("backend"), py::arg("device"), py::arg("peer"), py::arg("stream") = py::none(),
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_wait",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, c10::DeviceIndex device, int peer,
+         std::optional<std::int64_t> stream) {
+        Communicator& comm = communicator_of(backend, device);
+        c10::cuda::CUDAGuard guard(device);
+        call_translating_errors([&] {
+          comm.wait(peer, stream_or_current(stream, device));
+          return 0;
+        });
+      },
+      py::arg("backend"), py::arg("device"), py::arg("peer"), py::arg("stream") = py::none(),
+      py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace symmpool::torch_ext

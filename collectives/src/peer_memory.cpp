@@ -1,0 +1,84 @@
+// Peer memory for the patterns users write themselves: ranges checked
+// symmetric once (rendezvous), their peers' copies as mapped here, and
+// point-to-point signals on the signal pads.
+
+#include "failure_monitor.hpp"
+#include "kernels.hpp"
+#include "relaxed_capture.hpp"
+
+#include <symmpool/communicator.hpp>
+#include <symmpool/detail/format.hpp>
+#include <symmpool/error.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+namespace symmpool {
+
+void Communicator::rendezvous(const void* ptr, std::size_t bytes) {
+  SYMMPOOL_EXPECTS(bytes > 0, "symmpool rendezvous on rank " + std::to_string(rank()) + ": an empty buffer");
+  check_errors();
+  begin_call("rendezvous");
+  bool synced = false;
+  try {
+    detail::RelaxedCaptureMode relaxed;  // may map peer segments: allowed under capture
+    // Every rank exchanges, even with a buffer outside its heap: a rank that
+    // passed plain memory fails every rank at once instead of leaving its
+    // peers waiting for it.
+    heap_.check_symmetric_and_sync(ptr, bytes, call_label() + " buffer", /*sync_if_needed=*/true, &synced);
+  } catch (const not_symmetric_error&) {
+    if (synced) checked_.clear();
+    exchange_next_check_ = false;
+    throw;  // the same verdict on every rank
+  } catch (const logic_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    monitor_->fail("rendezvous of " + std::to_string(bytes) + " bytes: " + e.what());
+    throw collective_error(monitor_->record_of_failure()->message());
+  }
+  if (synced) checked_.clear();
+  exchange_next_check_ = false;
+  std::size_t& known = rendezvoused_[reinterpret_cast<std::uintptr_t>(ptr)];
+  known = std::max(known, bytes);
+}
+
+void* Communicator::peer_address(const void* ptr, std::size_t bytes, int peer) const {
+  check_peer(peer, "peer_address");
+  const auto start = reinterpret_cast<std::uintptr_t>(ptr);
+  const auto last = rendezvoused_.upper_bound(start);
+  const bool covered = std::any_of(rendezvoused_.begin(), last, [&](const auto& range) {
+    return range.first + range.second >= start + bytes;
+  });
+  SYMMPOOL_EXPECTS(covered,
+                   "symmpool peer_address on rank " + std::to_string(rank()) + ": " + std::to_string(bytes) +
+                       " bytes at " + detail::format_pointer(ptr) +
+                       " were not rendezvoused; call rendezvous on their buffer on every rank first");
+  return heap_.peer_ptr(ptr, peer, bytes);
+}
+
+void Communicator::signal(int peer, cudaStream_t stream) {
+  check_peer(peer, "signal");
+  check_errors();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  SYMMPOOL_CUDA_TRY(detail::launch_signal(peer_signals(), peer, signals_sent_, stream));
+  monitor_->record("signal", 0, stream, capture != cudaStreamCaptureStatusNone);
+}
+
+void Communicator::wait(int peer, cudaStream_t stream) {
+  check_peer(peer, "wait");
+  check_errors();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  SYMMPOOL_CUDA_TRY(detail::launch_wait(peer_signals(), peer, signals_received_, stream));
+  monitor_->record("wait", 0, stream, capture != cudaStreamCaptureStatusNone);
+}
+
+void Communicator::check_peer(int peer, const char* op) const {
+  SYMMPOOL_EXPECTS(peer >= 0 && peer < world(),
+                   std::string("symmpool ") + op + " on rank " + std::to_string(rank()) + ": peer " +
+                       std::to_string(peer) + " is not in the group of " + std::to_string(world()));
+}
+
+}  // namespace symmpool

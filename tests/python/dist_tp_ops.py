@@ -1,0 +1,286 @@
+"""Bodies of the fused-op and peer-memory tests, one process per rank
+(launch.run_workers). The CPU ones run on gloo (every fused op falls back to
+the unfused ops there); the GPU ones on a "symm" group, against NCCL."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from dist_common import init_group
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def _references(A_shard, Bs, gather_dim, group):
+    """What the fused ops must equal, from the unfused collectives."""
+    x = A_shard.movedim(gather_dim, 0).contiguous()
+    gathered = x.new_empty((group.size() * x.shape[0], *x.shape[1:]))
+    dist.all_gather_into_tensor(gathered, x, group=group)
+    A = gathered.movedim(0, gather_dim)
+    return A, [A @ B for B in Bs]
+
+
+def _reduce_scatter_reference(A, B, reduce_op, scatter_dim, group):
+    product = (A @ B).movedim(scatter_dim, 0).contiguous()
+    out = product.new_empty((product.shape[0] // group.size(), *product.shape[1:]))
+    op = dist.ReduceOp.SUM if reduce_op == "sum" else dist.ReduceOp.AVG
+    dist.reduce_scatter_tensor(out, product, op=op, group=group)
+    return out.movedim(0, scatter_dim)
+
+
+def _all_to_all_reference(A, B, group):
+    out = A.new_empty(A.shape[0], B.shape[1])
+    dist.all_to_all_single(out, (A @ B).contiguous(), group=group)
+    return out
+
+
+def _close(actual, expected, what):
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, \
+        f"{what}: {actual.dtype} {tuple(actual.shape)} vs {expected.dtype} {tuple(expected.shape)}"
+    assert not actual.isnan().any(), f"{what}: NaN left (a poisoned byte never written)"
+    tol = TOLERANCE[actual.dtype]
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol * max(1.0, expected.abs().max().item()),
+                               msg=lambda m: f"{what}: {m}")
+
+
+# Shapes: (A_shard shape, gather_dim, B columns): odd row counts, 2-D and 3-D,
+# gathered along rows, a middle dim and the last (K) dim.
+ALL_GATHER_CASES = [((37, 96), 0, (40, 24)), ((3, 17, 64), 1, (48,)), ((5, 33, 32), 0, (16, 8)),
+                    ((29, 48), 1, (40,)), ((2, 7, 32), 2, (24,))]
+# (A shape, scatter_dim, N): rows, a middle dim and the last (N) dim scattered.
+REDUCE_SCATTER_CASES = [((74, 96), 0, 40), ((3, 34, 64), 1, 48), ((30, 48), 1, 64), ((4, 6, 32), 2, 24)]
+
+
+def _cases(world, gen, dtype, device):
+    """Random inputs for every case, scaled so that the group divides them."""
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype).to(device)
+
+    ag = []
+    for shard, gather_dim, ns in ALL_GATHER_CASES:
+        k = shard[-1] * (world if gather_dim == len(shard) - 1 else 1)
+        ag.append((rand(*shard), [rand(k, n) for n in ns], gather_dim))
+    rs = []
+    for shape, scatter_dim, n in REDUCE_SCATTER_CASES:
+        shape = list(shape)
+        if scatter_dim == len(shape) - 1:
+            n *= world
+        else:
+            shape[scatter_dim] *= world
+        rs.append((rand(*shape), rand(shape[-1], n), scatter_dim))
+    return ag, rs
+
+
+def fused_ops_match_unfused(rank: int, world: int, on_gpu: bool, dtypes: list) -> None:
+    """Every fused op, every case and dtype, equals the unfused collectives
+    on the same random data; on a "symm" group the fused path ran (counted),
+    on gloo the fallback did."""
+    import symmpool
+
+    if on_gpu:
+        device = init_group(rank, world, "cpu:gloo,cuda:symm")
+        reference_group = dist.new_group(backend="nccl")
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        reference_group = dist.group.WORLD
+    group = dist.group.WORLD
+    name = group.group_name
+    gen = torch.Generator().manual_seed(1234 + rank)
+    symmpool.reset_peer_memory_counts()
+    calls = 0
+    for dtype in dtypes:
+        ag, rs = _cases(world, gen, dtype, device)
+        for A_shard, Bs, gather_dim in ag:
+            _poison_workspace(name, device)
+            A, outs = torch.ops.symmpool.fused_all_gather_matmul(A_shard, Bs, gather_dim, world, name)
+            A_ref, outs_ref = _references(A_shard, Bs, gather_dim, reference_group)
+            what = f"rank {rank} all_gather_matmul {dtype} shard {tuple(A_shard.shape)} dim {gather_dim}"
+            assert torch.equal(A, A_ref), f"{what}: gathered A differs"
+            for i, (out, ref) in enumerate(zip(outs, outs_ref)):
+                _close(out, ref, f"{what} B{i}")
+            calls += 1
+        for A, B, scatter_dim in rs:
+            for reduce_op in ("sum", "avg"):
+                _poison_workspace(name, device)
+                out = torch.ops.symmpool.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, world, name)
+                ref = _reduce_scatter_reference(A, B, reduce_op, scatter_dim, reference_group)
+                _close(out, ref, f"rank {rank} matmul_reduce_scatter {reduce_op} {dtype} A {tuple(A.shape)} "
+                                 f"dim {scatter_dim}")
+                calls += 1
+        A, B = torch.randn(6 * world, 40, generator=gen).to(dtype).to(device), \
+            torch.randn(40, 24, generator=gen).to(dtype).to(device)
+        _poison_workspace(name, device)
+        out = torch.ops.symmpool.pipelined_produce_and_all_to_all(A, B, world, name)
+        _close(out, _all_to_all_reference(A, B, reference_group), f"rank {rank} produce_and_all_to_all {dtype}")
+        calls += 1
+    counts = symmpool.peer_memory_counts()
+    where = "fused" if on_gpu else "fallback"
+    ran = sum(v for k, v in counts.items() if k.endswith(f".{where}"))
+    assert ran == calls, f"rank {rank}: {ran} of {calls} calls ran {where}: {counts}"
+    print(f"[rank {rank}] {calls} fused-op calls matched the unfused ops ({where}): {counts}", flush=True)
+    dist.barrier()  # gloo: a rank that tears down while its peer still talks may abort
+    dist.destroy_process_group()
+
+
+def _poison_workspace(group_name, device):
+    """NaN bytes everywhere in the workspace: a result that reads a byte no
+    copy wrote shows."""
+    from symmpool import fused_ops
+
+    ws = fused_ops._workspaces.get((group_name, getattr(device, "index", None)))
+    if ws is not None and ws.tensor is not None:
+        ws.tensor.fill_(0xFF)
+
+
+def fused_ops_replay_in_cuda_graphs_and_compile(rank: int, world: int) -> None:
+    """The fused ops captured in a CUDA graph (workspace reserved first) and
+    compiled with torch.compile(fullgraph=True) give what eager gives."""
+    import symmpool
+
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+    name = dist.group.WORLD.group_name
+    gen = torch.Generator().manual_seed(7 + rank)
+    A_shard = torch.randn(64, 128, generator=gen).to(torch.bfloat16).to(device)
+    B = torch.randn(128, 96, generator=gen).to(torch.bfloat16).to(device)
+    C = torch.randn(96, 128, generator=gen).to(torch.bfloat16).to(device)
+
+    def step(a, b, c):
+        full, (h,) = torch.ops.symmpool.fused_all_gather_matmul(a, [b], 0, world, name)
+        return full, torch.ops.symmpool.fused_matmul_reduce_scatter(h, c, "sum", 0, world, name)
+
+    eager = step(A_shard, B, C)
+    assert symmpool.reserve_workspace(64 << 20), "the workspace came out asymmetric"
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    static_a = A_shard.clone()
+    with torch.cuda.graph(graph):
+        captured = step(static_a, B, C)
+    for replay in range(3):
+        fresh = torch.randn(64, 128, generator=gen).to(torch.bfloat16).to(device)
+        static_a.copy_(fresh)
+        for t in captured:
+            t.fill_(float("nan"))
+        graph.replay()
+        expected = step(fresh, B, C)
+        for got, want, what in zip(captured, expected, ("gathered A", "reduce-scattered product")):
+            _close(got, want, f"rank {rank} graph replay {replay} {what}")
+    compiled = torch.compile(step, fullgraph=True)
+    for got, want, what in zip(compiled(A_shard, B, C), eager, ("gathered A", "reduce-scattered product")):
+        _close(got, want, f"rank {rank} compiled {what}")
+    print(f"[rank {rank}] graph replays and the compiled step matched eager", flush=True)
+    del graph
+    dist.destroy_process_group()
+
+
+def fused_ops_fall_back_where_symmpool_cannot_serve(rank: int, world: int) -> None:
+    """On an NCCL group the fused ops run unfused, counted with the reason;
+    the results are right."""
+    import symmpool
+
+    init_group(rank, world, "nccl")
+    name = dist.group.WORLD.group_name
+    device = torch.device("cuda", rank)
+    symmpool.reset_peer_memory_counts()
+    A_shard = torch.randn(16, 32, device=device)
+    B = torch.randn(32, 8, device=device)
+    A, (out,) = torch.ops.symmpool.fused_all_gather_matmul(A_shard, [B], 0, world, name)
+    A_ref, (out_ref,) = _references(A_shard, [B], 0, dist.group.WORLD)
+    assert torch.equal(A, A_ref)
+    _close(out, out_ref, "fallback all_gather_matmul")
+    counts = symmpool.peer_memory_counts()
+    assert counts.get("fused_all_gather_matmul.fallback: not a symm group") == 1, counts
+    dist.destroy_process_group()
+
+
+def peer_memory_api(rank: int, world: int) -> None:
+    """rendezvous, peer_tensor, barrier, and signal/wait ping-pong: each rank
+    reads its peers' buffers through views; a plain tensor is refused on
+    every rank alike; peer_tensor before rendezvous is refused."""
+    import symmpool
+
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+    group = dist.group.WORLD
+    n = 4099  # odd
+    with torch.cuda.use_mem_pool(symmpool.mem_pool()):
+        mine = torch.empty(n, dtype=torch.float32, device=device)
+    mine.fill_(float(rank + 1))
+    try:
+        symmpool.peer_tensor(mine, (rank + 1) % world)
+    except RuntimeError as e:
+        assert "rendezvous" in str(e), str(e)
+    else:
+        raise AssertionError("peer_tensor before rendezvous gave a view")
+    symmpool.rendezvous(mine, group)
+    symmpool.barrier(group)  # every rank filled its buffer
+    for peer in range(world):
+        view = symmpool.peer_tensor(mine, peer)
+        assert view.shape == mine.shape and view.device == mine.device
+        assert torch.equal(view.clone(), torch.full_like(mine, float(peer + 1))), f"rank {rank} read peer {peer}"
+    symmpool.barrier(group)
+
+    # Ping-pong over signals: rank 0 writes round r into rank 1's buffer, signals; rank 1 checks, answers.
+    if world >= 2 and rank < 2:
+        other = 1 - rank
+        remote = symmpool.peer_tensor(mine, other)
+        for r in range(50):
+            if rank == 0:
+                remote.fill_(float(r))
+                symmpool.signal(other)
+                symmpool.wait(other)
+            else:
+                symmpool.wait(other)
+                assert mine[0].item() == float(r) and mine[-1].item() == float(r), f"round {r}: {mine[0].item()}"
+                symmpool.signal(other)
+        # Counted signals: two sent before either is waited for, neither lost.
+        symmpool.signal(other)
+        symmpool.signal(other)
+        symmpool.wait(other)
+        symmpool.wait(other)
+        torch.cuda.synchronize()
+    symmpool.barrier(group)
+
+    plain = torch.empty(n, device=device)  # torch's own memory: not symmetric on any rank
+    try:
+        symmpool.rendezvous(plain, group)
+    except ValueError as e:
+        assert "not symmetric" in str(e), str(e)
+    else:
+        raise AssertionError("a plain tensor passed rendezvous")
+    counts = symmpool.peer_memory_counts()
+    assert counts["rendezvous"] == 2 and counts["peer_tensor"] >= world, counts
+    torch.cuda.synchronize()
+    print(f"[rank {rank}] peer memory API: {counts}", flush=True)
+    dist.destroy_process_group()
+
+
+def a_wait_without_signal_times_out(rank: int, world: int) -> None:
+    """Rank 1 waits for a signal rank 0 never sends: the wait gives up after
+    the group's 5 s timeout and the group's next call raises, naming rank 0."""
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"  # raise, do not abort the process
+    os.environ.pop("SYMMPOOL_BARRIER_TIMEOUT", None)
+    import symmpool
+
+    init_group(rank, world, "cpu:gloo,cuda:symm", timeout=datetime.timedelta(seconds=5))
+    assert symmpool.is_available()
+    if rank == 1:
+        start = time.monotonic()
+        symmpool.wait(0)
+        torch.cuda.synchronize()
+        waited = time.monotonic() - start
+        assert 4.0 <= waited < 8.0, f"the wait gave up after {waited:.1f} s, expected about 5 s"
+        try:
+            symmpool.barrier()
+        except RuntimeError as e:
+            assert "rank 0" in str(e), str(e)
+        else:
+            raise AssertionError("the group went on after a wait timed out")
+        print(f"[rank 1] the wait gave up after {waited:.1f} s", flush=True)
+    else:
+        time.sleep(10)
+    dist.destroy_process_group()

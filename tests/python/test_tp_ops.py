@@ -1,0 +1,138 @@
+"""Fused tensor-parallel ops and the peer-memory API. Schemas, fake kernels,
+opcheck and the unfused fallback run here on gloo (CPU); the fused paths,
+graphs, compile and signals need 2 GPUs and skip without them."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import symmpool
+import dist_tp_ops
+from launch import gpu_count, run_workers
+
+needs_two = pytest.mark.skipif(gpu_count() < 2, reason=f"needs 2 or more CUDA GPUs, found {gpu_count()}")
+OPS = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter", "pipelined_produce_and_all_to_all")
+
+
+@pytest.fixture(scope="module")
+def group_name():
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield dist.group.WORLD.group_name
+    dist.destroy_process_group()
+
+
+def test_every_op_takes_the_group_size_its_shapes_depend_on():
+    for name in OPS:
+        schema = getattr(torch.ops.symmpool, name).default._schema
+        assert [a.name for a in schema.arguments][-2:] == ["group_size", "group_name"], str(schema)
+        assert str(schema.arguments[-2].type) == "int", str(schema)
+
+
+def test_fake_kernels_take_shapes_from_group_size_alone(group_name):
+    # group_size 4 on a one-rank group: the fake kernels never ask the group.
+    with FakeTensorMode():
+        A, (o1, o2) = torch.ops.symmpool.fused_all_gather_matmul(
+            torch.empty(3, 5, 16), [torch.empty(16, 7), torch.empty(16, 9)], 1, 4, group_name)
+        assert A.shape == (3, 20, 16) and o1.shape == (3, 20, 7) and o2.shape == (3, 20, 9)
+        A, (o,) = torch.ops.symmpool.fused_all_gather_matmul(torch.empty(6, 8), [torch.empty(32, 5)], -1, 4,
+                                                             group_name)
+        assert A.shape == (6, 32) and o.shape == (6, 5)
+        out = torch.ops.symmpool.fused_matmul_reduce_scatter(torch.empty(2, 8, 16), torch.empty(16, 12), "sum",
+                                                             1, 4, group_name)
+        assert out.shape == (2, 2, 12)
+        out = torch.ops.symmpool.fused_matmul_reduce_scatter(torch.empty(8, 16), torch.empty(16, 12), "avg",
+                                                             -1, 4, group_name)
+        assert out.shape == (8, 3)
+        out = torch.ops.symmpool.pipelined_produce_and_all_to_all(torch.empty(8, 16), torch.empty(16, 12), 4,
+                                                                  group_name)
+        assert out.shape == (8, 12)
+
+
+def test_bad_arguments_are_named(group_name):
+    with pytest.raises(ValueError, match="group_size is 2 but group"):
+        torch.ops.symmpool.fused_all_gather_matmul(torch.ones(4, 4), [torch.ones(4, 4)], 0, 2, group_name)
+    with pytest.raises(ValueError, match="every B must be"):
+        torch.ops.symmpool.fused_all_gather_matmul(torch.ones(4, 4), [torch.ones(5, 4)], 0, 1, group_name)
+    with pytest.raises(ValueError, match="gather_dim 2 is out of range"):
+        torch.ops.symmpool.fused_all_gather_matmul(torch.ones(4, 4), [torch.ones(4, 4)], 2, 1, group_name)
+    with pytest.raises(ValueError, match="'sum' or 'avg'"):
+        torch.ops.symmpool.fused_matmul_reduce_scatter(torch.ones(4, 4), torch.ones(4, 4), "max", 0, 1,
+                                                       group_name)
+    with FakeTensorMode(), pytest.raises(ValueError, match=r"\(5\) is not divisible by the group size 2"):
+        torch.ops.symmpool.fused_matmul_reduce_scatter(torch.empty(5, 4), torch.empty(4, 4), "sum", 0, 2,
+                                                       group_name)
+    with pytest.raises(ValueError, match="group_size must be >= 1"):
+        torch.ops.symmpool.pipelined_produce_and_all_to_all(torch.ones(4, 4), torch.ones(4, 4), 0, group_name)
+
+
+def test_one_rank_fallback_is_plain_matmul_and_counted(group_name):
+    symmpool.reset_peer_memory_counts()
+    A, B, C = torch.randn(6, 8), torch.randn(8, 5), torch.randn(5, 8)
+    full, (out,) = torch.ops.symmpool.fused_all_gather_matmul(A, [B], 0, 1, group_name)
+    torch.testing.assert_close(full, A)
+    torch.testing.assert_close(out, A @ B)
+    torch.testing.assert_close(torch.ops.symmpool.fused_matmul_reduce_scatter(out, C, "sum", 0, 1, group_name),
+                               out @ C)
+    torch.testing.assert_close(torch.ops.symmpool.pipelined_produce_and_all_to_all(A, B, 1, group_name), A @ B)
+    counts = symmpool.peer_memory_counts()
+    assert counts["fused_all_gather_matmul.fallback: CPU tensors"] == 1, counts
+    assert counts["fused_matmul_reduce_scatter.fallback"] == 1, counts
+    assert not any(k.endswith(".fused") for k in counts), counts
+
+
+def test_opcheck(group_name):
+    A, B = torch.randn(6, 8), torch.randn(8, 4)
+    cases = {
+        "fused_all_gather_matmul": (A, [B, B * 2], 0, 1, group_name),
+        "fused_matmul_reduce_scatter": (A, B, "sum", 1, 1, group_name),
+        "pipelined_produce_and_all_to_all": (A, B, 1, group_name),
+    }
+    for name, args in cases.items():
+        torch.library.opcheck(getattr(torch.ops.symmpool, name).default, args)
+
+
+def test_traces_under_torch_compile(group_name):
+    def step(a, b, c):
+        full, (h,) = torch.ops.symmpool.fused_all_gather_matmul(a, [b], 0, 1, group_name)
+        return full, torch.ops.symmpool.fused_matmul_reduce_scatter(h, c, "sum", 0, 1, group_name)
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    a, b, c = torch.randn(4, 6), torch.randn(6, 3), torch.randn(3, 5)
+    for got, want in zip(compiled(a, b, c), step(a, b, c)):
+        torch.testing.assert_close(got, want)
+
+
+def test_peer_memory_needs_a_symm_group(group_name):
+    with pytest.raises(TypeError, match='needs a "symm" process group'):
+        symmpool.rendezvous(torch.ones(4))
+
+
+def test_fallback_on_two_gloo_ranks_matches_the_unfused_ops():
+    run_workers(dist_tp_ops.fused_ops_match_unfused, 2, False, [torch.float32, torch.bfloat16], timeout=240)
+
+
+@needs_two
+def test_fused_ops_match_nccl_in_every_dtype():
+    run_workers(dist_tp_ops.fused_ops_match_unfused, gpu_count(), True,
+                [torch.bfloat16, torch.float16, torch.float32], timeout=300)
+
+
+@needs_two
+def test_fused_ops_replay_in_cuda_graphs_and_compile():
+    run_workers(dist_tp_ops.fused_ops_replay_in_cuda_graphs_and_compile, gpu_count(), timeout=300)
+
+
+@needs_two
+def test_fused_ops_fall_back_on_an_nccl_group():
+    run_workers(dist_tp_ops.fused_ops_fall_back_where_symmpool_cannot_serve, gpu_count(), timeout=120)
+
+
+@needs_two
+def test_peer_memory_api():
+    run_workers(dist_tp_ops.peer_memory_api, gpu_count(), timeout=120)
+
+
+@needs_two
+def test_a_wait_without_signal_times_out():
+    run_workers(dist_tp_ops.a_wait_without_signal_times_out, 2, timeout=120)
