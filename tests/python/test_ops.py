@@ -25,15 +25,15 @@ def test_ops_are_registered():
 def test_fake_implementations_give_shapes(group_name):
     with FakeTensorMode():
         x = torch.empty(6, 3, dtype=torch.bfloat16)
-        assert torch.ops.symmpool.all_gather(x, group_name).shape == (6, 3)
-        assert torch.ops.symmpool.reduce_scatter(x, "sum", group_name).shape == (6, 3)
+        assert torch.ops.symmpool.all_gather(x, 1, group_name).shape == (6, 3)
+        assert torch.ops.symmpool.reduce_scatter(x, "sum", 1, group_name).shape == (6, 3)
         assert torch.ops.symmpool.all_reduce(x, "avg", group_name).dtype == torch.bfloat16
 
 
 def test_eager_results_on_one_rank(group_name):
     x = torch.randn(5, 4)
-    torch.testing.assert_close(torch.ops.symmpool.all_gather(x, group_name), x)
-    torch.testing.assert_close(torch.ops.symmpool.reduce_scatter(x, "sum", group_name), x)
+    torch.testing.assert_close(torch.ops.symmpool.all_gather(x, 1, group_name), x)
+    torch.testing.assert_close(torch.ops.symmpool.reduce_scatter(x, "sum", 1, group_name), x)
     y = torch.ops.symmpool.all_reduce(x, "avg", group_name)
     torch.testing.assert_close(y, x)
     assert y.data_ptr() != x.data_ptr(), "functional: a new tensor"
@@ -46,7 +46,7 @@ def test_bad_reduction_is_rejected(group_name):
 
 def test_traces_under_torch_compile(group_name):
     def step(x):
-        g = torch.ops.symmpool.all_gather(x * 2, group_name)
+        g = torch.ops.symmpool.all_gather(x * 2, 1, group_name)
         return torch.ops.symmpool.all_reduce(g + 1, "sum", group_name)
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
@@ -56,7 +56,7 @@ def test_traces_under_torch_compile(group_name):
 
 def test_opcheck(group_name):
     x = torch.randn(4, 3)
-    torch.library.opcheck(torch.ops.symmpool.all_gather.default, (x, group_name),
+    torch.library.opcheck(torch.ops.symmpool.all_gather.default, (x, 1, group_name),
                           test_utils=("test_schema", "test_faketensor"))
     torch.library.opcheck(torch.ops.symmpool.all_reduce.default, (x, "sum", group_name),
                           test_utils=("test_schema", "test_faketensor"))
