@@ -2,6 +2,11 @@
 the ops compute the right thing on a one-rank gloo group (no GPU needed)."""
 
 import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,3 +115,40 @@ def test_opcheck(group_name, op, args):
     x = torch.randn(4, 3)
     torch.library.opcheck(getattr(torch.ops.symmpool, op).default, (x, *args, group_name))
 
+
+WORKER = Path(__file__).with_name("compile_cache_worker.py")
+
+
+def _run_ranks(world: int, tmp_path: Path, env: dict, timeout: float = 120.0) -> None:
+    """compile_cache_worker.py on `world` ranks (a file store, so parallel
+    test runs do not meet); stops them all at the first failure."""
+    store, logs = tmp_path / f"store{world}", [tmp_path / f"world{world}_rank{r}.log" for r in range(world)]
+    procs = []
+    for rank, log in enumerate(logs):
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen([sys.executable, str(WORKER), str(rank), str(world), str(store)],
+                                          env=env, stdout=out, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs) and not any(p.returncode for p in procs):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    for rank, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"rank {rank} of {world} (exit {p.returncode}):\n{log.read_text()[-4000:]}"
+
+
+def test_compiled_graph_for_two_ranks_is_not_reused_on_one(tmp_path):
+    # Issue 16: fake kernels that read the group size from the group name
+    # made the compiled graph depend on something outside its cache key, and
+    # a 1-rank run got the graph compiled for 2 ranks from the FX graph /
+    # AOTAutograd caches ("expected size 6==12 ... symmpool.all_gather").
+    # Inductor, because aot_eager uses neither cache.
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+               TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
+    env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
+    _run_ranks(2, tmp_path, env)
+    _run_ranks(1, tmp_path, env)
