@@ -1,9 +1,19 @@
 """Functional, traceable collectives: ``torch.ops.symmpool.*``.
 
+    symmpool::all_gather(Tensor input, int group_size, str group_name) -> Tensor
+    symmpool::reduce_scatter(Tensor input, str op, int group_size, str group_name) -> Tensor
+    symmpool::all_reduce(Tensor input, str op, str group_name) -> Tensor
+
 Each op takes the process group by name (``group.group_name``) and returns a
 new tensor, so ``torch.compile`` can trace it through its fake (meta)
-implementation. At run time it goes through the group's backend: on a
-"symm" group, symmetric buffers run symmpool's collectives and the rest NCCL.
+implementation. Ops whose output shape depends on the group size also take
+``group_size``, placed as in PyTorch's ``_c10d_functional`` ops: their fake
+implementations compute shapes from it alone, never from the group, so the
+size is an argument in the traced graph and in the keys of the compile caches
+(a graph compiled on 2 ranks is not reused on 1). At run time an op raises
+ValueError when ``group_size`` is not the group's size, then goes through the
+group's backend: on a "symm" group, symmetric buffers run symmpool's
+collectives and the rest NCCL.
 """
 
 from __future__ import annotations
@@ -22,45 +32,66 @@ def _reduce_op(op: str) -> dist.ReduceOp:
         raise ValueError(f"symmpool ops reduce with 'sum' or 'avg', got {op!r}") from None
 
 
-def _world(group_name: str) -> int:
-    return _resolve_process_group(group_name).size()
+def _check_group_size(op_name: str, group_size: int) -> None:
+    if group_size < 1:
+        raise ValueError(f"symmpool::{op_name}: group_size must be >= 1, got {group_size}")
 
 
-@torch.library.custom_op("symmpool::all_gather", mutates_args=())
-def all_gather(input: torch.Tensor, group_name: str) -> torch.Tensor:
-    """Concatenation along dim 0 of every rank's ``input``."""
+def _group(op_name: str, group_size: int, group_name: str) -> dist.ProcessGroup:
+    """The group, once `group_size` is known to be its size."""
+    _check_group_size(op_name, group_size)
     group = _resolve_process_group(group_name)
-    out = input.new_empty((group.size() * input.shape[0], *input.shape[1:]))
+    if group.size() != group_size:
+        raise ValueError(f"symmpool::{op_name}: group_size={group_size} but group {group_name!r} "
+                         f"has {group.size()} ranks")
+    return group
+
+
+def _scattered_rows(rows, group_size: int):
+    if rows % group_size:
+        raise ValueError(f"symmpool::reduce_scatter: dim 0 ({rows}) is not divisible by "
+                         f"group_size {group_size}")
+    return rows // group_size
+
+
+# Explicit schemas: `int group_size` (inferred, it would be SymInt), a
+# constant of the graph as in _c10d_functional.
+@torch.library.custom_op("symmpool::all_gather", mutates_args=(),
+                         schema="(Tensor input, int group_size, str group_name) -> Tensor")
+def all_gather(input: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+    """Concatenation along dim 0 of every rank's ``input``."""
+    group = _group("all_gather", group_size, group_name)
+    out = input.new_empty((group_size * input.shape[0], *input.shape[1:]))
     dist.all_gather_into_tensor(out, input.contiguous(), group=group)
     return out
 
 
 @all_gather.register_fake
-def _(input, group_name):
-    return input.new_empty((_world(group_name) * input.shape[0], *input.shape[1:]))
+def _(input, group_size, group_name):
+    _check_group_size("all_gather", group_size)
+    return input.new_empty((group_size * input.shape[0], *input.shape[1:]))
 
 
-@torch.library.custom_op("symmpool::reduce_scatter", mutates_args=())
-def reduce_scatter(input: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
+@torch.library.custom_op("symmpool::reduce_scatter", mutates_args=(),
+                         schema="(Tensor input, str op, int group_size, str group_name) -> Tensor")
+def reduce_scatter(input: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
     """This rank's dim-0 shard of the reduction of every rank's ``input``."""
-    group = _resolve_process_group(group_name)
-    world = group.size()
-    if input.shape[0] % world:
-        raise ValueError(f"reduce_scatter: dim 0 ({input.shape[0]}) is not divisible by the group size {world}")
-    out = input.new_empty((input.shape[0] // world, *input.shape[1:]))
-    dist.reduce_scatter_tensor(out, input.contiguous(), op=_reduce_op(op), group=group)
+    reduce = _reduce_op(op)
+    group = _group("reduce_scatter", group_size, group_name)
+    out = input.new_empty((_scattered_rows(input.shape[0], group_size), *input.shape[1:]))
+    dist.reduce_scatter_tensor(out, input.contiguous(), op=reduce, group=group)
     return out
 
 
 @reduce_scatter.register_fake
-def _(input, op, group_name):
+def _(input, op, group_size, group_name):
     _reduce_op(op)
-    world = _world(group_name)
-    if input.shape[0] % world:
-        raise ValueError(f"reduce_scatter: dim 0 ({input.shape[0]}) is not divisible by the group size {world}")
-    return input.new_empty((input.shape[0] // world, *input.shape[1:]))
+    _check_group_size("reduce_scatter", group_size)
+    return input.new_empty((_scattered_rows(input.shape[0], group_size), *input.shape[1:]))
 
 
+# No group_size: the output has the input's shape whatever the group's size,
+# so a graph compiled for one size is right for any other.
 @torch.library.custom_op("symmpool::all_reduce", mutates_args=())
 def all_reduce(input: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
     """The reduction of every rank's ``input``, as a new tensor."""
