@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # On the GPU machine: build, run every test, the main job and the benches in
 # one go, logs under $OUT. Stages: env build ctest pytest pytest2 train train-own bench hostcost collbench
-# fsdp2bench peers (all but pytest2, hostcost, fsdp2bench and peers by default), e.g.
+# fsdp2bench peers tpops (all but pytest2, hostcost, fsdp2bench, peers and tpops by default), e.g.
 # `bash scripts/gpu_check.sh build bench`.
 # fsdp2bench runs bench/fsdp2/run.py with $FSDP2_BENCH_ARGS (default: its own defaults, the
 # issue's six configs x six modes x 3 reps: far more than 10 minutes; give --configs and
 # --time-budget), JSON and PNG into $OUT.
 # peers runs bench/peers/run.py on every GPU (symmpool, NCCL, NCCL on registered buffers,
 # torch symm_mem, the bare peer copy) with a 480 s budget and $PEERS_BENCH_ARGS, JSON and PNG into $OUT.
+# tpops runs bench/tp_ops/run.py on every GPU (all-gather + matmul and matmul + reduce-scatter:
+# symmpool fused, NCCL unfused, torch fused, matmul alone, transfer alone) with a 480 s budget and
+# $TP_OPS_BENCH_ARGS, JSON and PNG into $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -60,6 +63,10 @@ for stage in $stages; do
       # shellcheck disable=SC2086  # the variable holds several arguments
       run peers.log $py -m torch.distributed.run --standalone --nproc-per-node="$(nvidia-smi -L | wc -l)" \
         bench/peers/run.py --out "$OUT/peers.json" --time-budget 480 ${PEERS_BENCH_ARGS:-} ;;
+    tpops)  # e.g. TP_OPS_BENCH_ARGS="--models 70b --m 8192,32768 --gather-dim 1"
+      # shellcheck disable=SC2086  # the variable holds several arguments
+      run tpops.log $py -m torch.distributed.run --standalone --nproc-per-node="$(nvidia-smi -L | wc -l)" \
+        bench/tp_ops/run.py --out "$OUT/tp_ops.json" --time-budget 480 ${TP_OPS_BENCH_ARGS:-} ;;
     collbench)
       run collbench.log build/bench/symmpool_collectives_bench \
         --benchmark_out="$OUT/collectives_bench.json" --benchmark_out_format=json
