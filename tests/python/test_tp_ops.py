@@ -124,6 +124,11 @@ def test_fused_ops_replay_in_cuda_graphs_and_compile():
 
 
 @needs_two
+def test_fused_ops_back_to_back_with_a_late_rank_on_two_streams():
+    run_workers(dist_tp_ops.fused_ops_back_to_back_with_a_late_rank, gpu_count(), timeout=300)
+
+
+@needs_two
 def test_fused_ops_fall_back_on_an_nccl_group():
     run_workers(dist_tp_ops.fused_ops_fall_back_where_symmpool_cannot_serve, gpu_count(), timeout=120)
 

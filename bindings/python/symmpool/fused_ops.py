@@ -24,6 +24,7 @@ depend on it, and torch.compile's caches key on the op's arguments.
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -39,14 +40,28 @@ _WORKSPACE_GRANULE = 2 << 20  # bytes: workspaces grow in whole granules of the 
 # -- the group's workspace and copy stream ---------------------------------------------------
 
 
+def _reference(obj) -> Callable:
+    """A weak reference where the object takes one, else a strong one."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
 class _Workspace:
     """One group's symmetric staging buffer on one device."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend) -> None:
+        self.backend = _reference(backend)  # a new group under an old name gets a new workspace
         self.tensor: Optional[torch.Tensor] = None  # uint8, rendezvoused
-        self.not_symmetric = ""  # why the last one was refused (same text on every rank)
-        self.refused_bytes = 0  # the size refused: a larger request tries again
+        self.not_symmetric = ""  # why the last growth was refused (same text on every rank)
+        self.refused_bytes = 0  # up to this size, larger than `tensor`, calls go to NCCL
         self.last_use: Optional[torch.cuda.Event] = None  # the stream's position after the last op read it
+        self.captured = False  # a CUDA graph holds `tensor`'s addresses
+        self.kept_for_graphs: list[torch.Tensor] = []  # outgrown but captured: never freed
+
+    def holds(self, nbytes: int) -> bool:
+        return self.tensor is not None and self.tensor.numel() >= nbytes
 
 
 _workspaces: dict[tuple[str, int], _Workspace] = {}
@@ -54,40 +69,50 @@ _copy_streams: dict[int, torch.cuda.Stream] = {}
 
 
 def _workspace(group: dist.ProcessGroup, device: int, nbytes: int) -> _Workspace:
-    """The workspace of ``group`` on ``device``, at least ``nbytes`` (collective
-    when it grows). Check ``.tensor``: None when it came out asymmetric."""
-    ws = _workspaces.setdefault((group.group_name, device), _Workspace())
-    have = 0 if ws.tensor is None else ws.tensor.numel()
-    if have >= nbytes or (ws.tensor is None and 0 < nbytes <= ws.refused_bytes):
+    """The workspace of ``group`` on ``device``, grown to ``nbytes`` where it
+    can be (collective then); ``holds(nbytes)`` is False, on every rank,
+    when the larger one came out asymmetric."""
+    backend = symm_backend(group, device)
+    key = (group.group_name, device)
+    ws = _workspaces.get(key)
+    if ws is None or ws.backend() is not backend:
+        ws = _workspaces[key] = _Workspace(backend)
+    if ws.holds(nbytes) or nbytes <= ws.refused_bytes:
         return ws
+    have = 0 if ws.tensor is None else ws.tensor.numel()
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
             f"symmpool fused ops: the workspace of group {group.group_name!r} holds {have} bytes, "
             f"{nbytes} are needed, and it cannot grow during a CUDA graph capture; call "
             f"symmpool.reserve_workspace({nbytes}, group) on every rank before capturing")
-    if ws.tensor is not None:
-        torch.cuda.synchronize(device)  # our streams are done with it; end barriers: the peers are too
-    ws.tensor, ws.last_use = None, None
     size = -(-nbytes // _WORKSPACE_GRANULE) * _WORKSPACE_GRANULE
-    backend = symm_backend(group, device)
     tensor = _C._allocate_symmetric(backend, size, device)
     why_not = _C._rendezvous(backend, tensor)
-    if why_not:
+    if why_not:  # the old one, if any, keeps serving what it holds
         ws.not_symmetric, ws.refused_bytes = why_not, size
-    else:
-        ws.tensor, ws.not_symmetric, ws.refused_bytes = tensor, "", 0
+        return ws
+    if ws.tensor is not None:
+        torch.cuda.synchronize(device)  # our streams are done with it; end barriers: the peers are too
+        if ws.captured:
+            ws.kept_for_graphs.append(ws.tensor)  # graphs replay on its addresses
+    ws.tensor, ws.last_use, ws.captured = tensor, None, False
+    ws.not_symmetric, ws.refused_bytes = "", 0
     return ws
 
 
 def reserve_workspace(nbytes: int, group: Optional[dist.ProcessGroup] = None, device=None) -> bool:
     """Collective: grows the fused ops' workspace of ``group`` to at least
-    ``nbytes`` now (before a CUDA graph capture, say). Returns whether it is
-    symmetric, i.e. whether the fused ops will run on it."""
+    ``nbytes`` now (before a CUDA graph capture, say). Returns whether the
+    fused ops will run on it: False when it came out asymmetric or the
+    group spans nodes."""
     group = group if group is not None else dist.group.WORLD
     device = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
-    if symm_backend(group, device) is None:
+    backend = symm_backend(group, device)
+    if backend is None:
         raise TypeError("symmpool.reserve_workspace needs a \"symm\" process group")
-    return _workspace(group, device, nbytes).tensor is not None
+    if not _C._peer_memory_available(backend, device):
+        return False
+    return _workspace(group, device, nbytes).holds(nbytes)
 
 
 def _copy_stream(device: int) -> torch.cuda.Stream:
@@ -144,8 +169,11 @@ class _Pipeline:
         self.main = torch.cuda.current_stream(device)
         self.copies = _copy_stream(device)
         self.capturing = torch.cuda.is_current_stream_capturing()
+        ws.captured = ws.captured or self.capturing
 
     def __enter__(self) -> "_Pipeline":
+        # Graph replays are not tracked: replaying a graph with fused ops on
+        # one stream while fused ops run on another is the caller's to order.
         if self.ws.last_use is not None and not self.capturing:
             self.main.wait_event(self.ws.last_use)  # the previous op read it, maybe on another stream
         return self
@@ -267,8 +295,9 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: list[torch.Tensor], gathe
     ws = None
     if not why_not:
         device = A_shard.device.index
-        ws = _workspace(group, device, A_shard.numel() * A_shard.element_size())
-        why_not = "workspace not symmetric" if ws.tensor is None else ""
+        nbytes = A_shard.numel() * A_shard.element_size()
+        ws = _workspace(group, device, nbytes)
+        why_not = "" if ws.holds(nbytes) else "workspace not symmetric"
     _count(op, why_not)
     if why_not:
         return _all_gather_matmul_unfused(A_shard, Bs, gather_dim, group)
@@ -374,8 +403,9 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     why_not = _why_not_fused(group, [A, B])
     ws = None
     if not why_not:
-        ws = _workspace(group, A.device.index, group_size * chunk_numel * A.element_size())
-        why_not = "workspace not symmetric" if ws.tensor is None else ""
+        nbytes = group_size * chunk_numel * A.element_size()
+        ws = _workspace(group, A.device.index, nbytes)
+        why_not = "" if ws.holds(nbytes) else "workspace not symmetric"
     _count(op, why_not)
     if why_not:
         return _matmul_reduce_scatter_unfused(A, B, reduce_op, scatter_dim, group)
@@ -431,8 +461,9 @@ def pipelined_produce_and_all_to_all(A: torch.Tensor, B: torch.Tensor, group_siz
     why_not = _why_not_fused(group, [A, B])
     ws = None
     if not why_not:
-        ws = _workspace(group, A.device.index, A.shape[0] * n * A.element_size())
-        why_not = "workspace not symmetric" if ws.tensor is None else ""
+        nbytes = A.shape[0] * n * A.element_size()
+        ws = _workspace(group, A.device.index, nbytes)
+        why_not = "" if ws.holds(nbytes) else "workspace not symmetric"
     _count(op, why_not)
     if why_not:
         out = A.new_empty(A.shape[0], n)
