@@ -119,32 +119,21 @@ void define_peer_memory(py::module& m) {
       },
       py::arg("backend"), py::arg("device"), py::arg("stream") = py::none(),
       py::call_guard<py::gil_scoped_release>());
-  m.def(
-      "_signal",
-      [](const c10::intrusive_ptr<c10d::Backend>& backend, c10::DeviceIndex device, int peer,
-         std::optional<std::int64_t> stream) {
-        Communicator& comm = communicator_of(backend, device);
-        c10::cuda::CUDAGuard guard(device);
-        call_translating_errors([&] {
-          comm.signal(peer, stream_or_current(stream, device));
-          return 0;
-        });
-      },
-      py::arg("backend"), py::arg("device"), py::arg("peer"), py::arg("stream") = py::none(),
-      py::call_guard<py::gil_scoped_release>());
-  m.def(
-      "_wait",
-      [](const c10::intrusive_ptr<c10d::Backend>& backend, c10::DeviceIndex device, int peer,
-         std::optional<std::int64_t> stream) {
-        Communicator& comm = communicator_of(backend, device);
-        c10::cuda::CUDAGuard guard(device);
-        call_translating_errors([&] {
-          comm.wait(peer, stream_or_current(stream, device));
-          return 0;
-        });
-      },
-      py::arg("backend"), py::arg("device"), py::arg("peer"), py::arg("stream") = py::none(),
-      py::call_guard<py::gil_scoped_release>());
+  // signal and wait: the same call to a different Communicator member.
+  auto point_to_point = [](void (Communicator::*op)(int, cudaStream_t)) {
+    return [op](const c10::intrusive_ptr<c10d::Backend>& backend, c10::DeviceIndex device, int peer,
+                std::optional<std::int64_t> stream) {
+      Communicator& comm = communicator_of(backend, device);
+      c10::cuda::CUDAGuard guard(device);
+      call_translating_errors([&] {
+        (comm.*op)(peer, stream_or_current(stream, device));
+        return 0;
+      });
+    };
+  };
+  for (const auto& [name, op] : {std::pair{"_signal", &Communicator::signal}, {"_wait", &Communicator::wait}})
+    m.def(name, point_to_point(op), py::arg("backend"), py::arg("device"), py::arg("peer"),
+          py::arg("stream") = py::none(), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace symmpool::torch_ext

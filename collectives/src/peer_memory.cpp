@@ -58,21 +58,24 @@ void* Communicator::peer_address(const void* ptr, std::size_t bytes, int peer) c
 }
 
 void Communicator::signal(int peer, cudaStream_t stream) {
-  check_peer(peer, "signal");
-  check_errors();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-  SYMMPOOL_CUDA_TRY(detail::launch_signal(peer_signals(), peer, signals_sent_, stream));
-  monitor_->record("signal", 0, stream, capture != cudaStreamCaptureStatusNone);
+  point_to_point("signal", peer, stream, &detail::launch_signal, signals_sent_);
 }
 
 void Communicator::wait(int peer, cudaStream_t stream) {
-  check_peer(peer, "wait");
+  point_to_point("wait", peer, stream, &detail::launch_wait, signals_received_);
+}
+
+// Not in the issue order (signals and waits of two ranks pair up across
+// streams; ordering them behind the collectives could deadlock), but on
+// record, so a wait that never passed is named by the failure.
+void Communicator::point_to_point(const char* op, int peer, cudaStream_t stream, PointToPointLaunch launch,
+                                  std::uint32_t* counters) {
+  check_peer(peer, op);
   check_errors();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-  SYMMPOOL_CUDA_TRY(detail::launch_wait(peer_signals(), peer, signals_received_, stream));
-  monitor_->record("wait", 0, stream, capture != cudaStreamCaptureStatusNone);
+  SYMMPOOL_CUDA_TRY(launch(peer_signals(), peer, counters, stream));
+  monitor_->record(op, 0, stream, capture != cudaStreamCaptureStatusNone);
 }
 
 void Communicator::check_peer(int peer, const char* op) const {

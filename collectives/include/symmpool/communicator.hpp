@@ -181,7 +181,12 @@ class Communicator {
   void one_shot(const Reduction& r, std::size_t in_count, std::size_t src_offset);
   void two_shot(const Reduction& r);
   void two_step(const Reduction& r);
-  void check_peer(int peer, const char* op) const;  // peer_memory.cpp
+  // peer_memory.cpp
+  void check_peer(int peer, const char* op) const;
+  using PointToPointLaunch = cudaError_t (*)(const detail::PeerSignals&, int peer, std::uint32_t* counters,
+                                             cudaStream_t stream);
+  void point_to_point(const char* op, int peer, cudaStream_t stream, PointToPointLaunch launch,
+                      std::uint32_t* counters);
   // At least `bytes` of plain device memory for work enqueued on `stream` (scratch.cpp).
   void* scratch(std::size_t bytes, cudaStream_t stream);
 
