@@ -108,8 +108,9 @@ def test_peer_memory_needs_a_symm_group(group_name):
         symmpool.rendezvous(torch.ones(4))
 
 
-def test_fallback_on_two_gloo_ranks_matches_the_unfused_ops():
-    run_workers(dist_tp_ops.fused_ops_match_unfused, 2, False, [torch.float32, torch.bfloat16], timeout=240)
+def test_fallback_on_two_gloo_ranks_matches_the_unfused_ops(tmp_path):
+    run_workers(dist_tp_ops.fused_ops_match_unfused, 2, False, [torch.float32, torch.bfloat16],
+                str(tmp_path / "store"), timeout=240)
 
 
 @needs_two
