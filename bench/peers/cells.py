@@ -6,6 +6,8 @@ leaving the others waiting in a collective."""
 
 from __future__ import annotations
 
+import datetime
+import os
 import zlib
 
 import torch
@@ -13,6 +15,17 @@ import torch.distributed as dist
 
 import timing
 from peers import PEER_COPY, DTYPE, input_numel
+
+
+def start_ranks():
+    """Under torchrun: this rank's GPU, the default group ("cpu:gloo,cuda:nccl")
+    and a CPU group for agreeing; returns (device, world, rank, Ranks)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+    ranks = Ranks(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=300)))
+    return device, dist.get_world_size(), dist.get_rank(), ranks
 
 
 class Ranks:

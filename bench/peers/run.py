@@ -218,12 +218,7 @@ def main(argv=None) -> int:
     import symmpool
     from peers import TorchSymmMemPeer, make_peers
 
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank)
-    dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
-    world, rank = dist.get_world_size(), dist.get_rank()
-    ranks = cells.Ranks(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=300)))
+    device, world, rank, ranks = cells.start_ranks()
     misaligned = [s for s in args.sizes if s % (16 * world)]
     if misaligned:
         print(f"sizes must be multiples of 16 * {world} ranks: {misaligned}", file=sys.stderr)

@@ -285,12 +285,7 @@ def measure_cells(key, shape, args, env) -> list[dict]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank)
-    dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
-    world, rank = dist.get_world_size(), dist.get_rank()
-    ranks = cells.Ranks(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=300)))
+    device, world, rank, ranks = cells.start_ranks()
     nccl = dist.new_group(backend="nccl")
     symmpool, symm, failed = setup_symmpool(args.peers)
     for setup in ranks.gather(failed):  # a peer that failed on any rank is left out on every rank
