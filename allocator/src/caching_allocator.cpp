@@ -20,8 +20,9 @@ struct CachingAllocator::Block {
   const Segment* segment = nullptr;
   bool small = false;  // lives in the small pool
   bool allocated = false;
-  int pending_events = 0;  // frees waiting on these events before reuse
-  Block* prev = nullptr;   // neighbours inside the segment
+  std::uint64_t serial = 0;  // of its current allocation; never reused (see live_allocation)
+  int pending_events = 0;    // frees waiting on these events before reuse
+  Block* prev = nullptr;     // neighbours inside the segment
   Block* next = nullptr;
   // Live: streams named in record_stream. Freed: streams whose event could
   // not be recorded yet; the block waits for a retry (see record_events).
@@ -109,6 +110,7 @@ void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
   block = split(block, size, pool);
   block->allocated = true;
   block->requested = bytes;
+  block->serial = ++serials_;
   active_.emplace(block->ptr, block);
 
   ++stats_.allocations;
@@ -418,6 +420,19 @@ std::size_t CachingAllocator::allocation_size(const void* ptr) const {
   auto it = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == active_.end()) throw_unknown_pointer(ptr, "size of");
   return it->second->requested;
+}
+
+std::optional<LiveAllocation> CachingAllocator::live_allocation(const void* ptr, std::size_t bytes) const {
+  const auto first = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Segment* segment = arena_->find(first);
+  if (segment == nullptr) return std::nullopt;
+  for (const Block* b = segment_heads_.at(segment->id); b != nullptr; b = b->next) {
+    if (first < b->ptr || first >= b->ptr + b->size) continue;
+    if (!b->allocated || first + bytes > b->ptr + b->requested) return std::nullopt;
+    return LiveAllocation{b->ptr, b->requested, b->serial};
+  }
+  return std::nullopt;
 }
 
 void CachingAllocator::throw_unknown_pointer(const void* ptr, const char* action) const {

@@ -79,6 +79,7 @@ void define_peer_memory(py::module& m) {
         return call_translating_errors([&]() -> std::string {
           try {
             comm.rendezvous(t.data_ptr(), bytes);
+            symm_backend(backend).rendezvoused_storages().add(t);
             return {};
           } catch (const not_symmetric_error& e) {
             return e.what();  // the same verdict on every rank
@@ -94,6 +95,10 @@ void define_peer_memory(py::module& m) {
         const c10::DeviceIndex device = cuda_device_of(t, "peer_tensor");
         Communicator& comm = communicator_of(backend, device);
         const std::size_t bytes = span_bytes(t);
+        TORCH_CHECK(bytes == 0 || symm_backend(backend).rendezvoused_storages().contains(t),
+                    "symmpool peer_tensor: this tensor's storage did not go through rendezvous on this group "
+                    "(a tensor freed and allocated again at the same address needs its own rendezvous); call "
+                    "symmpool.rendezvous on it on every rank first");
         void* remote = call_translating_errors(
             [&] { return bytes == 0 ? t.data_ptr() : comm.peer_address(t.data_ptr(), bytes, peer); });
         // target_device: the memory is the peer's, mapped into this device's

@@ -10,6 +10,7 @@
 // later collective raises its error.
 
 #include "collective_router.hpp"
+#include "rendezvoused_storages.hpp"
 
 #include <symmpool/detail/failure_record.hpp>
 #include <symmpool/nccl_registration.hpp>
@@ -66,6 +67,8 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   // routed collective); null, on every rank, when the group spans nodes.
   // Raises the group's sticky failure, if any.
   Communicator* peer_memory(c10::DeviceIndex device);
+  // The storages whose rendezvous on this group succeeded (peer_memory.cpp).
+  RendezvousedStorages& rendezvoused_storages() { return rendezvoused_storages_; }
 
  private:
   void register_if_ready(const at::Device& device);
@@ -94,6 +97,7 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   bool spans_nodes_ = false;    // found when the heap formed: every call goes to NCCL
   bool blocking_wait_ = false;  // TORCH_NCCL_BLOCKING_WAIT: wait() blocks the host
   std::shared_ptr<const detail::FailureRecord> failure_;  // the communicator's, kept after it goes
+  RendezvousedStorages rendezvoused_storages_;
 };
 
 // Sum of the registration counts of every live symm backend of this process.

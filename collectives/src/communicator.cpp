@@ -25,7 +25,7 @@ namespace symmpool {
 Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
                            std::chrono::seconds barrier_timeout, FailureHandler on_failure,
                            const CollectiveOptions& options)
-    : heap_(heap), allocator_(allocator) {
+    : heap_(heap), allocator_(allocator), rendezvoused_(allocator) {
   const int longest = static_cast<int>(kLongestBarrierTimeout.count());
   SYMMPOOL_EXPECTS(barrier_timeout.count() >= 1 && barrier_timeout.count() <= longest,
                    "symmpool: the barrier timeout must be 1 to " + std::to_string(longest) + " s, got " +

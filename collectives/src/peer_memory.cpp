@@ -7,10 +7,8 @@
 #include "relaxed_capture.hpp"
 
 #include <symmpool/communicator.hpp>
-#include <symmpool/detail/format.hpp>
 #include <symmpool/error.hpp>
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -26,7 +24,8 @@ void Communicator::rendezvous(const void* ptr, std::size_t bytes) {
     // Every rank exchanges, even with a buffer outside its heap: a rank that
     // passed plain memory fails every rank at once instead of leaving its
     // peers waiting for it.
-    heap_.check_symmetric_and_sync(ptr, bytes, call_label() + " buffer", /*sync_if_needed=*/true, &synced);
+    heap_.check_symmetric_and_sync(ptr, bytes, call_label() + " buffer", /*sync_if_needed=*/true, &synced,
+                                   SymmetricHeap::Extent::kOneLiveAllocation);
   } catch (const not_symmetric_error&) {
     if (synced) checked_.clear();
     exchange_next_check_ = false;
@@ -39,21 +38,14 @@ void Communicator::rendezvous(const void* ptr, std::size_t bytes) {
   }
   if (synced) checked_.clear();
   exchange_next_check_ = false;
-  std::size_t& known = rendezvoused_[reinterpret_cast<std::uintptr_t>(ptr)];
-  known = std::max(known, bytes);
+  rendezvoused_.add(ptr, bytes);
 }
 
 void* Communicator::peer_address(const void* ptr, std::size_t bytes, int peer) const {
   check_peer(peer, "peer_address");
-  const auto start = reinterpret_cast<std::uintptr_t>(ptr);
-  const auto last = rendezvoused_.upper_bound(start);
-  const bool covered = std::any_of(rendezvoused_.begin(), last, [&](const auto& range) {
-    return range.first + range.second >= start + bytes;
-  });
-  SYMMPOOL_EXPECTS(covered,
-                   "symmpool peer_address on rank " + std::to_string(rank()) + ": " + std::to_string(bytes) +
-                       " bytes at " + detail::format_pointer(ptr) +
-                       " were not rendezvoused; call rendezvous on their buffer on every rank first");
+  const std::string why_not = rendezvoused_.why_not_covered(ptr, bytes);
+  SYMMPOOL_EXPECTS(why_not.empty(),
+                   "symmpool peer_address on rank " + std::to_string(rank()) + ": " + why_not);
   return heap_.peer_ptr(ptr, peer, bytes);
 }
 

@@ -471,10 +471,14 @@ void SymmetricHeap::check_symmetric(const void* local, std::size_t bytes, const 
 // listing on the lines after: so ranks that reach the same check agree on
 // a sync whichever of them needs it, instead of one syncing alone.
 void SymmetricHeap::check_symmetric_and_sync(const void* local, std::size_t bytes, const std::string& what,
-                                             bool sync_if_needed, bool* synced) {
-  const bool inside = allocator_.owns(local);
-  std::string mine = inside ? std::to_string(offset_of(local)) + " " + std::to_string(bytes)
-                            : std::string("outside ") + std::to_string(bytes);
+                                             bool sync_if_needed, bool* synced, Extent extent) {
+  std::string mine = std::to_string(bytes);
+  if (!allocator_.owns(local))
+    mine = "outside " + mine;
+  else if (extent == Extent::kOneLiveAllocation && !allocator_.live_allocation(local, bytes))
+    mine = "unallocated " + mine;
+  else
+    mine = std::to_string(offset_of(local)) + " " + mine;
   std::uint64_t generation = 0;
   *synced = false;
   std::vector<std::string> verdicts(static_cast<std::size_t>(world_));
@@ -508,6 +512,9 @@ void SymmetricHeap::check_symmetric_and_sync(const void* local, std::size_t byte
   for (int r = 0; r < world_; ++r)
     if (verdicts[static_cast<std::size_t>(r)].rfind("outside", 0) == 0)
       report += "; rank " + std::to_string(r) + "'s buffer is not in the symmetric heap";
+    else if (verdicts[static_cast<std::size_t>(r)].rfind("unallocated", 0) == 0)
+      report += "; rank " + std::to_string(r) +
+                "'s buffer is not inside one live allocation (freed, or spanning two)";
   if (!report.empty()) throw not_symmetric_error("buffer '" + what + "' is not symmetric" + report);
 }
 

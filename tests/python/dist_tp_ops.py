@@ -256,7 +256,8 @@ def peer_memory_api(rank: int, world: int) -> None:
     device = init_group(rank, world, "cpu:gloo,cuda:symm")
     group = dist.group.WORLD
     n = 4099  # odd
-    with torch.cuda.use_mem_pool(symmpool.mem_pool()):
+    pool = symmpool.mem_pool()
+    with torch.cuda.use_mem_pool(pool):
         mine = torch.empty(n, dtype=torch.float32, device=device)
     mine.fill_(float(rank + 1))
     try:
@@ -294,6 +295,23 @@ def peer_memory_api(rank: int, world: int) -> None:
         torch.cuda.synchronize()
     symmpool.barrier(group)
 
+    # A new tensor where a rendezvoused one was freed (torch's pool hands the
+    # same block back) is not rendezvoused: its peers' bytes may be anything.
+    torch.cuda.synchronize()
+    address = mine.data_ptr()
+    del view, mine
+    with torch.cuda.use_mem_pool(pool):
+        again = torch.empty(n, dtype=torch.float32, device=device)
+    assert again.data_ptr() == address, "the pool did not reuse the block; the check below would prove nothing"
+    try:
+        symmpool.peer_tensor(again, (rank + 1) % world)
+    except RuntimeError as e:
+        assert "did not go through rendezvous" in str(e), str(e)
+    else:
+        raise AssertionError("peer_tensor of a new tensor at a rendezvoused address gave a view")
+    symmpool.rendezvous(again, group)
+    symmpool.peer_tensor(again[1:], (rank + 1) % world)  # a view of a rendezvoused storage counts
+
     plain = torch.empty(n, device=device)  # torch's own memory: not symmetric on any rank
     try:
         symmpool.rendezvous(plain, group)
@@ -302,7 +320,7 @@ def peer_memory_api(rank: int, world: int) -> None:
     else:
         raise AssertionError("a plain tensor passed rendezvous")
     counts = symmpool.peer_memory_counts()
-    assert counts["rendezvous"] == 2 and counts["peer_tensor"] >= world, counts
+    assert counts["rendezvous"] == 3 and counts["peer_tensor"] >= world, counts
     torch.cuda.synchronize()
     print(f"[rank {rank}] peer memory API: {counts}", flush=True)
     dist.destroy_process_group()

@@ -14,11 +14,21 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <vector>
 
 namespace symmpool {
+
+// One live allocation: where it starts, the bytes asked for, and a serial no
+// other allocation of the same allocator ever gets (a buffer freed and
+// allocated again at the same address gets a new one).
+struct LiveAllocation {
+  std::uintptr_t start = 0;
+  std::size_t bytes = 0;
+  std::uint64_t serial = 0;
+};
 
 class CachingAllocator {
  public:
@@ -67,6 +77,9 @@ class CachingAllocator {
   bool owns(const void* ptr) const;                    // inside one of our segments
   bool is_allocation(const void* ptr) const;           // the start of a live block
   std::size_t allocation_size(const void* ptr) const;  // bytes asked for; throws if unknown
+  // The live allocation that holds all of [ptr, ptr + bytes), or nullopt
+  // (freed, not ours, or spilling past the bytes asked for).
+  std::optional<LiveAllocation> live_allocation(const void* ptr, std::size_t bytes) const;
 
   AllocatorStats stats() const;
   void reset_peak_stats();
@@ -121,6 +134,7 @@ class CachingAllocator {
   std::vector<Block*> unrecorded_;                           // frees whose events failed to record, to retry
   std::vector<CUevent> spare_events_;
   AllocatorStats stats_;
+  std::uint64_t serials_ = 0;  // allocations made so far
 };
 
 }  // namespace symmpool

@@ -89,8 +89,9 @@ def rendezvous(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None) 
 
 def peer_tensor(tensor: torch.Tensor, rank: int, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
     """A view of ``rank``'s copy of ``tensor`` (same shape, strides and
-    dtype), mapped into this device. ``tensor`` (or a tensor it lies in)
-    must have gone through ``rendezvous`` on every rank."""
+    dtype), mapped into this device. ``tensor``'s storage (``tensor`` or a
+    tensor it is a view of) must have gone through ``rendezvous`` on every
+    rank; a new tensor at a freed one's address needs its own rendezvous."""
     backend = _require_symm_backend(group, tensor.device, "peer_tensor")
     _counts["peer_tensor"] += 1
     return _C._peer_tensor(backend, tensor, rank)

@@ -28,6 +28,7 @@
 #include <symmpool/collective_options.hpp>
 #include <symmpool/collective_types.hpp>
 #include <symmpool/detail/peer_pointers.hpp>
+#include <symmpool/rendezvous_registry.hpp>
 #include <symmpool/symmetric_heap.hpp>
 
 #include <cuda_runtime_api.h>
@@ -94,14 +95,16 @@ class Communicator {
                   cudaStream_t stream, Algorithm algorithm = Algorithm::kAuto);
 
   // Peer memory, for patterns users write themselves (peer_memory.cpp).
-  // Collective: checks that [ptr, ptr + bytes) has the same offset and size
-  // in every rank's heap (syncing the heap first where a rank's segments
-  // changed) and remembers it for peer_address. Throws not_symmetric_error,
-  // the same on every rank, otherwise.
+  // Collective: checks that [ptr, ptr + bytes) lies in one live allocation
+  // at the same offset and size in every rank's heap (syncing the heap first
+  // where a rank's segments changed) and remembers it for peer_address.
+  // Throws not_symmetric_error, the same on every rank, otherwise.
   void rendezvous(const void* ptr, std::size_t bytes);
   // Local: where `peer`'s copy of [ptr, ptr + bytes) is mapped here. The
-  // range must lie in one that went through rendezvous (logic_error
-  // otherwise). Valid while the buffer lives on every rank.
+  // range must lie in one that went through rendezvous, in the allocation
+  // it had then (logic_error otherwise: a buffer freed and allocated again
+  // at the same address needs a new rendezvous). Valid while the buffer
+  // lives on every rank; a peer's own frees cannot be seen from here.
   void* peer_address(const void* ptr, std::size_t bytes, int peer) const;
   // Point to point, neither collective nor ordered with the collectives:
   // signal tells `peer` that what `stream` did before is done (counted, so
@@ -218,7 +221,7 @@ class Communicator {
   bool exchange_next_check_ = false;    // a call ran elsewhere: verify alignment at the next check
   // Buffers seen symmetric (empty) or not (why not), until the next sync.
   std::map<std::pair<const void*, std::size_t>, std::string> checked_;
-  std::map<std::uintptr_t, std::size_t> rendezvoused_;  // start -> bytes of ranges peers may be read at
+  RendezvousRegistry rendezvoused_;  // ranges peers may be read at, while their allocation lives
 };
 
 }  // namespace symmpool

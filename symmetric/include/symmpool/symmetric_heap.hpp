@@ -58,9 +58,12 @@ class SymmetricHeap final : public SegmentObserver {
   // The same check, and when `sync_if_needed` and any rank's segments
   // changed since its last sync (needs_sync), a sync in the same exchange,
   // so the ranks decide it together. `*synced`: whether a sync happened (on
-  // every rank alike), set before not_symmetric_error is thrown.
+  // every rank alike), set before not_symmetric_error is thrown. With
+  // kOneLiveAllocation the bytes must also lie in one live allocation on
+  // every rank (not freed, not spanning blocks).
+  enum class Extent { kInHeap, kOneLiveAllocation };
   void check_symmetric_and_sync(const void* local, std::size_t bytes, const std::string& what,
-                                bool sync_if_needed, bool* synced);
+                                bool sync_if_needed, bool* synced, Extent extent = Extent::kInHeap);
 
   // Collective: gives every cached segment no block uses back to the
   // driver on every rank (the allocator's empty_cache keeps the ones peers

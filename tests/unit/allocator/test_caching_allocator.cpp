@@ -63,6 +63,35 @@ TEST_F(CachingAllocatorTest, FreedBlocksAreReusedAndMerged) {
   a->deallocate(whole, stream(1));
 }
 
+// live_allocation finds the block around any byte of it, and a buffer freed
+// and allocated again at the same address is told apart by its serial.
+TEST_F(CachingAllocatorTest, LiveAllocationsAreFoundFromInsideAndNeverShareASerial) {
+  auto a = make_allocator();
+  char* x = static_cast<char*>(a->allocate(3000, stream(1)));
+  char* y = static_cast<char*>(a->allocate(5000, stream(1)));
+  auto whole = a->live_allocation(x, 3000);
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ(whole->start, reinterpret_cast<std::uintptr_t>(x));
+  EXPECT_EQ(whole->bytes, 3000u);
+  auto inside = a->live_allocation(x + 100, 2900);
+  ASSERT_TRUE(inside.has_value());
+  EXPECT_EQ(inside->serial, whole->serial);
+  EXPECT_NE(a->live_allocation(y, 1)->serial, whole->serial);
+  EXPECT_FALSE(a->live_allocation(x + 100, 2901)) << "past the bytes asked for";
+  EXPECT_FALSE(a->live_allocation(x, 3072 + 10)) << "spans into y's block";
+  int on_stack = 0;
+  EXPECT_FALSE(a->live_allocation(&on_stack, 4)) << "not ours";
+
+  a->deallocate(x, stream(1));
+  EXPECT_FALSE(a->live_allocation(x, 1)) << "freed";
+  char* again = static_cast<char*>(a->allocate(3000, stream(1)));
+  ASSERT_EQ(again, x) << "the cache should hand the same block back";
+  ASSERT_TRUE(a->live_allocation(again, 3000).has_value());
+  EXPECT_NE(a->live_allocation(again, 3000)->serial, whole->serial);
+  a->deallocate(again, stream(1));
+  a->deallocate(y, stream(1));
+}
+
 TEST_F(CachingAllocatorTest, EmptyCacheReleasesOnlyUnusedSegments) {
   auto a = make_allocator();
   void* keep = a->allocate(100, stream(1));

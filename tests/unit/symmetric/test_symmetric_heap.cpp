@@ -222,7 +222,21 @@ TEST(SymmetricHeapFake, AsymmetricBuffersAreReportedWithRanksAndSizes) {
       RANK_CHECK(false, "peer_ptr of a foreign pointer");
     } catch (const logic_error&) {
     }
+    // Rank 1 freed its buffer: symmetric offsets alone would pass, a check
+    // that wants one live allocation names the rank on both.
     alloc->deallocate(c, stream(1));
+    void* d = alloc->allocate(4096, stream(1));
+    if (rank == 1) alloc->deallocate(d, stream(1));
+    bool synced = false;
+    try {
+      heap.check_symmetric_and_sync(d, 4096, "d", /*sync_if_needed=*/true, &synced,
+                                    SymmetricHeap::Extent::kOneLiveAllocation);
+      RANK_CHECK(false, "a freed buffer went unnoticed");
+    } catch (const not_symmetric_error& e) {
+      RANK_CHECK(std::strstr(e.what(), "rank 1's buffer is not inside one live allocation"), "%s", e.what());
+    }
+    heap.check_symmetric(d, 4096, "d");  // offsets alone: still symmetric
+    if (rank == 0) alloc->deallocate(d, stream(1));
     return 0;
   });
   EXPECT_EQ(result, "");
