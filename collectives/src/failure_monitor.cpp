@@ -68,7 +68,15 @@ FailureMonitor::~FailureMonitor() {
 
 void FailureMonitor::record(const char* op, std::size_t bytes, cudaStream_t stream, bool captured) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const std::uint64_t seq = next_seq_++;
+  push({next_seq_++, op, bytes, -1, nullptr}, stream, captured);
+}
+
+void FailureMonitor::record_point_to_point(const char* op, int peer, cudaStream_t stream, bool captured) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  push({++point_to_point_calls_[{op, peer}], op, 0, peer, nullptr}, stream, captured);
+}
+
+void FailureMonitor::push(Entry entry, cudaStream_t stream, bool captured) {
   if (captured) return;  // graph replays are not tracked; the sequence still counts
   if (entries_.size() >= kRetireBatch) retire_finished();
   if (entries_.size() >= kMaxEntries) {
@@ -87,7 +95,8 @@ void FailureMonitor::record(const char* op, std::size_t bytes, cudaStream_t stre
     cudaEventDestroy(done);
     SYMMPOOL_CUDA_TRY(status);
   }
-  entries_.push_back({seq, op, bytes, done});
+  entry.done = done;
+  entries_.push_back(entry);
 }
 
 std::uint64_t FailureMonitor::issued() const {
@@ -112,8 +121,13 @@ std::string FailureMonitor::describe_unfinished() {
     return "a collective (none issued eagerly is unfinished: a CUDA graph replay?) after #" +
            std::to_string(next_seq_ - 1);
   const Entry& e = entries_.front();
+  const std::string collectives = std::to_string(next_seq_ - 1) + " collectives issued";
+  if (e.peer >= 0)
+    return std::string(e.op) + " #" + std::to_string(e.seq) +
+           (std::string(e.op) == "wait" ? " from" : " to") + " rank " + std::to_string(e.peer) + " (" +
+           collectives + ")";
   return std::string(e.op) + " #" + std::to_string(e.seq) + " (" + std::to_string(e.bytes) + " bytes; " +
-         std::to_string(next_seq_ - 1) + " issued)";
+         collectives + ")";
 }
 
 void FailureMonitor::fail_missing(int missing_rank) {

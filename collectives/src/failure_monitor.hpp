@@ -21,10 +21,12 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace symmpool::detail {
@@ -50,6 +52,11 @@ class FailureMonitor {
   // After collective `op` of `bytes` was enqueued on `stream` (eager) or
   // captured into a graph (no event: replays are not tracked).
   void record(const char* op, std::size_t bytes, cudaStream_t stream, bool captured);
+  // The same for a point-to-point `op` ("signal" or "wait") with `peer`.
+  // Numbered per op and peer, apart from the collectives: ranks signal and
+  // wait different numbers of times, and the collectives' numbers must stay
+  // the same on every rank to be compared.
+  void record_point_to_point(const char* op, int peer, cudaStream_t stream, bool captured);
 
   // Fails the communicator: `missing_rank` never arrived (kernels, stream-op
   // watchdog), or `reason` says what broke on the host. Idempotent.
@@ -64,11 +71,13 @@ class FailureMonitor {
 
  private:
   struct Entry {
-    std::uint64_t seq;
+    std::uint64_t seq;  // of the collectives, or of `op` with `peer`
     const char* op;
     std::size_t bytes;
+    int peer;          // -1 for collectives
     cudaEvent_t done;  // null for captured collectives
   };
+  void push(Entry entry, cudaStream_t stream, bool captured);  // under mutex_
   void watch();
   void retire_finished();  // under mutex_
   std::string describe_unfinished();
@@ -84,6 +93,7 @@ class FailureMonitor {
   std::deque<Entry> entries_;
   std::vector<cudaEvent_t> spare_events_;
   std::uint64_t next_seq_ = 1;
+  std::map<std::pair<std::string, int>, std::uint64_t> point_to_point_calls_;  // (op, peer) -> calls so far
 
   std::mutex handling_;  // one failure handled at a time, per communicator
   std::mutex stop_mutex_;

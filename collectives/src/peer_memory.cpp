@@ -59,7 +59,8 @@ void Communicator::wait(int peer, cudaStream_t stream) {
 
 // Not in the issue order (signals and waits of two ranks pair up across
 // streams; ordering them behind the collectives could deadlock), but on
-// record, so a wait that never passed is named by the failure.
+// record, numbered apart from the collectives, so a wait that never passed
+// is named by the failure.
 void Communicator::point_to_point(const char* op, int peer, cudaStream_t stream, PointToPointLaunch launch,
                                   std::uint32_t* counters) {
   check_peer(peer, op);
@@ -67,7 +68,7 @@ void Communicator::point_to_point(const char* op, int peer, cudaStream_t stream,
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
   SYMMPOOL_CUDA_TRY(launch(peer_signals(), peer, counters, stream));
-  monitor_->record(op, 0, stream, capture != cudaStreamCaptureStatusNone);
+  monitor_->record_point_to_point(op, peer, stream, capture != cudaStreamCaptureStatusNone);
 }
 
 void Communicator::check_peer(int peer, const char* op) const {
