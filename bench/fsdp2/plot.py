@@ -11,6 +11,11 @@ import json
 import os
 import sys
 
+# figures.py is bench/peers'; appended, not first: bench/peers has a run.py and a plot.py of its own
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "peers"))
+
+from figures import save_figure  # noqa: E402
+
 GIB = 2**30
 
 
@@ -51,13 +56,8 @@ def plot(json_path: str) -> str:
             if not r["reps"]:
                 row[0].annotate("failed", (i, 0), ha="center", va="bottom", color="red", fontsize=8)
     ctx = doc.get("context", {})
-    fig.suptitle(f"FSDP2 on {ctx.get('ranks')} x {ctx.get('gpu_name') or ctx.get('gpu')}, "
-                 f"torch {ctx.get('torch')}, NCCL {ctx.get('nccl')}", fontsize=11)
-    fig.tight_layout()
-    png = os.path.splitext(json_path)[0] + ".png"
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return png
+    return save_figure(fig, json_path, f"FSDP2 on {ctx.get('ranks')} x {ctx.get('gpu_name') or ctx.get('gpu')}, "
+                       f"torch {ctx.get('torch')}, NCCL {ctx.get('nccl')}")
 
 
 if __name__ == "__main__":

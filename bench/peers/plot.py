@@ -9,8 +9,9 @@ as the reference on every panel and the NVLink limit on the busbw ones.
 from __future__ import annotations
 
 import json
-import os
 import sys
+
+from figures import save_figure
 
 LATENCY_MAX_BYTES = 1 << 20  # the latency panels: where per-call overheads dominate
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -81,13 +82,9 @@ def plot(json_path: str) -> str:
             ax.set_title(f"{op}: {what}", fontsize=10)
             ax.grid(alpha=0.3)
         bw_ax.legend(fontsize=6, loc="upper left")
-    fig.suptitle(f"bf16 collectives on {ctx.get('ranks')} x {ctx.get('gpu')}, torch {ctx.get('torch')}, "
-                 f"NCCL {ctx.get('nccl')}, symmpool {str(ctx.get('symmpool_commit'))[:12]}", fontsize=11)
-    fig.tight_layout()
-    png = os.path.splitext(json_path)[0] + ".png"
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return png
+    return save_figure(fig, json_path, f"bf16 collectives on {ctx.get('ranks')} x {ctx.get('gpu')}, "
+                       f"torch {ctx.get('torch')}, NCCL {ctx.get('nccl')}, "
+                       f"symmpool {str(ctx.get('symmpool_commit'))[:12]}")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ os.environ["SYMMPOOL_COLLECTIVES"] = "always"
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
-import json  # noqa: E402
 import re  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
@@ -49,6 +48,7 @@ sys.path.insert(0, HERE)
 
 import timing  # noqa: E402
 from peers import OPS, PEER_COPY, PEERS  # noqa: E402
+from run_output import finish_run, write_json  # noqa: E402
 
 NVLINK_GBPS_PER_DIRECTION = 478  # H200's NVLink limit per GPU per direction (the target machine's)
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GIB": 1 << 30}
@@ -152,15 +152,6 @@ def result_row(peer: str, variant, op: str, nbytes: int, mode: str, world: int, 
 
 def document(context: dict, results: list[dict]) -> dict:
     return {"context": context, "results": results}
-
-
-def write_json(path: str, doc: dict) -> None:
-    """Whole or not at all: a reader never sees half a file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, path)
 
 
 def git_commit() -> str | None:
@@ -267,17 +258,7 @@ def main(argv=None) -> int:
                                                        "nccl_registered_segments", "nccl_registered_bytes")}
     context["symmpool_routing_counts"] = symmpool._C.routing_counts()
     if rank == 0:
-        write_json(out, document(context, results))
-        print(table(results))
-        print("\n".join(["problems:", *context["problems"]] if context["problems"] else ["no problems"]))
-        print(f"wrote {out}")
-        if not args.no_plot:
-            try:
-                import plot
-
-                print(f"wrote {plot.plot(out)}")
-            except Exception as e:  # noqa: BLE001  (the JSON is what counts)
-                print(f"no plot: {type(e).__name__}: {e}", file=sys.stderr)
+        finish_run(out, document(context, results), table(results), context["problems"], plot=not args.no_plot)
     dist.destroy_process_group()
     return 1 if context["problems"] else 0
 

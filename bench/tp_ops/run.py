@@ -71,6 +71,7 @@ import cells  # noqa: E402  (bench/peers)
 import data  # noqa: E402
 import measure  # noqa: E402
 import report  # noqa: E402
+import run_output  # noqa: E402  (bench/peers)
 import shapes  # noqa: E402
 import tp_peers  # noqa: E402
 from tp_peers import PEERS, REFERENCE, SYMMPOOL_PEERS  # noqa: E402
@@ -304,7 +305,7 @@ def main(argv=None) -> int:
         results += run_shape(key, args, env)
         report.add_ratios(results)
         if rank == 0:
-            peers_run.write_json(out, document(context, results))
+            run_output.write_json(out, document(context, results))
     context["elapsed_s"] = round(time.monotonic() - env["start"], 1)
     context["problems"] = report.problems(results)
     if "torch-fused" in args.peers:
@@ -317,17 +318,8 @@ def main(argv=None) -> int:
                                                            "nccl_registered_segments", "nccl_registered_bytes")}
         context["symmpool_routing_counts"] = symmpool._C.routing_counts()
     if rank == 0:
-        peers_run.write_json(out, document(context, results))
-        print(report.table(results))
-        print("\n".join(["problems:", *context["problems"]] if context["problems"] else ["no problems"]))
-        print(f"wrote {out}")
-        if not args.no_plot:
-            try:
-                import plot
-
-                print(f"wrote {plot.plot(out)}")
-            except Exception as e:  # noqa: BLE001  (the JSON is what counts)
-                print(f"no plot: {type(e).__name__}: {e}", file=sys.stderr)
+        run_output.finish_run(out, document(context, results), report.table(results), context["problems"],
+                              plot=not args.no_plot)
     dist.destroy_process_group()
     return 1 if context["problems"] else 0
 

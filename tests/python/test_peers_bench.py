@@ -17,30 +17,35 @@ import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "peers"
-MODULES = ("timing", "peers", "cells", "plot", "run")
+MODULES = ("timing", "peers", "cells", "figures", "run_output", "plot", "run")
 
 
-def _load_bench() -> dict:
-    """bench/peers' modules, imported as the scripts import each other (by
-    bare name), then taken out of sys.modules and sys.path again: bench/fsdp2
-    has a run.py and a plot.py of its own that its tests import by name.
-    run.py sets multicast and SYMMPOOL_COLLECTIVES variables on import: the
-    environment is put back too."""
+def load_bench(dirs: list[pathlib.Path], modules: tuple, also_imported: tuple = ()) -> dict:
+    """A bench's modules, imported as its scripts import each other (by bare
+    name, from `dirs`), then taken out of sys.modules and sys.path again,
+    with `also_imported` (what they import from another bench's directory):
+    bench/peers, bench/tp_ops and bench/fsdp2 each have a run.py and a
+    plot.py that their tests import by name. run.py sets multicast and
+    SYMMPOOL_COLLECTIVES variables on import: the environment is put back
+    too; "env" holds it as the imports left it."""
     saved_path, saved_env = list(sys.path), dict(os.environ)
-    saved = {n: sys.modules.pop(n) for n in MODULES if n in sys.modules}
-    sys.path.insert(0, str(BENCH))
+    names = (*modules, *also_imported)
+    saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    sys.path[:0] = [str(d) for d in dirs]
     try:
-        return {n: importlib.import_module(n) for n in MODULES}
+        loaded = {n: importlib.import_module(n) for n in modules}
+        loaded["env"] = dict(os.environ)
+        return loaded
     finally:
         sys.path[:] = saved_path
-        for n in MODULES:
+        for n in names:
             sys.modules.pop(n, None)
         sys.modules.update(saved)
         os.environ.clear()
         os.environ.update(saved_env)
 
 
-M = _load_bench()
+M = load_bench([BENCH], MODULES)
 run, timing, peers, cells, plot = M["run"], M["timing"], M["peers"], M["cells"], M["plot"]
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
@@ -77,11 +82,16 @@ def test_bad_arguments_exit_with_a_message(capsys):
     assert args.ops == ["all_reduce", "all_gather"] and args.peers == ["nccl"] and args.time_budget == 60
 
 
-def test_help_needs_no_gpu():
-    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--help"], capture_output=True, text=True,
-                          timeout=120)
+def help_text(script: pathlib.Path) -> str:
+    """`python script --help`'s output, which must come without a GPU."""
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "--time-budget" in proc.stdout and "--no-graph" in proc.stdout
+    return proc.stdout
+
+
+def test_help_needs_no_gpu():
+    text = help_text(BENCH / "run.py")
+    assert "--time-budget" in text and "--no-graph" in text
 
 
 def test_bandwidth_is_nccl_tests_busbw():
@@ -335,6 +345,20 @@ def test_plot_writes_a_png_next_to_the_json(tmp_path):
     lines = plot.series([r for r in synthetic_document()["results"] if r["op"] == "all_gather"])
     assert ("nccl (WRONG)", "eager") in lines and ("symmpool", "graph") in lines
     assert plot.size_label(GIB) == "1G" and plot.size_label(4 * KIB) == "4K" and plot.size_label(256) == "256"
+
+
+def test_the_end_of_a_run_writes_the_json_then_prints_the_summary_and_the_png(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.setitem(sys.modules, "plot", plot)  # what `import plot` finds when bench/peers/run.py runs
+    path = tmp_path / "peers_h200x2_2026-11-24.json"
+    run.finish_run(str(path), synthetic_document(), "the table", ["nccl all_gather: wrong"], plot=True)
+    assert json.loads(path.read_text()) == json.loads(json.dumps(synthetic_document()))
+    assert capsys.readouterr().out.splitlines() == ["the table", "problems:", "nccl all_gather: wrong",
+                                                    f"wrote {path}", f"wrote {path.with_suffix('.png')}"]
+    monkeypatch.setitem(sys.modules, "plot", None)  # `import plot` fails: the run still ends, without a PNG
+    run.finish_run(str(path), synthetic_document(), "the table", [], plot=True)
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1:] == ["no problems", f"wrote {path}"] and err.startswith("no plot: ModuleNotFoundError")
 
 
 def test_problems_are_wrong_results_and_calls_run_elsewhere():

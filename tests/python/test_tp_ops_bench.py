@@ -6,49 +6,25 @@ timing/agreement logic with fake ranks, the cells and their ratios, the
 time budget, the JSON and the PNG. Groups, symmetric memory, symmpool's ops
 and the timers themselves run on the GPU machine only."""
 
-import importlib
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
 import torch
-from test_peers_bench import FakeRanks  # two ranks seen from rank 0, over bench/peers' Ranks.first_error
+
+# FakeRanks: two ranks seen from rank 0, over bench/peers' Ranks.first_error
+from test_peers_bench import FakeRanks, help_text, load_bench
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "tp_ops"
 PEERS_BENCH = ROOT / "bench" / "peers"
 MODULES = ("run", "plot", "shapes", "data", "layout", "tp_peers", "measure", "report")
-REUSED = ("timing", "cells", "peers", "peers_run")  # bench/peers' modules that bench/tp_ops imports
-
-
-def _load_bench() -> dict:
-    """bench/tp_ops' modules, imported as the scripts import each other (by
-    bare name, bench/peers' too), then taken out of sys.modules and sys.path
-    again: bench/peers and bench/fsdp2 have a run.py and a plot.py of their
-    own that their tests import by name. Importing run.py sets multicast and
-    SYMMPOOL_COLLECTIVES variables: the environment is put back too."""
-    saved_path, saved_env = list(sys.path), dict(os.environ)
-    names = (*MODULES, *REUSED)
-    saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
-    sys.path[:0] = [str(BENCH), str(PEERS_BENCH)]
-    try:
-        loaded = {n: importlib.import_module(n) for n in MODULES}
-        loaded["env"] = dict(os.environ)
-        return loaded
-    finally:
-        sys.path[:] = saved_path
-        for n in names:
-            sys.modules.pop(n, None)
-        sys.modules.update(saved)
-        os.environ.clear()
-        os.environ.update(saved_env)
-
+REUSED = ("timing", "cells", "peers", "peers_run", "run_output", "figures")  # bench/peers' modules it imports
 
 SYMMPOOL_LOADED_BEFORE = "symmpool" in sys.modules
-M = _load_bench()
+M = load_bench([BENCH, PEERS_BENCH], MODULES, REUSED)
 run, plot, shapes, data, layout = M["run"], M["plot"], M["shapes"], M["data"], M["layout"]
 tp_peers, measure, report = M["tp_peers"], M["measure"], M["report"]
 timing = measure.timing  # bench/peers' timing.py, as measure.py imported it
@@ -87,10 +63,8 @@ def test_bad_arguments_exit_with_a_message(capsys):
 
 
 def test_help_needs_no_gpu():
-    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--help"], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "--time-budget" in proc.stdout and "--gather-dim" in proc.stdout
+    text = help_text(BENCH / "run.py")
+    assert "--time-budget" in text and "--gather-dim" in text
 
 
 def test_shapes_split_llama_layers_as_tensor_parallelism_does():
@@ -508,7 +482,7 @@ def test_json_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "tp_ops_h200x2_2026-11-24.json"
     doc = run.document({"gpu": "NVIDIA H200", "ranks": 2, "target_ratio": report.TARGET_RATIO}, synthetic_cells())
-    run.peers_run.write_json(str(path), doc)
+    run.run_output.write_json(str(path), doc)
     back = json.loads(path.read_text())
     assert set(back) == {"context", "cells"} and len(back["cells"]) == len(synthetic_cells())
     png = plot.plot(str(path))
@@ -521,7 +495,7 @@ def test_json_and_plot(tmp_path):
     assert spread[0][0] <= norm[0] <= spread[0][1] and ms[0] == pytest.approx(0.8192 * 1.02)
     with pytest.raises(ValueError, match="no timed cell"):
         empty = tmp_path / "empty.json"
-        run.peers_run.write_json(str(empty), run.document({}, []))
+        run.run_output.write_json(str(empty), run.document({}, []))
         plot.plot(str(empty))
 
 
