@@ -41,8 +41,8 @@ class SymmWork final : public c10d::Work {
 
   std::vector<at::Tensor> outputs_;
   std::uint64_t sequence_;
-  c10::cuda::CUDAStream stream_;  // the collective's
-  at::cuda::CUDAEvent done_;
+  c10::cuda::CUDAStream stream_;               // the collective's
+  std::shared_ptr<at::cuda::CUDAEvent> done_;  // from torch's event cache, as ProcessGroupNCCL's
   std::shared_ptr<const detail::FailureRecord> failure_;
   bool blocking_wait_;
   std::once_flag future_made_;

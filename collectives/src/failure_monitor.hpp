@@ -91,6 +91,7 @@ class FailureMonitor {
 
   mutable std::mutex mutex_;  // entries_, spare_events_, next_seq_
   std::deque<Entry> entries_;
+  std::size_t retire_at_ = 0;  // entries_ size at which record retires finished ones next
   std::vector<cudaEvent_t> spare_events_;
   std::uint64_t next_seq_ = 1;
   std::map<std::pair<std::string, int>, std::uint64_t> point_to_point_calls_;  // (op, peer) -> calls so far

@@ -28,7 +28,11 @@ IssueOrder::~IssueOrder() {
 
 unsigned long long IssueOrder::begin(cudaStream_t stream) {
   const unsigned long long capture = capture_of(stream);
-  if (capture == 0 && eager_recorded_) SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, eager_, 0));
+  // A stream runs its own work in order: only a change of stream needs the
+  // wait (cudaStreamPerThread names a different stream in each thread).
+  const bool same_stream = stream == eager_stream_ && stream != cudaStreamPerThread;
+  if (capture == 0 && eager_recorded_ && !same_stream)
+    SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, eager_, 0));
   if (capture != 0 && capture == capture_id_) SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, captured_, 0));
   return capture;
 }
@@ -37,6 +41,7 @@ void IssueOrder::end(cudaStream_t stream, unsigned long long capture) {
   if (capture == 0) {
     SYMMPOOL_CUDA_TRY(cudaEventRecord(eager_, stream));
     eager_recorded_ = true;
+    eager_stream_ = stream;
   } else {
     SYMMPOOL_CUDA_TRY(cudaEventRecord(captured_, stream));
     capture_id_ = capture;

@@ -30,7 +30,8 @@ class IssueOrder {
  private:
   cudaEvent_t eager_ = nullptr;  // end of the last collective issued outside captures
   bool eager_recorded_ = false;
-  cudaEvent_t captured_ = nullptr;  // end of the last collective issued in capture `capture_id_`
+  cudaStream_t eager_stream_ = nullptr;  // the stream eager_ was recorded on
+  cudaEvent_t captured_ = nullptr;       // end of the last collective issued in capture `capture_id_`
   unsigned long long capture_id_ = 0;
 };
 
