@@ -27,6 +27,8 @@ class C10dStore final : public Store {
     return std::string(value.begin(), value.end());
   }
 
+  bool contains(const std::string& key) override { return store_->check({key}); }
+
   void erase(const std::string& key) override {
     if (!can_erase_) return;
     try {

@@ -266,6 +266,7 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
                 int(heap_device_), ", got cuda:", int(device));
     return &group_->communicator();
   }
+  raise_if_failed();  // the heap did not form before: no second try
   // Collective: every rank reaches its first routed collective together.
   // Every wait on a peer (store keys, barriers) gets the group's timeout, as
   // NCCL's collectives do; whole seconds, at least one.
@@ -303,6 +304,15 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
     TORCH_WARN_ONCE("symm: ", e.what(), "; this group's collectives run on NCCL");
     spans_nodes_ = true;
     return nullptr;
+  } catch (const std::exception& e) {
+    // Sticky, as a failed NCCL communicator: a retry would form the heap
+    // again with peers that may be anywhere in theirs.
+    auto record = std::make_shared<detail::FailureRecord>();
+    record->set(std::string("symm: the group's symmetric heap did not form on rank ") +
+                std::to_string(getRank()) + " of " + std::to_string(getSize()) + ": " + e.what() +
+                "; the group is unusable");
+    failure_ = std::move(record);
+    throw;
   }
   failure_ = group_->communicator().failure();
   heap_device_ = device;

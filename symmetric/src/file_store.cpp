@@ -175,6 +175,11 @@ bool FileStore::try_read(const std::string& key, const std::string& name, std::s
   }
 }
 
+bool FileStore::contains(const std::string& key) {
+  std::string value;
+  return try_read(key, file_name(key), value);
+}
+
 std::string FileStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   const std::string name = file_name(key);
   const auto deadline = std::chrono::steady_clock::now() + timeout;

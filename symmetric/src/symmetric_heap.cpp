@@ -15,8 +15,23 @@
 namespace symmpool {
 
 std::string SymmetricHeap::key(const std::string& what, int r) const {
-  return "symmpool/" + group_ + "/" + what + "/" + std::to_string(r);
+  return "symmpool/" + group_ + "/" + std::to_string(instance_) + "/" + what + "/" + std::to_string(r);
 }
+
+namespace {
+
+// How many heaps of `group` this process formed before. A group destroyed
+// and formed again on the same store (torch gives a re-created split group
+// the same name and store prefix) gets fresh keys: its ranks count alike, and
+// none reads a key the earlier heap left (a stale hello names a dead server).
+int next_instance(const std::string& group) {
+  static std::mutex mutex;
+  static std::map<std::string, int> formed;
+  std::lock_guard<std::mutex> lock(mutex);
+  return formed[group]++;
+}
+
+}  // namespace
 
 // Publishes `mine` for this round and returns every rank's value. Every
 // exchange of a round shares one key, tagged with `what`, so ranks that reach
@@ -114,9 +129,20 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
       group_(std::move(group)),
       rank_(rank),
       world_(world),
-      options_(options) {
+      options_(options),
+      instance_(next_instance(group_)) {
   SYMMPOOL_EXPECTS(world >= 1 && rank >= 0 && rank < world,
                    "rank " + std::to_string(rank) + " is not in a group of " + std::to_string(world));
+  // A store that outlived an earlier process (a FileStore directory used
+  // again) holds that process's keys under the same instance numbers: refuse
+  // it rather than pair with ranks that are gone.
+  const std::string formed = key("formed", rank_);
+  SYMMPOOL_EXPECTS(
+      !store_.contains(formed),
+      "symmetric heap '" + group_ + "' rank " + std::to_string(rank_) + ": the store already holds " +
+          "a heap of this group formed by this rank (another process, or this one before); use a " +
+          "fresh store (directory) per job");
+  store_.set(formed, std::to_string(::getpid()));
   // The server's name and secret are random; it serves nobody until
   // allow_pids() below names the peers.
   server_ = std::make_unique<FdServer>([this](std::uint64_t id) { return export_fd(id); });
@@ -265,6 +291,26 @@ void SymmetricHeap::map_peer(int peer, const Piece& piece) {
   peer_pieces_[static_cast<std::size_t>(peer)][piece.offset] = mapped;
 }
 
+// map_peer, its errors prefixed with the heap, this rank, the peer and the
+// segment (the channel's and the driver's own texts name none of them), of
+// the same type, so callers tell timeouts from driver failures as before.
+void SymmetricHeap::map_peer_naming_it(int peer, const Piece& piece) {
+  const auto context = [&] {
+    return "symmetric heap '" + group_ + "' rank " + std::to_string(rank_) + ": mapping rank " +
+           std::to_string(peer) + "'s segment " + std::to_string(piece.id) + " (offset " +
+           std::to_string(piece.offset) + ", " + std::to_string(piece.size) + " bytes): ";
+  };
+  try {
+    map_peer(peer, piece);
+  } catch (const timeout_error& e) {
+    throw timeout_error(context() + e.what());
+  } catch (const cuda_error& e) {
+    throw cuda_error(context() + e.what(), e.code());
+  } catch (const logic_error& e) {
+    throw logic_error(context() + e.what());
+  }
+}
+
 void SymmetricHeap::unmap_peer(int peer, const Piece& piece) noexcept {
   const CUdeviceptr address = peer_base_[static_cast<std::size_t>(peer)] + piece.offset;
   CUresult a = drv_.cuMemUnmap(address, piece.size);
@@ -376,7 +422,7 @@ void SymmetricHeap::apply_listings(const std::vector<std::string>& listings, con
       if (clash)
         throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
                                " published overlapping segments at offset " + std::to_string(piece.offset));
-      map_peer(r, piece);
+      map_peer_naming_it(r, piece);
     }
   }
   exchange("synced", "");  // nobody releases what a peer is still importing
@@ -472,6 +518,10 @@ void SymmetricHeap::check_symmetric(const void* local, std::size_t bytes, const 
 // a sync whichever of them needs it, instead of one syncing alone.
 void SymmetricHeap::check_symmetric_and_sync(const void* local, std::size_t bytes, const std::string& what,
                                              bool sync_if_needed, bool* synced, Extent extent) {
+  // Exchanged values are "<what>\n<data>": a newline in the label would make
+  // every rank look diverged and break the heap for good.
+  SYMMPOOL_EXPECTS(what.find('\n') == std::string::npos,
+                   "symmetric heap '" + group_ + "': the buffer label of check_symmetric has a newline");
   std::string mine = std::to_string(bytes);
   if (!allocator_.owns(local))
     mine = "outside " + mine;

@@ -247,6 +247,42 @@ def fsdp2_loss_parity(rank: int, world: int, steps: int, collectives: str, repli
     assert rc == 0, "FSDP2 on symm did not match stock NCCL (see the table above)"
 
 
+def a_heap_that_did_not_form_stays_failed(rank: int, world: int) -> None:
+    """Rank 1 never makes a collective: rank 0's first one gives up forming
+    the heap after the group's 5 s timeout, and its next call raises the same
+    failure at once instead of forming the heap again (with peers that may be
+    anywhere in theirs)."""
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    import symmpool  # noqa: F401  (registers the backend)
+
+    device = init_group(rank, world, "cpu:gloo,cuda:symm", timeout=datetime.timedelta(seconds=5))
+    backend = dist.group.WORLD._get_backend(device)
+    inp = backend.allocate_tensor(1024, dtype=torch.float32, device=device)
+    out = backend.allocate_tensor(1024 * world, dtype=torch.float32, device=device)
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            dist.all_gather_into_tensor(out, inp)
+        except RuntimeError as e:
+            first = str(e)
+        else:
+            raise AssertionError("the heap formed without rank 1")
+        assert time.monotonic() - start >= 4.0, first
+        start = time.monotonic()
+        try:
+            dist.all_gather_into_tensor(out, inp)
+        except RuntimeError as e:
+            assert "did not form" in str(e) and "rank 1 never arrived" in str(e), str(e)
+        else:
+            raise AssertionError("a collective after a heap that did not form raised nothing")
+        assert time.monotonic() - start < 1.0, "the second call tried to form the heap again"
+        print(f"[rank 0] first failure: {first.splitlines()[0][:200]}", flush=True)
+    else:
+        time.sleep(12)  # never joins; teardown is not collective
+    dist.destroy_process_group()
+
+
 def late_peer_times_out_with_the_group_timeout(rank: int, world: int) -> None:
     """Rank 0 enters a collective that the others join only after the group's
     5 s timeout: its barrier gives up after 5 s (not SYMMPOOL's default 600)

@@ -96,6 +96,11 @@ def test_a_group_spanning_nodes_runs_on_nccl():
 
 
 @needs_two
+def test_a_heap_that_did_not_form_stays_failed():
+    run_workers(dist_workers.a_heap_that_did_not_form_stays_failed, gpu_count(), timeout=120)
+
+
+@needs_two
 def test_a_late_peer_times_out_with_the_group_timeout():
     run_workers(dist_workers.late_peer_times_out_with_the_group_timeout, gpu_count(), timeout=120)
 

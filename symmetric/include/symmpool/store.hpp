@@ -21,6 +21,8 @@ class Store {
   virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
   // Removes `key` if present, so long runs do not pile up keys.
   virtual void erase(const std::string& key) = 0;
+  // Whether `key` is set now (no waiting).
+  virtual bool contains(const std::string& key) = 0;
 };
 
 // Keys are files in one directory that every rank sees (one node). The
@@ -43,6 +45,7 @@ class FileStore final : public Store {
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
   void erase(const std::string& key) override;
+  bool contains(const std::string& key) override;
 
  private:
   std::string file_name(const std::string& key) const;

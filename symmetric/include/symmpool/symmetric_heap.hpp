@@ -120,6 +120,7 @@ class SymmetricHeap final : public SegmentObserver {
   void apply_listings(const std::vector<std::string>& listings, const std::vector<bool>& listed,
                       std::uint64_t generation);
   void map_peer(int peer, const Piece& piece);
+  void map_peer_naming_it(int peer, const Piece& piece);
   void unmap_peer(int peer, const Piece& piece) noexcept;
   int export_fd(std::uint64_t id);
   void mark_published();  // sync(), under mutex_: local_ is what the group now knows
@@ -131,6 +132,7 @@ class SymmetricHeap final : public SegmentObserver {
   int rank_;
   int world_;
   HeapOptions options_;
+  const int instance_;       // heaps of group_ this process formed before (in every key)
   std::uint64_t round_ = 0;  // collective calls so far: keys never repeat
 
   mutable std::mutex mutex_;              // local_ (allocator and server threads)

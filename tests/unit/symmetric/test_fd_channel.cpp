@@ -458,7 +458,7 @@ TEST(SymmetricHeapChannel, AMalformedHelloIsRefusedNamingTheRankAndField) {
     const std::string group = "badhello" + std::to_string(i++);
     const TempStoreDir dir;  // removed at the end of each case
     FileStore store(dir.path());
-    store.set("symmpool/" + group + "/round/0/1", "hello\n" + c.hello);
+    store.set("symmpool/" + group + "/0/round/0/1", "hello\n" + c.hello);  // instance 0: its first heap here
     auto alloc = heap_allocator(0);
     try {
       SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, group, 0, 2,
@@ -493,7 +493,7 @@ TEST(SymmetricHeapChannel, OnlyPublishedSegmentsAreServed) {
       return 0;
     }
     // Rank 0 erases its hello only after this rank's second sync-round key.
-    const auto hello = words_of(store.get("symmpool/pub/round/0/0", std::chrono::seconds(5)));
+    const auto hello = words_of(store.get("symmpool/pub/0/round/0/0", std::chrono::seconds(5)));
     if (hello.size() != 7) return 2;  // "hello" + 6 fields
     heap.sync();
     store.get("test/ready", std::chrono::seconds(20));

@@ -236,6 +236,14 @@ TEST(SymmetricHeapFake, AsymmetricBuffersAreReportedWithRanksAndSizes) {
       RANK_CHECK(std::strstr(e.what(), "rank 1's buffer is not inside one live allocation"), "%s", e.what());
     }
     heap.check_symmetric(d, 4096, "d");  // offsets alone: still symmetric
+    try {
+      heap.check_symmetric(d, 4096, "d\nx");
+      RANK_CHECK(false, "a label with a newline was exchanged");
+    } catch (const logic_error& e) {
+      RANK_CHECK(std::strstr(e.what(), "has a newline"), "%s", e.what());
+    }
+    RANK_CHECK(heap.failure().empty(), "a bad label broke the heap: %s", heap.failure().c_str());
+    heap.check_symmetric(d, 4096, "d");
     if (rank == 0) alloc->deallocate(d, stream(1));
     return 0;
   });
@@ -319,11 +327,94 @@ TEST(SymmetricHeapFake, StoreKeysDoNotPileUp) {
     }
     int keys = 0;
     if (DIR* d = ::opendir(dir.c_str())) {
-      while (const dirent* e = ::readdir(d)) keys += std::strstr(e->d_name, "%keys%") != nullptr;
+      while (const dirent* e = ::readdir(d))
+        keys += std::strstr(e->d_name, "%keys%0%round%") != nullptr;  // not the two "formed" marks
       ::closedir(d);
     }
     // Peers may be one round ahead or behind: 2 of ours, up to 3 of theirs.
     RANK_CHECK(keys <= 5, "%d store keys left after 201 heap calls", keys);
+    alloc->deallocate(a, stream(1));
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
+// A group formed, destroyed and formed again on the same store (torch gives
+// a re-created split group the same name and store prefix) uses fresh keys:
+// a rank that forms it again alone waits for its peer instead of pairing
+// with the hello the peer left before (which names a dead server).
+TEST(SymmetricHeapFake, AGroupFormedAgainNeverReadsTheKeysOfTheFirst) {
+  const TempStoreDir store_dir;
+  const std::string& dir = store_dir.path();
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir);
+    {  // formed and gone at once: its hellos (round 0) stay in the store
+      SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "again", rank, w,
+                         HeapOptions{std::chrono::seconds(20)});
+    }
+    if (rank == 1) return 0;  // leaves; only rank 0 forms the group again
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "again", rank, w,
+                         HeapOptions{std::chrono::milliseconds(500)});
+      RANK_CHECK(false, "the heap formed again with a peer that left");
+    } catch (const timeout_error& e) {
+      RANK_CHECK(std::strstr(e.what(), "rank 1 never arrived at 'hello'"), "%s", e.what());
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    RANK_CHECK(waited >= 0.4, "gave up after %.2f s", waited);
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
+// A store that outlived its job (a FileStore directory used again by a new
+// process) is refused by name instead of pairing with ranks that are gone.
+TEST(SymmetricHeapFake, AStoreLeftByAnEarlierProcessIsRefused) {
+  const TempStoreDir store_dir;
+  const std::string& dir = store_dir.path();
+  for (int job = 0; job < 2; ++job) {
+    std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+      auto alloc = fake_allocator(rank);
+      FileStore store(dir);
+      try {
+        SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "job", rank, w,
+                           HeapOptions{std::chrono::seconds(20)});
+        RANK_CHECK(job == 0, "the second job formed its heap on the first job's store");
+      } catch (const logic_error& e) {
+        RANK_CHECK(job == 1, "%s", e.what());
+        RANK_CHECK(std::strstr(e.what(), "use a fresh store"), "%s", e.what());
+      }
+      return 0;
+    });
+    EXPECT_EQ(result, "") << "job " << job;
+  }
+}
+
+// A peer segment that cannot be mapped fails the sync with an error that
+// names the heap, this rank, the peer and the segment, not only the driver call.
+TEST(SymmetricHeapFake, AFailedPeerMappingNamesThePeerAndTheSegment) {
+  const TempStoreDir store_dir;
+  const std::string& dir = store_dir.path();
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir);
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "mapfail", rank, w,
+                       HeapOptions{std::chrono::seconds(2)});  // rank 1 waits out rank 0's failure
+    void* a = alloc->allocate(4096, stream(1));
+    if (rank == 0) FakeDriver::instance().fail("cuMemMap", CUDA_ERROR_OUT_OF_MEMORY);
+    try {
+      heap.sync();
+      RANK_CHECK(rank == 1, "rank 0 mapped its peer's segment through a failing cuMemMap");
+    } catch (const cuda_error& e) {
+      RANK_CHECK(rank == 0, "%s", e.what());
+      RANK_CHECK(std::strstr(e.what(), "symmetric heap 'mapfail' rank 0: mapping rank 1's segment") &&
+                     std::strstr(e.what(), "2097152 bytes") && std::strstr(e.what(), "cuMemMap"),
+                 "%s", e.what());
+    } catch (const std::exception& e) {
+      RANK_CHECK(rank == 1, "%s", e.what());  // rank 1 may see rank 0 leave the sync
+    }
     alloc->deallocate(a, stream(1));
     return 0;
   });
