@@ -297,7 +297,11 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
     }
   };
   try {
-    group_ = std::make_unique<SymmetricGroup>(real_driver(), device_allocator(device), *heap_store_, "heap",
+    // The heap is named after the process group: the heap counts its
+    // formations per name (a re-created group gets fresh store keys), and
+    // torch names a group alike on its ranks only.
+    const std::string name = getGroupUid().empty() ? "heap" : "heap-" + getGroupUid();
+    group_ = std::make_unique<SymmetricGroup>(real_driver(), device_allocator(device), *heap_store_, name,
                                               getRank(), getSize(), std::move(options));
   } catch (const multi_node_error& e) {
     // Every rank saw the same hellos, so every rank gives up here together.

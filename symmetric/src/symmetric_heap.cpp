@@ -24,6 +24,9 @@ namespace {
 // and formed again on the same store (torch gives a re-created split group
 // the same name and store prefix) gets fresh keys: its ranks count alike, and
 // none reads a key the earlier heap left (a stale hello names a dead server).
+// Counted per name, so a group's ranks agree whatever other groups each of
+// them formed: names must tell a process's groups apart (the torch backend
+// names each heap after its process group).
 int next_instance(const std::string& group) {
   static std::mutex mutex;
   static std::map<std::string, int> formed;

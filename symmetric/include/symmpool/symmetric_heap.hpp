@@ -31,7 +31,10 @@ class SymmetricHeap final : public SegmentObserver {
   // Collective over the `world` ranks of `group`; throws timeout_error when a
   // peer never arrives, multi_node_error when the ranks are on different
   // nodes and logic_error when their heaps cannot match (two ranks on one
-  // GPU, devices of different sizes).
+  // GPU, devices of different sizes), or when `store` already holds a heap
+  // of `group` this rank formed (use a fresh store per job). `group` names
+  // the heap among this process's heaps: forming a group again (after the
+  // first is gone) uses fresh store keys on every rank that does so.
   SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, Store& store, std::string group, int rank,
                 int world, HeapOptions options = {});
   ~SymmetricHeap() override;
