@@ -309,6 +309,22 @@ UniqueFd connect_until(const std::string& name, std::uint64_t id, Clock::time_po
   }
 }
 
+// Anyone can bind an abstract name that is free (its server gone), so the
+// secret goes only to the expected process, and only its descriptors are
+// taken. For a client, SO_PEERCRED names whoever called listen().
+void check_server(int conn, const std::string& name, std::uint64_t id, pid_t server_pid) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  const bool known = ::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && len == sizeof cred;
+  if (known && cred.uid == ::geteuid() && cred.pid == server_pid) return;
+  const std::string owner = known ? "uid " + std::to_string(cred.uid) + " pid " + std::to_string(cred.pid)
+                                  : "unknown (SO_PEERCRED failed)";
+  SYMMPOOL_FAIL(describe(name, id) + " is not the expected process: the socket belongs to " + owner +
+                ", expected uid " + std::to_string(::geteuid()) + " pid " + std::to_string(server_pid) +
+                "; nothing was sent (the peer gone and its name taken by another process? a different PID "
+                "namespace?)");
+}
+
 // Sends the whole request by `deadline`. A send error is left to the reply:
 // a server that refused us at once may have closed already, its answer queued.
 void send_until(int conn, const std::string& request, Clock::time_point deadline) {
@@ -360,13 +376,15 @@ Reply receive_until(int conn, Clock::time_point deadline) {
 
 }  // namespace
 
-int fetch_fd(const std::string& name, const std::string& secret, std::uint64_t id, milliseconds timeout) {
+int fetch_fd(const std::string& name, pid_t server_pid, const std::string& secret, std::uint64_t id,
+             milliseconds timeout) {
   SYMMPOOL_EXPECTS(secret.size() == FdServer::kSecretHexChars,
                    "the secret for " + describe(name, id) + " has " + std::to_string(secret.size()) +
                        " characters, not " + std::to_string(FdServer::kSecretHexChars));
   timeout = at_least_min(timeout);
   const auto deadline = Clock::now() + timeout;
   UniqueFd conn = connect_until(name, id, deadline, timeout);
+  check_server(conn.fd, name, id, server_pid);
   send_until(conn.fd, encode_request(secret, id), deadline);
   Reply reply = receive_until(conn.fd, deadline);
   UniqueFd fd(reply.fd);

@@ -132,6 +132,7 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
   std::vector<pid_t> peer_pids;
   peer_socket_.resize(static_cast<std::size_t>(world_));
   peer_secret_.resize(static_cast<std::size_t>(world_));
+  peer_pid_.resize(static_cast<std::size_t>(world_));
   for (int r = 0; r < world_; ++r) {
     hellos.push_back(split_words(all[static_cast<std::size_t>(r)]));
     // The hello carries a secret: name the bad field, never print the text.
@@ -140,7 +141,8 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
                                       " sent a malformed hello: " + bad + " (another symmpool version?)");
     peer_socket_[static_cast<std::size_t>(r)] = hellos.back()[3];
     peer_secret_[static_cast<std::size_t>(r)] = hellos.back()[4];
-    if (r != rank_) peer_pids.push_back(static_cast<pid_t>(std::stol(hellos.back()[5])));
+    peer_pid_[static_cast<std::size_t>(r)] = static_cast<pid_t>(std::stol(hellos.back()[5]));
+    if (r != rank_) peer_pids.push_back(peer_pid_[static_cast<std::size_t>(r)]);
   }
   server_->allow_pids(std::move(peer_pids));
   // Nodes first: PCI addresses repeat across nodes.
@@ -237,7 +239,7 @@ void SymmetricHeap::mark_published() {
 }
 
 void SymmetricHeap::map_peer(int peer, const Piece& piece) {
-  int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)],
+  int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)], peer_pid_[static_cast<std::size_t>(peer)],
                     peer_secret_[static_cast<std::size_t>(peer)], piece.id, options_.timeout);
   Piece mapped = piece;
   CUresult r = drv_.cuMemImportFromShareableHandle(&mapped.handle,
