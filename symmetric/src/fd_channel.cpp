@@ -130,7 +130,8 @@ FdServer::FdServer(std::function<int(std::uint64_t)> export_fd, FdServerOptions 
     : secret_(random_token(kSecretBytes)),
       export_fd_(std::move(export_fd)),
       io_timeout_(at_least_min(options.io_timeout)),
-      uid_(::geteuid()) {
+      uid_(::geteuid()),
+      owner_pid_(::getpid()) {
   listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   SYMMPOOL_EXPECTS(listen_fd_ >= 0, errno_text("socket"));
   // A random name cannot be guessed or collide (across PID namespaces
@@ -152,12 +153,18 @@ FdServer::FdServer(std::function<int(std::uint64_t)> export_fd, FdServerOptions 
 }
 
 FdServer::~FdServer() {
-  // The flag alone would do (the loop never sleeps longer than kMaxPoll);
-  // the pipe makes it immediate.
-  stopping_ = true;
-  char byte = 1;
-  (void)::write(wake_pipe_[1], &byte, 1);
-  thread_.join();
+  if (::getpid() == owner_pid_) {
+    // The flag alone would do (the loop never sleeps longer than kMaxPoll);
+    // the pipe makes it immediate.
+    stopping_ = true;
+    char byte = 1;
+    (void)::write(wake_pipe_[1], &byte, 1);
+    thread_.join();
+  } else {
+    // A fork()ed child's copy: the thread runs in the owner only (joining
+    // it here is undefined, and may hang) and the pipe is the owner's too.
+    thread_.detach();
+  }
   ::close(listen_fd_);
   ::close(wake_pipe_[0]);
   ::close(wake_pipe_[1]);
@@ -206,7 +213,13 @@ void FdServer::serve() {
       if (errno != EINTR) std::this_thread::sleep_for(kAcceptBackoff);  // ENOMEM: no busy loop
       continue;
     }
-    if (fds[0].revents) break;
+    if (fds[0].revents) {
+      // A wake-up, not an order: a fork()ed copy of the owner may write too.
+      char buf[64];
+      while (::read(wake_pipe_[0], buf, sizeof buf) > 0) {
+      }
+      if (stopping_) break;
+    }
 
     // Clients with data (or hung up): read; answer once the request is whole.
     std::size_t kept = 0;

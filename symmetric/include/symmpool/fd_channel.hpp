@@ -12,7 +12,9 @@
 //  - the socket name is random, so it neither collides nor can be guessed.
 // Every socket operation has a deadline: a silent or malformed client is
 // dropped after io_timeout without delaying the others, and the destructor
-// returns promptly whatever the clients do.
+// returns promptly whatever the clients do. In a fork()ed child, destroying
+// the inherited copy only closes the child's descriptors: the owner's server
+// keeps serving.
 //
 // Wire format (fixed size, anything else is refused):
 //   request: 8-byte magic "SYMMPFD" + version byte (1), the secret as
@@ -76,6 +78,7 @@ class FdServer {
   std::function<int(std::uint64_t)> export_fd_;
   std::chrono::milliseconds io_timeout_;
   uid_t uid_;
+  pid_t owner_pid_;  // a fork()ed child's copy neither stops nor joins the server
   mutable std::mutex allowed_mutex_;
   std::vector<pid_t> allowed_pids_;                       // sorted
   std::chrono::steady_clock::time_point accept_after_{};  // EMFILE back-off (server thread)

@@ -369,6 +369,24 @@ TEST(FdChannel, ASocketOfAnotherPidGetsNoSecretAndServesNothing) {
   EXPECT_EQ(wait_child(expected), static_cast<int>(request("", 0).size() + FdServer::kSecretHexChars));
 }
 
+// A fork()ed child shares the server's wake pipe and holds a copy of its
+// thread (one that does not run in the child). Destroying that copy must
+// neither stop the parent's server nor hang or abort the child.
+TEST(FdChannel, AForkedChildDestroyingItsCopyLeavesTheServerServing) {
+  auto server = std::make_unique<FdServer>(export_text("payload"));
+  server->allow_pids({::getpid()});
+  const pid_t child = ::fork();
+  if (child == 0) {
+    server.reset();
+    ::_exit(0);
+  }
+  ASSERT_GT(child, 0);
+  EXPECT_EQ(wait_child(child), 0) << "the child's destructor hung or aborted";
+  std::this_thread::sleep_for(milliseconds(50));  // time for a woken server to stop, were it to
+  EXPECT_EQ(read_back(fetch_fd(server->name(), ::getpid(), server->secret(), 7, milliseconds(2000))),
+            "payload");
+}
+
 TEST(FdChannel, ASilentClientDoesNotDelayOthers) {
   FdServer server(export_text("payload"), FdServerOptions{std::chrono::seconds(30)});
   server.allow_pids({::getpid()});
