@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 
@@ -299,10 +300,10 @@ std::string describe(const std::string& name, std::uint64_t id) {
                       std::to_string(timeout.count()) + " ms (peer gone or stuck?)");
 }
 
-// Connects without blocking, retrying while nobody listens yet or the
-// backlog is full, until `deadline`.
+// Connects without blocking, retrying while the backlog is full, or nobody
+// listens yet (kRetry), until `deadline`.
 UniqueFd connect_until(const std::string& name, std::uint64_t id, Clock::time_point deadline,
-                       milliseconds timeout) {
+                       milliseconds timeout, IfNobodyListens if_nobody_listens) {
   socklen_t len = 0;
   const sockaddr_un addr = address_of(name, &len);
   for (;;) {
@@ -315,6 +316,9 @@ UniqueFd connect_until(const std::string& name, std::uint64_t id, Clock::time_po
       if (wait_for(conn.fd, POLLOUT, deadline)) ::getsockopt(conn.fd, SOL_SOCKET, SO_ERROR, &err, &n);
     }
     if (err == 0) return conn;
+    if ((err == ECONNREFUSED || err == ENOENT) && if_nobody_listens == IfNobodyListens::kPeerGone)
+      throw std::runtime_error("symmpool: nobody listens on " + describe(name, id) + " any more (" +
+                               std::strerror(err) + "): the process that served it is gone");
     if (err != ECONNREFUSED && err != ENOENT && err != EAGAIN && err != EINTR && err != ETIMEDOUT)
       SYMMPOOL_FAIL("cannot connect to " + describe(name, id) + ": " + std::strerror(err));
     if (Clock::now() >= deadline) no_answer(name, id, timeout, "accepted no connection");
@@ -390,13 +394,13 @@ Reply receive_until(int conn, Clock::time_point deadline) {
 }  // namespace
 
 int fetch_fd(const std::string& name, pid_t server_pid, const std::string& secret, std::uint64_t id,
-             milliseconds timeout) {
+             milliseconds timeout, IfNobodyListens if_nobody_listens) {
   SYMMPOOL_EXPECTS(secret.size() == FdServer::kSecretHexChars,
                    "the secret for " + describe(name, id) + " has " + std::to_string(secret.size()) +
                        " characters, not " + std::to_string(FdServer::kSecretHexChars));
   timeout = at_least_min(timeout);
   const auto deadline = Clock::now() + timeout;
-  UniqueFd conn = connect_until(name, id, deadline, timeout);
+  UniqueFd conn = connect_until(name, id, deadline, timeout, if_nobody_listens);
   check_server(conn.fd, name, id, server_pid);
   send_until(conn.fd, encode_request(secret, id), deadline);
   Reply reply = receive_until(conn.fd, deadline);

@@ -240,7 +240,8 @@ void SymmetricHeap::mark_published() {
 
 void SymmetricHeap::map_peer(int peer, const Piece& piece) {
   int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)], peer_pid_[static_cast<std::size_t>(peer)],
-                    peer_secret_[static_cast<std::size_t>(peer)], piece.id, options_.timeout);
+                    peer_secret_[static_cast<std::size_t>(peer)], piece.id, options_.timeout,
+                    IfNobodyListens::kPeerGone);  // its server was up before its hello
   Piece mapped = piece;
   CUresult r = drv_.cuMemImportFromShareableHandle(&mapped.handle,
                                                    reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),

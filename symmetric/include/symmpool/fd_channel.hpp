@@ -88,16 +88,23 @@ class FdServer {
   std::thread thread_;
 };
 
+// What fetch_fd makes of a name nobody listens on (ECONNREFUSED, ENOENT).
+enum class IfNobodyListens {
+  kRetry,     // the server may not be up yet: retry until the timeout
+  kPeerGone,  // it was up (bound before its name was published), so it is gone: fail at once
+};
+
 // Asks the server `name`, run by process `server_pid` under this process's
 // effective uid, for descriptor `id`, presenting `secret`; the whole exchange
-// (connect, retried while nobody listens yet, request, reply) ends by
-// `timeout` (under 1 ms counts as 1 ms). Anyone can bind an abstract name
-// that is free (say, its server gone), so before sending anything fetch_fd
-// checks who listens (SO_PEERCRED): another uid or pid gets neither the
-// secret nor the chance to hand us a descriptor. Throws timeout_error naming
-// the socket and id when nobody answered in time, logic_error when the
-// socket is not `server_pid`'s, or the server refused us or has no such id.
+// (connect, request, reply) ends by `timeout` (under 1 ms counts as 1 ms).
+// Anyone can bind an abstract name that is free (say, its server gone), so
+// before sending anything fetch_fd checks who listens (SO_PEERCRED): another
+// uid or pid gets neither the secret nor the chance to hand us a descriptor.
+// Throws timeout_error naming the socket and id when nobody answered in time;
+// logic_error when the socket is not `server_pid`'s, or the server refused us
+// or has no such id; runtime_error at once when nobody listens and
+// `if_nobody_listens` is kPeerGone.
 int fetch_fd(const std::string& name, pid_t server_pid, const std::string& secret, std::uint64_t id,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout, IfNobodyListens if_nobody_listens = IfNobodyListens::kRetry);
 
 }  // namespace symmpool

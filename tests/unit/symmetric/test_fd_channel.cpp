@@ -32,6 +32,7 @@
 #include <ctime>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -479,6 +480,26 @@ TEST(FdChannel, FetchingFromNobodyTimesOutNamingTheSocketAndId) {
     EXPECT_NE(what.find("id 42"), std::string::npos) << what;
   }
   EXPECT_LT(ms_since(start), 1500);
+}
+
+// In the heap a peer binds its socket before it publishes the name, so
+// nobody listening there means the peer is gone: waiting cannot help.
+TEST(FdChannel, NobodyListeningFailsAtOnceWhenThePeerWasUp) {
+  const std::string name = "symmpool-" + random_token(16);
+  const auto start = Clock::now();
+  try {
+    fetch_fd(name, ::getpid(), random_token(FdServer::kSecretBytes), 42, milliseconds(5000),
+             IfNobodyListens::kPeerGone);
+    FAIL() << "fetched from nobody";
+  } catch (const timeout_error& e) {
+    ADD_FAILURE() << "waited for the timeout: " << e.what();
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("@" + name), std::string::npos) << what;
+    EXPECT_NE(what.find("id 42"), std::string::npos) << what;
+    EXPECT_NE(what.find("nobody listens"), std::string::npos) << what;
+  }
+  EXPECT_LT(ms_since(start), 1000);
 }
 
 // A socket that listens but never accepts: connect and send succeed, no
