@@ -1,3 +1,4 @@
+#include <symmpool/detail/deadline.hpp>
 #include <symmpool/error.hpp>
 #include <symmpool/fd_channel.hpp>
 #include <symmpool/random_token.hpp>
@@ -256,7 +257,7 @@ void FdServer::accept_clients(std::vector<Connection>& connections) {
       ::close(conn);
       continue;
     }
-    connections.push_back({conn, Clock::now() + io_timeout_, {}});
+    connections.push_back({conn, detail::deadline_after<Clock>(io_timeout_), {}});
   }
 }
 
@@ -399,7 +400,7 @@ int fetch_fd(const std::string& name, pid_t server_pid, const std::string& secre
                    "the secret for " + describe(name, id) + " has " + std::to_string(secret.size()) +
                        " characters, not " + std::to_string(FdServer::kSecretHexChars));
   timeout = at_least_min(timeout);
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = detail::deadline_after<Clock>(timeout);
   UniqueFd conn = connect_until(name, id, deadline, timeout, if_nobody_listens);
   check_server(conn.fd, name, id, server_pid);
   send_until(conn.fd, encode_request(secret, id), deadline);

@@ -502,6 +502,23 @@ TEST(FdChannel, NobodyListeningFailsAtOnceWhenThePeerWasUp) {
   EXPECT_LT(ms_since(start), 1000);
 }
 
+// The largest timeout means no limit, not a deadline that wraps into the
+// past. The answer takes a while, so a deadline already past would show.
+TEST(FdChannel, TheLargestTimeoutWaitsForTheAnswer) {
+  FdServer server([](std::uint64_t id) {
+    std::this_thread::sleep_for(milliseconds(50));
+    return export_text("slow")(id);
+  });
+  server.allow_pids({::getpid()});
+  EXPECT_EQ(read_back(fetch_fd(server.name(), ::getpid(), server.secret(), 7, milliseconds::max())), "slow");
+
+  // And a server's io timeout: its clients' deadlines must not be past.
+  FdServer patient(export_text("payload"), FdServerOptions{milliseconds::max()});
+  patient.allow_pids({::getpid()});
+  EXPECT_EQ(read_back(fetch_fd(patient.name(), ::getpid(), patient.secret(), 7, milliseconds(2000))),
+            "payload");
+}
+
 // A socket that listens but never accepts: connect and send succeed, no
 // reply ever comes. A 0 ms timeout must not mean "wait forever".
 TEST(FdChannel, AZeroTimeoutDoesNotWaitForever) {
