@@ -1,3 +1,4 @@
+#include <symmpool/detail/deadline.hpp>
 #include <symmpool/error.hpp>
 #include <symmpool/fd_channel.hpp>
 #include <symmpool/random_token.hpp>
@@ -13,6 +14,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 
@@ -130,7 +132,8 @@ FdServer::FdServer(std::function<int(std::uint64_t)> export_fd, FdServerOptions 
     : secret_(random_token(kSecretBytes)),
       export_fd_(std::move(export_fd)),
       io_timeout_(at_least_min(options.io_timeout)),
-      uid_(::geteuid()) {
+      uid_(::geteuid()),
+      owner_pid_(::getpid()) {
   listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   SYMMPOOL_EXPECTS(listen_fd_ >= 0, errno_text("socket"));
   // A random name cannot be guessed or collide (across PID namespaces
@@ -152,12 +155,18 @@ FdServer::FdServer(std::function<int(std::uint64_t)> export_fd, FdServerOptions 
 }
 
 FdServer::~FdServer() {
-  // The flag alone would do (the loop never sleeps longer than kMaxPoll);
-  // the pipe makes it immediate.
-  stopping_ = true;
-  char byte = 1;
-  (void)::write(wake_pipe_[1], &byte, 1);
-  thread_.join();
+  if (::getpid() == owner_pid_) {
+    // The flag alone would do (the loop never sleeps longer than kMaxPoll);
+    // the pipe makes it immediate.
+    stopping_ = true;
+    char byte = 1;
+    (void)::write(wake_pipe_[1], &byte, 1);
+    thread_.join();
+  } else {
+    // A fork()ed child's copy: the thread runs in the owner only (joining
+    // it here is undefined, and may hang) and the pipe is the owner's too.
+    thread_.detach();
+  }
   ::close(listen_fd_);
   ::close(wake_pipe_[0]);
   ::close(wake_pipe_[1]);
@@ -206,7 +215,13 @@ void FdServer::serve() {
       if (errno != EINTR) std::this_thread::sleep_for(kAcceptBackoff);  // ENOMEM: no busy loop
       continue;
     }
-    if (fds[0].revents) break;
+    if (fds[0].revents) {
+      // A wake-up, not an order: a fork()ed copy of the owner may write too.
+      char buf[64];
+      while (::read(wake_pipe_[0], buf, sizeof buf) > 0) {
+      }
+      if (stopping_) break;
+    }
 
     // Clients with data (or hung up): read; answer once the request is whole.
     std::size_t kept = 0;
@@ -242,7 +257,7 @@ void FdServer::accept_clients(std::vector<Connection>& connections) {
       ::close(conn);
       continue;
     }
-    connections.push_back({conn, Clock::now() + io_timeout_, {}});
+    connections.push_back({conn, detail::deadline_after<Clock>(io_timeout_), {}});
   }
 }
 
@@ -286,10 +301,10 @@ std::string describe(const std::string& name, std::uint64_t id) {
                       std::to_string(timeout.count()) + " ms (peer gone or stuck?)");
 }
 
-// Connects without blocking, retrying while nobody listens yet or the
-// backlog is full, until `deadline`.
+// Connects without blocking, retrying while the backlog is full, or nobody
+// listens yet (kRetry), until `deadline`.
 UniqueFd connect_until(const std::string& name, std::uint64_t id, Clock::time_point deadline,
-                       milliseconds timeout) {
+                       milliseconds timeout, IfNobodyListens if_nobody_listens) {
   socklen_t len = 0;
   const sockaddr_un addr = address_of(name, &len);
   for (;;) {
@@ -302,11 +317,30 @@ UniqueFd connect_until(const std::string& name, std::uint64_t id, Clock::time_po
       if (wait_for(conn.fd, POLLOUT, deadline)) ::getsockopt(conn.fd, SOL_SOCKET, SO_ERROR, &err, &n);
     }
     if (err == 0) return conn;
+    if ((err == ECONNREFUSED || err == ENOENT) && if_nobody_listens == IfNobodyListens::kPeerGone)
+      throw std::runtime_error("symmpool: nobody listens on " + describe(name, id) + " any more (" +
+                               std::strerror(err) + "): the process that served it is gone");
     if (err != ECONNREFUSED && err != ENOENT && err != EAGAIN && err != EINTR && err != ETIMEDOUT)
       SYMMPOOL_FAIL("cannot connect to " + describe(name, id) + ": " + std::strerror(err));
     if (Clock::now() >= deadline) no_answer(name, id, timeout, "accepted no connection");
     std::this_thread::sleep_for(std::min<Clock::duration>(milliseconds(2), deadline - Clock::now()));
   }
+}
+
+// Anyone can bind an abstract name that is free (its server gone), so the
+// secret goes only to the expected process, and only its descriptors are
+// taken. For a client, SO_PEERCRED names whoever called listen().
+void check_server(int conn, const std::string& name, std::uint64_t id, pid_t server_pid) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  const bool known = ::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && len == sizeof cred;
+  if (known && cred.uid == ::geteuid() && cred.pid == server_pid) return;
+  const std::string owner = known ? "uid " + std::to_string(cred.uid) + " pid " + std::to_string(cred.pid)
+                                  : "unknown (SO_PEERCRED failed)";
+  SYMMPOOL_FAIL(describe(name, id) + " is not the expected process: the socket belongs to " + owner +
+                ", expected uid " + std::to_string(::geteuid()) + " pid " + std::to_string(server_pid) +
+                "; nothing was sent (the peer gone and its name taken by another process? a different PID "
+                "namespace?)");
 }
 
 // Sends the whole request by `deadline`. A send error is left to the reply:
@@ -360,13 +394,15 @@ Reply receive_until(int conn, Clock::time_point deadline) {
 
 }  // namespace
 
-int fetch_fd(const std::string& name, const std::string& secret, std::uint64_t id, milliseconds timeout) {
+int fetch_fd(const std::string& name, pid_t server_pid, const std::string& secret, std::uint64_t id,
+             milliseconds timeout, IfNobodyListens if_nobody_listens) {
   SYMMPOOL_EXPECTS(secret.size() == FdServer::kSecretHexChars,
                    "the secret for " + describe(name, id) + " has " + std::to_string(secret.size()) +
                        " characters, not " + std::to_string(FdServer::kSecretHexChars));
   timeout = at_least_min(timeout);
-  const auto deadline = Clock::now() + timeout;
-  UniqueFd conn = connect_until(name, id, deadline, timeout);
+  const auto deadline = detail::deadline_after<Clock>(timeout);
+  UniqueFd conn = connect_until(name, id, deadline, timeout, if_nobody_listens);
+  check_server(conn.fd, name, id, server_pid);
   send_until(conn.fd, encode_request(secret, id), deadline);
   Reply reply = receive_until(conn.fd, deadline);
   UniqueFd fd(reply.fd);

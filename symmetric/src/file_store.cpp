@@ -1,3 +1,4 @@
+#include <symmpool/detail/deadline.hpp>
 #include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
 #include <symmpool/store.hpp>
@@ -182,7 +183,7 @@ bool FileStore::contains(const std::string& key) {
 
 std::string FileStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   const std::string name = file_name(key);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = detail::deadline_after(timeout);
   for (;;) {
     std::string value;
     if (try_read(key, name, value)) return value;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 
 namespace symmpool {
 
@@ -161,6 +162,7 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
   std::vector<pid_t> peer_pids;
   peer_socket_.resize(static_cast<std::size_t>(world_));
   peer_secret_.resize(static_cast<std::size_t>(world_));
+  peer_pid_.resize(static_cast<std::size_t>(world_));
   for (int r = 0; r < world_; ++r) {
     hellos.push_back(split_words(all[static_cast<std::size_t>(r)]));
     // The hello carries a secret: name the bad field, never print the text.
@@ -169,7 +171,8 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
                                       " sent a malformed hello: " + bad + " (another symmpool version?)");
     peer_socket_[static_cast<std::size_t>(r)] = hellos.back()[3];
     peer_secret_[static_cast<std::size_t>(r)] = hellos.back()[4];
-    if (r != rank_) peer_pids.push_back(static_cast<pid_t>(std::stol(hellos.back()[5])));
+    peer_pid_[static_cast<std::size_t>(r)] = static_cast<pid_t>(std::stol(hellos.back()[5]));
+    if (r != rank_) peer_pids.push_back(peer_pid_[static_cast<std::size_t>(r)]);
   }
   server_->allow_pids(std::move(peer_pids));
   // Nodes first: PCI addresses repeat across nodes.
@@ -266,8 +269,9 @@ void SymmetricHeap::mark_published() {
 }
 
 void SymmetricHeap::map_peer(int peer, const Piece& piece) {
-  int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)],
-                    peer_secret_[static_cast<std::size_t>(peer)], piece.id, options_.timeout);
+  int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)], peer_pid_[static_cast<std::size_t>(peer)],
+                    peer_secret_[static_cast<std::size_t>(peer)], piece.id, options_.timeout,
+                    IfNobodyListens::kPeerGone);  // its server was up before its hello
   Piece mapped = piece;
   CUresult r = drv_.cuMemImportFromShareableHandle(&mapped.handle,
                                                    reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
@@ -295,8 +299,10 @@ void SymmetricHeap::map_peer(int peer, const Piece& piece) {
 }
 
 // map_peer, its errors prefixed with the heap, this rank, the peer and the
-// segment (the channel's and the driver's own texts name none of them), of
-// the same type, so callers tell timeouts from driver failures as before.
+// segment (the channel's and the driver's own texts name none of them).
+// Timeouts and driver errors keep their type; the channel's refusals (another
+// process on the socket, an id the peer does not serve) are not bad input
+// from the caller, so they become runtime errors: the communicator fails.
 void SymmetricHeap::map_peer_naming_it(int peer, const Piece& piece) {
   const auto context = [&] {
     return "symmetric heap '" + group_ + "' rank " + std::to_string(rank_) + ": mapping rank " +
@@ -309,8 +315,8 @@ void SymmetricHeap::map_peer_naming_it(int peer, const Piece& piece) {
     throw timeout_error(context() + e.what());
   } catch (const cuda_error& e) {
     throw cuda_error(context() + e.what(), e.code());
-  } catch (const logic_error& e) {
-    throw logic_error(context() + e.what());
+  } catch (const std::exception& e) {  // logic_error and runtime_error from the channel
+    throw std::runtime_error(context() + e.what());
   }
 }
 

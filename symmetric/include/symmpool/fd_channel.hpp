@@ -12,7 +12,9 @@
 //  - the socket name is random, so it neither collides nor can be guessed.
 // Every socket operation has a deadline: a silent or malformed client is
 // dropped after io_timeout without delaying the others, and the destructor
-// returns promptly whatever the clients do.
+// returns promptly whatever the clients do. In a fork()ed child, destroying
+// the inherited copy only closes the child's descriptors: the owner's server
+// keeps serving.
 //
 // Wire format (fixed size, anything else is refused):
 //   request: 8-byte magic "SYMMPFD" + version byte (1), the secret as
@@ -76,6 +78,7 @@ class FdServer {
   std::function<int(std::uint64_t)> export_fd_;
   std::chrono::milliseconds io_timeout_;
   uid_t uid_;
+  pid_t owner_pid_;  // a fork()ed child's copy neither stops nor joins the server
   mutable std::mutex allowed_mutex_;
   std::vector<pid_t> allowed_pids_;                       // sorted
   std::chrono::steady_clock::time_point accept_after_{};  // EMFILE back-off (server thread)
@@ -85,12 +88,23 @@ class FdServer {
   std::thread thread_;
 };
 
-// Asks the server `name` for descriptor `id`, presenting `secret`; the whole
-// exchange (connect, retried while nobody listens yet, request, reply) ends
-// by `timeout` (under 1 ms counts as 1 ms). Throws timeout_error naming the
-// socket and id when nobody answered in time, logic_error when the server
-// refused us or has no such id.
-int fetch_fd(const std::string& name, const std::string& secret, std::uint64_t id,
-             std::chrono::milliseconds timeout);
+// What fetch_fd makes of a name nobody listens on (ECONNREFUSED, ENOENT).
+enum class IfNobodyListens {
+  kRetry,     // the server may not be up yet: retry until the timeout
+  kPeerGone,  // it was up (bound before its name was published), so it is gone: fail at once
+};
+
+// Asks the server `name`, run by process `server_pid` under this process's
+// effective uid, for descriptor `id`, presenting `secret`; the whole exchange
+// (connect, request, reply) ends by `timeout` (under 1 ms counts as 1 ms).
+// Anyone can bind an abstract name that is free (say, its server gone), so
+// before sending anything fetch_fd checks who listens (SO_PEERCRED): another
+// uid or pid gets neither the secret nor the chance to hand us a descriptor.
+// Throws timeout_error naming the socket and id when nobody answered in time;
+// logic_error when the socket is not `server_pid`'s, or the server refused us
+// or has no such id; runtime_error at once when nobody listens and
+// `if_nobody_listens` is kPeerGone.
+int fetch_fd(const std::string& name, pid_t server_pid, const std::string& secret, std::uint64_t id,
+             std::chrono::milliseconds timeout, IfNobodyListens if_nobody_listens = IfNobodyListens::kRetry);
 
 }  // namespace symmpool

@@ -148,6 +148,7 @@ class SymmetricHeap final : public SegmentObserver {
   std::vector<std::map<std::size_t, Piece>> peer_pieces_;  // by offset
   std::vector<std::string> peer_socket_;
   std::vector<std::string> peer_secret_;  // each peer's FdServer secret
+  std::vector<pid_t> peer_pid_;           // each peer's pid: its FdServer's, checked on fetch
   std::unique_ptr<FdServer> server_;
   bool observing_ = false;
 };

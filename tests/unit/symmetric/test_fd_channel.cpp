@@ -1,6 +1,7 @@
 // The descriptor channel serves only its group, and nothing a client does
-// (or fails to do) stalls it: SO_PEERCRED uid and pid checks, the secret,
-// the wire format, and a deadline on every socket operation. Time limits are
+// (or fails to do) stalls it: SO_PEERCRED uid and pid checks (by the server,
+// and by the client of whoever listens), the secret, the wire format, and a
+// deadline on every socket operation. Time limits are
 // generous upper bounds; nothing asserts that something takes long.
 
 #include "fake_fixture.hpp"
@@ -22,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -30,6 +32,7 @@
 #include <ctime>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -145,9 +148,9 @@ int wait_child(pid_t pid) {
 
 // In a child: 0 when fetching id 7 was refused, 10 when it was served,
 // 20 + something else.
-int fetch_outcome(const std::string& name, const std::string& secret) {
+int fetch_outcome(const std::string& name, pid_t server_pid, const std::string& secret) {
   try {
-    ::close(fetch_fd(name, secret, 7, milliseconds(2000)));
+    ::close(fetch_fd(name, server_pid, secret, 7, milliseconds(2000)));
     return 10;
   } catch (const logic_error& e) {
     return std::strstr(e.what(), "refused") ? 0 : 21;
@@ -157,7 +160,9 @@ int fetch_outcome(const std::string& name, const std::string& secret) {
 }
 
 // Forks a child that (after dropping to uid 65534 if asked) waits until the
-// parent allowed its pid, then fetches id 7 with the right secret.
+// parent allowed its pid, then asks for id 7 with the right secret, by hand:
+// fetch_fd would refuse a server of another uid before the server could.
+// 0 when refused, 10 when served, 20 otherwise.
 int allowed_child_outcome(FdServer& server, bool drop_uid) {
   int go[2];
   if (::pipe(go) != 0) return -1;
@@ -167,13 +172,76 @@ int allowed_child_outcome(FdServer& server, bool drop_uid) {
     if (drop_uid && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(30);
     char byte = 0;
     if (::read(go[0], &byte, 1) != 1) ::_exit(31);
-    ::_exit(fetch_outcome(server.name(), server.secret()));
+    const int status = raw_exchange(server.name(), request(server.secret(), 7), false, milliseconds(2000));
+    ::_exit(status == kOk ? 10 : status == kRefused ? 0 : 20);
   }
   ::close(go[0]);
   server.allow_pids({::getpid(), pid});
   (void)::write(go[1], "x", 1);
   ::close(go[1]);
   return wait_child(pid);
+}
+
+// Sends status ok with `fd` attached, as a server would.
+void send_ok_with(int conn, int fd) {
+  char status = kOk;
+  iovec iov{&status, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  (void)::sendmsg(conn, &msg, MSG_NOSIGNAL);
+}
+
+// Forks an impostor: a child (of uid 65534 if asked) that binds `name`, as
+// anyone may once the real server is gone, reads what its first client
+// sends, and answers ok with a memfd holding "impostor". Returns once the name
+// is bound. Its exit code: the request bytes it got (at most 100), or 101+
+// when its setup failed.
+pid_t start_impostor(const std::string& name, bool drop_uid) {
+  int ready[2];
+  if (::pipe(ready) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(ready[0]);
+    if (drop_uid && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(101);
+    const int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    socklen_t len = 0;
+    sockaddr_un addr = address_of(name, &len);
+    if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(listener, 8) != 0)
+      ::_exit(102);
+    (void)::write(ready[1], "x", 1);
+    pollfd p{listener, POLLIN, 0};
+    const int conn = ::poll(&p, 1, 5000) == 1 ? ::accept(listener, nullptr, nullptr) : -1;
+    if (conn < 0) ::_exit(103);
+    std::string got;
+    char buf[256];
+    for (pollfd q{conn, POLLIN, 0}; got.size() < request("", 0).size() + FdServer::kSecretHexChars;) {
+      const ssize_t n = ::poll(&q, 1, 1000) == 1 ? ::recv(conn, buf, sizeof buf, 0) : 0;
+      if (n <= 0) break;
+      got.append(buf, static_cast<std::size_t>(n));
+    }
+    const int memfd = ::memfd_create("impostor", MFD_CLOEXEC);
+    if (memfd < 0 || ::write(memfd, "impostor", 8) != 8) ::_exit(104);
+    send_ok_with(conn, memfd);
+    ::_exit(static_cast<int>(std::min<std::size_t>(got.size(), 100)));
+  }
+  ::close(ready[1]);
+  char byte = 0;
+  if (pid > 0 && ::read(ready[0], &byte, 1) != 1) {  // the child failed before binding
+    ::close(ready[0]);
+    wait_child(pid);
+    return -1;
+  }
+  ::close(ready[0]);
+  return pid;
 }
 
 }  // namespace
@@ -201,9 +269,10 @@ TEST(FdChannel, NamesAndSecretsAreRandom) {
 TEST(FdChannel, AnAllowedPidWithTheSecretGetsTheDescriptor) {
   FdServer server(export_text("payload"));
   server.allow_pids({::getpid()});
-  EXPECT_EQ(read_back(fetch_fd(server.name(), server.secret(), 7, milliseconds(2000))), "payload");
+  EXPECT_EQ(read_back(fetch_fd(server.name(), ::getpid(), server.secret(), 7, milliseconds(2000))),
+            "payload");
   try {
-    fetch_fd(server.name(), server.secret(), 8, milliseconds(2000));
+    fetch_fd(server.name(), ::getpid(), server.secret(), 8, milliseconds(2000));
     FAIL() << "id 8 served";
   } catch (const logic_error& e) {
     const std::string what = e.what();
@@ -215,14 +284,14 @@ TEST(FdChannel, AnAllowedPidWithTheSecretGetsTheDescriptor) {
 
 TEST(FdChannel, NobodyIsServedBeforeAllowPids) {
   FdServer server(export_text("payload"));
-  EXPECT_EQ(fetch_outcome(server.name(), server.secret()), 0);
+  EXPECT_EQ(fetch_outcome(server.name(), ::getpid(), server.secret()), 0);
 }
 
 TEST(FdChannel, AWrongSecretIsRefused) {
   FdServer server(export_text("payload"));
   server.allow_pids({::getpid()});
   try {
-    fetch_fd(server.name(), random_token(FdServer::kSecretBytes), 7, milliseconds(2000));
+    fetch_fd(server.name(), ::getpid(), random_token(FdServer::kSecretBytes), 7, milliseconds(2000));
     FAIL() << "served with a wrong secret";
   } catch (const logic_error& e) {
     const std::string what = e.what();
@@ -231,14 +300,15 @@ TEST(FdChannel, AWrongSecretIsRefused) {
     EXPECT_NE(what.find("id 7"), std::string::npos) << what;
   }
   // A secret of the wrong length never leaves the client.
-  EXPECT_THROW(fetch_fd(server.name(), "abc", 7, milliseconds(2000)), logic_error);
+  EXPECT_THROW(fetch_fd(server.name(), ::getpid(), "abc", 7, milliseconds(2000)), logic_error);
 }
 
 TEST(FdChannel, APidOutsideTheAllowedSetIsRefused) {
   FdServer server(export_text("payload"));
-  server.allow_pids({::getpid()});  // not the child's
+  const pid_t parent = ::getpid();
+  server.allow_pids({parent});  // not the child's
   const pid_t child = ::fork();
-  if (child == 0) ::_exit(fetch_outcome(server.name(), server.secret()));
+  if (child == 0) ::_exit(fetch_outcome(server.name(), parent, server.secret()));
   ASSERT_GT(child, 0);
   EXPECT_EQ(wait_child(child), 0) << "a forked child outside the allowed pids was not refused";
 }
@@ -252,6 +322,72 @@ TEST(FdChannel, AnotherUidIsRefusedEvenWithAnAllowedPidAndTheSecret) {
   EXPECT_EQ(allowed_child_outcome(server, /*drop_uid=*/true), 0) << "uid 65534 was not refused";
 }
 
+// The server's name is free once it is gone, and anyone may bind it. A
+// socket of another uid, even at the expected pid, gets no secret and
+// serves us nothing.
+TEST(FdChannel, ASocketOfAnotherUidGetsNoSecretAndServesNothing) {
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "needs root to run a child as uid 65534 (the tests run as root in CI)";
+  const std::string name = "symmpool-" + random_token(16);
+  const pid_t impostor = start_impostor(name, /*drop_uid=*/true);
+  ASSERT_GT(impostor, 0);
+  try {
+    const int fd = fetch_fd(name, impostor, random_token(FdServer::kSecretBytes), 7, milliseconds(2000));
+    ADD_FAILURE() << "imported '" << read_back(fd) << "' from a socket of uid 65534";
+  } catch (const logic_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("@" + name), std::string::npos) << what;
+    EXPECT_NE(what.find("uid 65534 pid " + std::to_string(impostor)), std::string::npos) << what;
+    EXPECT_NE(what.find("uid 0 pid " + std::to_string(impostor)), std::string::npos) << what;
+  }
+  EXPECT_EQ(wait_child(impostor), 0) << "request bytes (the secret) reached the impostor";
+}
+
+// Same uid, another process than the peer we mean: refused alike.
+TEST(FdChannel, ASocketOfAnotherPidGetsNoSecretAndServesNothing) {
+  const std::string name = "symmpool-" + random_token(16);
+  const pid_t impostor = start_impostor(name, /*drop_uid=*/false);
+  ASSERT_GT(impostor, 0);
+  const std::string uid = "uid " + std::to_string(::geteuid());
+  try {
+    const int fd = fetch_fd(name, ::getpid(), random_token(FdServer::kSecretBytes), 7, milliseconds(2000));
+    ADD_FAILURE() << "imported '" << read_back(fd) << "' from pid " << impostor << ", not the expected "
+                  << ::getpid();
+  } catch (const logic_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("@" + name), std::string::npos) << what;
+    EXPECT_NE(what.find(uid + " pid " + std::to_string(impostor)), std::string::npos) << what;
+    EXPECT_NE(what.find(uid + " pid " + std::to_string(::getpid())), std::string::npos) << what;
+  }
+  EXPECT_EQ(wait_child(impostor), 0) << "request bytes (the secret) reached the impostor";
+
+  // Control: at the expected pid, the same impostor serves and gets the request.
+  const std::string name2 = "symmpool-" + random_token(16);
+  const pid_t expected = start_impostor(name2, /*drop_uid=*/false);
+  ASSERT_GT(expected, 0);
+  EXPECT_EQ(read_back(fetch_fd(name2, expected, random_token(FdServer::kSecretBytes), 7, milliseconds(2000))),
+            "impostor");
+  EXPECT_EQ(wait_child(expected), static_cast<int>(request("", 0).size() + FdServer::kSecretHexChars));
+}
+
+// A fork()ed child shares the server's wake pipe and holds a copy of its
+// thread (one that does not run in the child). Destroying that copy must
+// neither stop the parent's server nor hang or abort the child.
+TEST(FdChannel, AForkedChildDestroyingItsCopyLeavesTheServerServing) {
+  auto server = std::make_unique<FdServer>(export_text("payload"));
+  server->allow_pids({::getpid()});
+  const pid_t child = ::fork();
+  if (child == 0) {
+    server.reset();
+    ::_exit(0);
+  }
+  ASSERT_GT(child, 0);
+  EXPECT_EQ(wait_child(child), 0) << "the child's destructor hung or aborted";
+  std::this_thread::sleep_for(milliseconds(50));  // time for a woken server to stop, were it to
+  EXPECT_EQ(read_back(fetch_fd(server->name(), ::getpid(), server->secret(), 7, milliseconds(2000))),
+            "payload");
+}
+
 TEST(FdChannel, ASilentClientDoesNotDelayOthers) {
   FdServer server(export_text("payload"), FdServerOptions{std::chrono::seconds(30)});
   server.allow_pids({::getpid()});
@@ -259,7 +395,8 @@ TEST(FdChannel, ASilentClientDoesNotDelayOthers) {
   ASSERT_GE(silent, 0);
   std::this_thread::sleep_for(milliseconds(50));  // accepted by now
   const auto start = Clock::now();
-  EXPECT_EQ(read_back(fetch_fd(server.name(), server.secret(), 7, milliseconds(5000))), "payload");
+  EXPECT_EQ(read_back(fetch_fd(server.name(), ::getpid(), server.secret(), 7, milliseconds(5000))),
+            "payload");
   EXPECT_LT(ms_since(start), 2000);
   ::close(silent);
 }
@@ -285,7 +422,8 @@ TEST(FdChannel, ManySilentClientsNeitherHangTheServerNorItsDestructor) {
     if (int fd = raw_connect(server->name(), /*nonblocking=*/true); fd >= 0) silent.push_back(fd);
   ASSERT_GE(silent.size(), 64u);
   auto start = Clock::now();
-  EXPECT_EQ(read_back(fetch_fd(server->name(), server->secret(), 7, milliseconds(10000))), "payload");
+  EXPECT_EQ(read_back(fetch_fd(server->name(), ::getpid(), server->secret(), 7, milliseconds(10000))),
+            "payload");
   EXPECT_LT(ms_since(start), 8000);
   for (int i = 0; i < 150; ++i)
     if (int fd = raw_connect(server->name(), /*nonblocking=*/true); fd >= 0) silent.push_back(fd);
@@ -326,14 +464,15 @@ TEST(FdChannel, MalformedRequestsAreRefusedWithinTheDeadline) {
   EXPECT_EQ(raw_exchange(server.name(), "", true, wait), kRefused) << "empty";
   EXPECT_LT(ms_since(start), 8000);
   // And the server still serves.
-  EXPECT_EQ(read_back(fetch_fd(server.name(), server.secret(), 7, milliseconds(2000))), "payload");
+  EXPECT_EQ(read_back(fetch_fd(server.name(), ::getpid(), server.secret(), 7, milliseconds(2000))),
+            "payload");
 }
 
 TEST(FdChannel, FetchingFromNobodyTimesOutNamingTheSocketAndId) {
   const std::string name = "symmpool-" + random_token(16);
   const auto start = Clock::now();
   try {
-    fetch_fd(name, random_token(FdServer::kSecretBytes), 42, milliseconds(200));
+    fetch_fd(name, ::getpid(), random_token(FdServer::kSecretBytes), 42, milliseconds(200));
     FAIL() << "fetched from nobody";
   } catch (const timeout_error& e) {
     const std::string what = e.what();
@@ -341,6 +480,43 @@ TEST(FdChannel, FetchingFromNobodyTimesOutNamingTheSocketAndId) {
     EXPECT_NE(what.find("id 42"), std::string::npos) << what;
   }
   EXPECT_LT(ms_since(start), 1500);
+}
+
+// In the heap a peer binds its socket before it publishes the name, so
+// nobody listening there means the peer is gone: waiting cannot help.
+TEST(FdChannel, NobodyListeningFailsAtOnceWhenThePeerWasUp) {
+  const std::string name = "symmpool-" + random_token(16);
+  const auto start = Clock::now();
+  try {
+    fetch_fd(name, ::getpid(), random_token(FdServer::kSecretBytes), 42, milliseconds(5000),
+             IfNobodyListens::kPeerGone);
+    FAIL() << "fetched from nobody";
+  } catch (const timeout_error& e) {
+    ADD_FAILURE() << "waited for the timeout: " << e.what();
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("@" + name), std::string::npos) << what;
+    EXPECT_NE(what.find("id 42"), std::string::npos) << what;
+    EXPECT_NE(what.find("nobody listens"), std::string::npos) << what;
+  }
+  EXPECT_LT(ms_since(start), 1000);
+}
+
+// The largest timeout means no limit, not a deadline that wraps into the
+// past. The answer takes a while, so a deadline already past would show.
+TEST(FdChannel, TheLargestTimeoutWaitsForTheAnswer) {
+  FdServer server([](std::uint64_t id) {
+    std::this_thread::sleep_for(milliseconds(50));
+    return export_text("slow")(id);
+  });
+  server.allow_pids({::getpid()});
+  EXPECT_EQ(read_back(fetch_fd(server.name(), ::getpid(), server.secret(), 7, milliseconds::max())), "slow");
+
+  // And a server's io timeout: its clients' deadlines must not be past.
+  FdServer patient(export_text("payload"), FdServerOptions{milliseconds::max()});
+  patient.allow_pids({::getpid()});
+  EXPECT_EQ(read_back(fetch_fd(patient.name(), ::getpid(), patient.secret(), 7, milliseconds(2000))),
+            "payload");
 }
 
 // A socket that listens but never accepts: connect and send succeed, no
@@ -354,10 +530,10 @@ TEST(FdChannel, AZeroTimeoutDoesNotWaitForever) {
   ASSERT_EQ(::listen(mute, 8), 0);
   const std::string secret = random_token(FdServer::kSecretBytes);
   auto start = Clock::now();
-  EXPECT_THROW(fetch_fd(name, secret, 1, milliseconds(0)), timeout_error);
+  EXPECT_THROW(fetch_fd(name, ::getpid(), secret, 1, milliseconds(0)), timeout_error);
   EXPECT_LT(ms_since(start), 1000);
   start = Clock::now();
-  EXPECT_THROW(fetch_fd(name, secret, 1, milliseconds(100)), timeout_error);
+  EXPECT_THROW(fetch_fd(name, ::getpid(), secret, 1, milliseconds(100)), timeout_error);
   EXPECT_LT(ms_since(start), 1500);
   ::close(mute);
 
@@ -494,13 +670,14 @@ TEST(SymmetricHeapChannel, OnlyPublishedSegmentsAreServed) {
     }
     // Rank 0 erases its hello only after this rank's second sync-round key.
     const auto hello = words_of(store.get("symmpool/pub/0/round/0/0", std::chrono::seconds(5)));
-    if (hello.size() != 7) return 2;  // "hello" + 6 fields
+    if (hello.size() != 7) return 2;  // "hello" + 6 fields, the last rank 0's pid
     heap.sync();
     store.get("test/ready", std::chrono::seconds(20));
     std::size_t served = 0;
     for (std::uint64_t id = 0; id < 64; ++id) {
       try {
-        ::close(fetch_fd(hello[4], hello[5], id, milliseconds(2000)));
+        ::close(
+            fetch_fd(hello[4], static_cast<pid_t>(std::stol(hello[6])), hello[5], id, milliseconds(2000)));
         ++served;
       } catch (const logic_error&) {  // no such descriptor
       }

@@ -15,6 +15,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 
 namespace symmpool {
 
@@ -73,6 +74,25 @@ TEST(FileStore, GetTimesOutNamingTheKey) {
   } catch (const timeout_error& e) {
     EXPECT_NE(std::string(e.what()).find("'missing'"), std::string::npos);
   }
+}
+
+// The largest timeout means no limit, not a deadline that wraps into the
+// past (it timed out at once).
+TEST(FileStore, GetWithTheLargestTimeoutWaitsForTheKey) {
+  TempStoreDir dir;
+  FileStore store(dir.path());
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    store.set("late", "value");
+  });
+  std::string value;
+  try {
+    value = store.get("late", std::chrono::milliseconds::max());
+  } catch (const timeout_error& e) {
+    ADD_FAILURE() << e.what();
+  }
+  setter.join();
+  EXPECT_EQ(value, "value");
 }
 
 // The incident: a link planted at the temp name (or the key) made set
