@@ -1,5 +1,7 @@
 #include "symm_work.hpp"
 
+#include <symmpool/detail/deadline.hpp>
+
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/cuda/CUDAEventCache.hpp>
@@ -41,8 +43,11 @@ c10::intrusive_ptr<c10::ivalue::Future> SymmWork::getFuture() {
   return future_;
 }
 
+// DistBackendError, as ProcessGroupNCCL raises: a plain c10::Error thrown
+// from wait() under TORCH_NCCL_BLOCKING_WAIT crashed the process (SIGSEGV,
+// torch 2.11 on an H100) where these two raised.
 void SymmWork::raise_if_failed() const {
-  if (failure_ && failure_->failed()) TORCH_CHECK(false, failure_->message());
+  if (failure_ && failure_->failed()) C10_THROW_ERROR(DistBackendError, failure_->message());
 }
 
 bool SymmWork::isCompleted() { return (failure_ && failure_->failed()) || done_->query(); }
@@ -64,10 +69,12 @@ bool SymmWork::wait(std::chrono::milliseconds timeout) {
   if (blocking_wait_) {
     // The host waits for the collective's end or its failure, as NCCL's
     // blocking wait does; the communicator's own timeout bounds it too.
-    const auto start = std::chrono::steady_clock::now();
+    // Saturated: a huge timeout (timedelta.max) must not wrap into the past.
+    const auto deadline = detail::deadline_after(timeout);
     while (!done_->query() && !(failure_ && failure_->failed())) {
-      if (timeout != ::kNoTimeout && std::chrono::steady_clock::now() - start > timeout)
-        TORCH_CHECK(false, "symm: work #", sequence_, " did not finish within ", timeout.count(), " ms");
+      if (timeout != ::kNoTimeout && std::chrono::steady_clock::now() > deadline)
+        C10_THROW_ERROR(DistBackendError, c10::str("symm: work #", sequence_, " did not finish within ",
+                                                   timeout.count(), " ms"));
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     raise_if_failed();

@@ -247,6 +247,37 @@ def fsdp2_loss_parity(rank: int, world: int, steps: int, collectives: str, repli
     assert rc == 0, "FSDP2 on symm did not match stock NCCL (see the table above)"
 
 
+def blocking_wait_times_out_and_waits(rank: int, world: int) -> None:
+    """Under TORCH_NCCL_BLOCKING_WAIT, on a collective still queued behind a
+    long kernel: wait(1 ms) raises DistBackendError naming the work (it
+    crashed the process with SIGSEGV), and wait(a million days) waits for it
+    (the timeout overflowed into the past and raised at once)."""
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+    os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    import symmpool
+
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+    backend = dist.group.WORLD._get_backend(device)
+    x = backend.allocate_tensor(1024, dtype=torch.float32, device=device)
+    x.fill_(1.0)
+    dist.all_reduce(x)  # forms the heap
+    torch.cuda.synchronize()
+    before = symmpool.memory_stats(device)["symm_collectives"]
+    torch.cuda._sleep(200_000_000)  # about 0.1 s: the collective is still queued at wait()
+    work = dist.all_reduce(x, async_op=True)
+    assert symmpool.memory_stats(device)["symm_collectives"] == before + 1, "the call did not run on symmpool"
+    try:
+        work.wait(timeout=datetime.timedelta(milliseconds=1))
+    except dist.DistBackendError as e:
+        assert "did not finish within 1 ms" in str(e), str(e)
+    else:
+        raise AssertionError("wait(1 ms) on a queued collective returned")
+    work.wait(timeout=datetime.timedelta(days=10**6))
+    assert torch.equal(x, torch.full_like(x, float(world * world))), x[:4]
+    dist.destroy_process_group()
+
+
 def a_heap_that_did_not_form_stays_failed(rank: int, world: int) -> None:
     """Rank 1 never makes a collective: rank 0's first one gives up forming
     the heap after the group's 5 s timeout, and its next call raises the same

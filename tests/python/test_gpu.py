@@ -95,6 +95,11 @@ def test_a_group_spanning_nodes_runs_on_nccl():
     run_workers(dist_group_layouts.a_group_spanning_nodes_runs_on_nccl, gpu_count(), timeout=200)
 
 
+@needs_gpu
+def test_blocking_wait_times_out_and_waits():
+    run_workers(dist_workers.blocking_wait_times_out_and_waits, gpu_count(), timeout=120)
+
+
 @needs_two
 def test_a_heap_that_did_not_form_stays_failed():
     run_workers(dist_workers.a_heap_that_did_not_form_stays_failed, gpu_count(), timeout=120)
