@@ -88,26 +88,35 @@ int raw_connect(const std::string& name, bool nonblocking = false) {
   return fd;
 }
 
+// One status byte with room for one descriptor, as the channel's replies.
+struct StatusMessage {
+  char status = 0;
+  iovec iov{&status, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  StatusMessage() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  StatusMessage(const StatusMessage&) = delete;  // msg points into it
+  StatusMessage& operator=(const StatusMessage&) = delete;
+};
+
 // The reply's status byte (any descriptor closed), or -1 when none came
 // within `wait` (the server closed without a word, or said nothing).
 int read_status(int conn, milliseconds wait) {
   pollfd p{conn, POLLIN, 0};
   if (::poll(&p, 1, static_cast<int>(wait.count())) != 1) return -1;
-  char status = 0;
-  iovec iov{&status, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  if (::recvmsg(conn, &msg, MSG_CMSG_CLOEXEC) != 1) return -1;
-  if (cmsghdr* c = CMSG_FIRSTHDR(&msg); c && c->cmsg_type == SCM_RIGHTS) {
+  StatusMessage reply;
+  if (::recvmsg(conn, &reply.msg, MSG_CMSG_CLOEXEC) != 1) return -1;
+  if (cmsghdr* c = CMSG_FIRSTHDR(&reply.msg); c && c->cmsg_type == SCM_RIGHTS) {
     int fd = -1;
     std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
     ::close(fd);
   }
-  return status;
+  return reply.status;
 }
 
 // The wire format, spelled out independently of the library.
@@ -184,20 +193,14 @@ int allowed_child_outcome(FdServer& server, bool drop_uid) {
 
 // Sends status ok with `fd` attached, as a server would.
 void send_ok_with(int conn, int fd) {
-  char status = kOk;
-  iovec iov{&status, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  StatusMessage reply;
+  reply.status = kOk;
+  cmsghdr* c = CMSG_FIRSTHDR(&reply.msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  (void)::sendmsg(conn, &msg, MSG_NOSIGNAL);
+  (void)::sendmsg(conn, &reply.msg, MSG_NOSIGNAL);
 }
 
 // Forks an impostor: a child (of uid 65534 if asked) that binds `name`, as
