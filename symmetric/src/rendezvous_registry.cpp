@@ -31,7 +31,8 @@ std::string RendezvousRegistry::why_not_covered(const void* ptr, std::size_t byt
   const auto start = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard<std::mutex> lock(mutex_);
   bool freed = false;
-  for (auto it = ranges_.begin(); it != ranges_.upper_bound(start); ++it) {
+  const auto past_start = ranges_.upper_bound(start);  // ranges that begin at or before `ptr`
+  for (auto it = ranges_.begin(); it != past_start; ++it) {
     if (it->first + it->second.bytes < start + bytes) continue;
     if (still_allocated(it->first, it->second)) return {};
     freed = true;

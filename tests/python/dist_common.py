@@ -22,6 +22,18 @@ def poisoned(backend, n: int, dtype, device):
 
 
 # SYMMPOOL_COLLECTIVES for a test's `collectives` mode: "table" is the default (unset).
+def expect_error(kind, texts, call, what: str) -> None:
+    """`call()` raises `kind` whose message holds `texts` (a string or several);
+    else AssertionError(`what`)."""
+    try:
+        call()
+    except kind as e:
+        for text in [texts] if isinstance(texts, str) else texts:
+            assert text in str(e), str(e)
+    else:
+        raise AssertionError(what)
+
+
 def set_collectives_mode(collectives: str) -> None:
     if collectives == "table":
         os.environ.pop("SYMMPOOL_COLLECTIVES", None)

@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_common import init_group
+from dist_common import expect_error, init_group
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
@@ -247,16 +247,6 @@ def fused_ops_fall_back_where_symmpool_cannot_serve(rank: int, world: int) -> No
     dist.destroy_process_group()
 
 
-def _expect_error(kind, text: str, call, what: str) -> None:
-    """`call()` raises `kind` with `text` in its message; else AssertionError(`what`)."""
-    try:
-        call()
-    except kind as e:
-        assert text in str(e), str(e)
-    else:
-        raise AssertionError(what)
-
-
 def peer_memory_api(rank: int, world: int) -> None:
     """rendezvous, peer_tensor, barrier, and signal/wait ping-pong: each rank
     reads its peers' buffers through views; a plain tensor is refused on
@@ -270,7 +260,7 @@ def peer_memory_api(rank: int, world: int) -> None:
     with torch.cuda.use_mem_pool(pool):
         mine = torch.empty(n, dtype=torch.float32, device=device)
     mine.fill_(float(rank + 1))
-    _expect_error(RuntimeError, "rendezvous", lambda: symmpool.peer_tensor(mine, (rank + 1) % world),
+    expect_error(RuntimeError, "rendezvous", lambda: symmpool.peer_tensor(mine, (rank + 1) % world),
                   "peer_tensor before rendezvous gave a view")
     symmpool.rendezvous(mine, group)
     symmpool.barrier(group)  # every rank filled its buffer
@@ -309,14 +299,14 @@ def peer_memory_api(rank: int, world: int) -> None:
     with torch.cuda.use_mem_pool(pool):
         again = torch.empty(n, dtype=torch.float32, device=device)
     assert again.data_ptr() == address, "the pool did not reuse the block; the check below would prove nothing"
-    _expect_error(RuntimeError, "did not go through rendezvous",
+    expect_error(RuntimeError, "did not go through rendezvous",
                   lambda: symmpool.peer_tensor(again, (rank + 1) % world),
                   "peer_tensor of a new tensor at a rendezvoused address gave a view")
     symmpool.rendezvous(again, group)
     symmpool.peer_tensor(again[1:], (rank + 1) % world)  # a view of a rendezvoused storage counts
 
     plain = torch.empty(n, device=device)  # torch's own memory: not symmetric on any rank
-    _expect_error(ValueError, "not symmetric", lambda: symmpool.rendezvous(plain, group),
+    expect_error(ValueError, "not symmetric", lambda: symmpool.rendezvous(plain, group),
                   "a plain tensor passed rendezvous")
     counts = symmpool.peer_memory_counts()
     assert counts["rendezvous"] == 3 and counts["peer_tensor"] >= world, counts

@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_common import init_group, poisoned, set_collectives_mode
+from dist_common import expect_error, init_group, poisoned, set_collectives_mode
 
 
 def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
@@ -267,12 +267,9 @@ def blocking_wait_times_out_and_waits(rank: int, world: int) -> None:
     torch.cuda._sleep(200_000_000)  # about 0.1 s: the collective is still queued at wait()
     work = dist.all_reduce(x, async_op=True)
     assert symmpool.memory_stats(device)["symm_collectives"] == before + 1, "the call did not run on symmpool"
-    try:
-        work.wait(timeout=datetime.timedelta(milliseconds=1))
-    except dist.DistBackendError as e:
-        assert "did not finish within 1 ms" in str(e), str(e)
-    else:
-        raise AssertionError("wait(1 ms) on a queued collective returned")
+    expect_error(dist.DistBackendError, "did not finish within 1 ms",
+                 lambda: work.wait(timeout=datetime.timedelta(milliseconds=1)),
+                 "wait(1 ms) on a queued collective returned")
     work.wait(timeout=datetime.timedelta(days=10**6))
     assert torch.equal(x, torch.full_like(x, float(world * world))), x[:4]
     dist.destroy_process_group()
@@ -301,12 +298,9 @@ def a_heap_that_did_not_form_stays_failed(rank: int, world: int) -> None:
             raise AssertionError("the heap formed without rank 1")
         assert time.monotonic() - start >= 4.0, first
         start = time.monotonic()
-        try:
-            dist.all_gather_into_tensor(out, inp)
-        except RuntimeError as e:
-            assert "did not form" in str(e) and "rank 1 never arrived" in str(e), str(e)
-        else:
-            raise AssertionError("a collective after a heap that did not form raised nothing")
+        expect_error(RuntimeError, ("did not form", "rank 1 never arrived"),
+                     lambda: dist.all_gather_into_tensor(out, inp),
+                     "a collective after a heap that did not form raised nothing")
         assert time.monotonic() - start < 1.0, "the second call tried to form the heap again"
         print(f"[rank 0] first failure: {first.splitlines()[0][:200]}", flush=True)
     else:
@@ -339,12 +333,9 @@ def late_peer_times_out_with_the_group_timeout(rank: int, world: int) -> None:
         # A fused kernel meets its peers twice; once its first meeting gave
         # up, the second must not wait another 5 s.
         assert 4.0 <= waited < 7.5, f"the barrier gave up after {waited:.1f} s, expected about 5 s"
-        try:
-            dist.all_gather_into_tensor(out, inp)
-        except RuntimeError as e:
-            assert "did not arrive within 5 s" in str(e) and "all_gather #" in str(e), str(e)
-        else:
-            raise AssertionError("a collective after a timed-out barrier raised nothing")
+        expect_error(RuntimeError, ("did not arrive within 5 s", "all_gather #"),
+                     lambda: dist.all_gather_into_tensor(out, inp),
+                     "a collective after a timed-out barrier raised nothing")
     else:
         time.sleep(12)  # late past the timeout; teardown is not collective
     dist.destroy_process_group()
