@@ -43,9 +43,9 @@ c10::intrusive_ptr<c10::ivalue::Future> SymmWork::getFuture() {
   return future_;
 }
 
-// DistBackendError, as ProcessGroupNCCL raises: a plain c10::Error thrown
-// from wait() under TORCH_NCCL_BLOCKING_WAIT crashed the process (SIGSEGV,
-// torch 2.11 on an H100) where these two raised.
+// DistBackendError, as ProcessGroupNCCL raises. (The SIGSEGV once seen on
+// wait()'s timeout came from writing its numbers with a private copy of
+// libstdc++, not from the exception type: cmake/SharedLibstdcxx.cmake.)
 void SymmWork::raise_if_failed() const {
   if (failure_ && failure_->failed()) C10_THROW_ERROR(DistBackendError, failure_->message());
 }

@@ -1,6 +1,8 @@
 """What works on any machine: the package, its backend and the C ABI's errors."""
 
 import ctypes
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -37,6 +39,24 @@ def test_c_abi_reports_a_missing_gpu_instead_of_crashing():
     lib.symmpool_last_error.restype = ctypes.c_char_p
     assert lib.symmpool_malloc(ctypes.c_size_t(1024), 0, None) is None
     assert b"CUDA" in lib.symmpool_last_error()
+
+
+# Symbols that only libstdc++ defines. A library exporting one carries a
+# private copy of libstdc++ whose locale facets do not match torch's: the
+# first number it wrote to a stream crashed the process
+# (cmake/SharedLibstdcxx.cmake).
+LIBSTDCXX_OWN_SYMBOLS = ("_ZNSt6locale", "_ZNSo9_M_insert", "_ZNSt8ios_base", "_ZNKSt7codecvt", "_ZNSt7codecvt",
+                         "_ZNKSt7num_put")
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils) to read the libraries' symbols")
+def test_libraries_share_the_process_libstdcxx():
+    for path in (symmpool.library_path(), symmpool._C.__file__):
+        listing = subprocess.run(["nm", "-D", "--defined-only", path], capture_output=True, text=True,
+                                 check=True).stdout
+        own = [line.split()[-1] for line in listing.splitlines()
+               if line.split() and line.split()[-1].startswith(LIBSTDCXX_OWN_SYMBOLS)]
+        assert not own, f"{path} carries its own copy of libstdc++ ({len(own)} symbols, e.g. {own[:3]})"
 
 
 def test_backend_rejects_foreign_options():
