@@ -72,7 +72,10 @@ PYBIND11_MODULE(_C, m) {
   // group splitting finds its NCCL methods (perform_nocolor_split on ranks
   // outside a new group, split_from on ranks inside).
   py::class_<SymmBackend, c10d::ProcessGroupNCCL, c10::intrusive_ptr<SymmBackend>>(
-      m, "SymmBackend", "ProcessGroupNCCL whose tensors and collectives may come from symmpool");
+      m, "SymmBackend", "ProcessGroupNCCL whose tensors and collectives may come from symmpool")
+      .def_property_readonly("serial", &SymmBackend::serial,
+                             "Unique in the process and never reused: what per-backend state is keyed on "
+                             "(Python wrappers of one backend come and go).");
 
   m.def(
       "_create_backend",

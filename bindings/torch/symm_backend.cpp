@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -26,6 +27,7 @@ namespace {
 
 std::mutex live_backends_mutex;
 std::set<const SymmBackend*> live_backends;
+std::atomic<std::uint64_t> next_backend_serial{1};
 
 // TORCH_NCCL_ASYNC_ERROR_HANDLING, read as ProcessGroupNCCL reads it
 // (default 3, SkipCleanUp): 1 and 3 tear the process down on a failed
@@ -48,7 +50,8 @@ SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     : ProcessGroupNCCL(store, rank, size, std::move(options)),
       router_(*this, Environment::from_process(),
               [this](c10::DeviceIndex device) { return communicator(device); }),
-      store_for_heap_(store) {
+      store_for_heap_(store),
+      serial_(next_backend_serial.fetch_add(1)) {
   blocking_wait_ = blocking_wait();
   std::lock_guard<std::mutex> lock(live_backends_mutex);
   live_backends.insert(this);

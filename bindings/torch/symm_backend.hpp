@@ -18,6 +18,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -61,6 +62,10 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   void abort() override;
 
   RegistrationCounts registration_counts() const;
+  // Unique in the process, never reused: Python keys state per backend on
+  // it (a Python wrapper of this object is not kept alive, so identity of
+  // wrappers says nothing, and an address may come back for a new group).
+  std::uint64_t serial() const { return serial_; }
 
   // The group's communicator on `device` for the peer-memory API
   // (peer_memory.cpp), made by the first call (collective, as for the first
@@ -98,6 +103,7 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   bool blocking_wait_ = false;  // TORCH_NCCL_BLOCKING_WAIT: wait() blocks the host
   std::shared_ptr<const detail::FailureRecord> failure_;  // the communicator's, kept after it goes
   RendezvousedStorages rendezvoused_storages_;
+  const std::uint64_t serial_;
 };
 
 // Sum of the registration counts of every live symm backend of this process.

@@ -187,6 +187,28 @@ def fused_ops_replay_in_cuda_graphs_and_compile(rank: int, world: int) -> None:
     dist.destroy_process_group()
 
 
+def a_reserved_workspace_is_kept(rank: int, world: int) -> None:
+    """reserve_workspace grows the group's workspace once; later calls find
+    the same one. Each lookup used to get a new Python wrapper of the
+    backend, which replaced the workspace: a CUDA graph capture right after
+    reserving found 0 bytes, and every eager call allocated a new one."""
+    import gc
+
+    import symmpool
+    from symmpool import fused_ops
+
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+    key = (dist.group.WORLD.group_name, device.index)
+    assert symmpool.reserve_workspace(4 << 20), "the workspace came out asymmetric"
+    ws = fused_ops._workspaces[key]
+    address = ws.tensor.data_ptr()
+    gc.collect()  # no Python wrapper of the backend is left
+    assert symmpool.reserve_workspace(1 << 20) and symmpool.reserve_workspace(4 << 20)
+    assert fused_ops._workspaces[key] is ws and ws.tensor.data_ptr() == address, "the workspace was replaced"
+    print(f"[rank {rank}] the reserved workspace was kept", flush=True)
+    dist.destroy_process_group()
+
+
 def fused_ops_back_to_back_with_a_late_rank(rank: int, world: int) -> None:
     """Fused calls issued back to back with no host sync between them, rank 0
     held back before each by a GPU sleep, alternating two streams, the

@@ -11,6 +11,7 @@ import symmpool
 import dist_tp_ops
 from launch import gpu_count, run_workers
 
+needs_gpu = pytest.mark.skipif(gpu_count() < 1, reason="needs a CUDA GPU")
 needs_two = pytest.mark.skipif(gpu_count() < 2, reason=f"needs 2 or more CUDA GPUs, found {gpu_count()}")
 OPS = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter", "pipelined_produce_and_all_to_all")
 
@@ -117,6 +118,11 @@ def test_fallback_on_two_gloo_ranks_matches_the_unfused_ops(tmp_path):
 def test_fused_ops_match_nccl_in_every_dtype():
     run_workers(dist_tp_ops.fused_ops_match_unfused, gpu_count(), True,
                 [torch.bfloat16, torch.float16, torch.float32], timeout=300)
+
+
+@needs_gpu
+def test_a_reserved_workspace_is_kept():
+    run_workers(dist_tp_ops.a_reserved_workspace_is_kept, 1, timeout=120)
 
 
 @needs_two

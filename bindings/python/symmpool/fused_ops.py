@@ -24,7 +24,6 @@ depend on it, and torch.compile's caches key on the op's arguments.
 
 from __future__ import annotations
 
-import weakref
 from typing import Callable, Optional
 
 import torch
@@ -40,19 +39,14 @@ _WORKSPACE_GRANULE = 2 << 20  # bytes: workspaces grow in whole granules of the 
 # -- the group's workspace and copy stream ---------------------------------------------------
 
 
-def _reference(obj) -> Callable:
-    """A weak reference where the object takes one, else a strong one."""
-    try:
-        return weakref.ref(obj)
-    except TypeError:
-        return lambda: obj
-
-
 class _Workspace:
     """One group's symmetric staging buffer on one device."""
 
     def __init__(self, backend) -> None:
-        self.backend = _reference(backend)  # a new group under an old name gets a new workspace
+        # A new group under an old name gets a new workspace. Not a (weak)
+        # reference to `backend`: each lookup may give a new Python wrapper of
+        # the same backend, which replaced the workspace at every call.
+        self.backend_serial = backend.serial
         self.tensor: Optional[torch.Tensor] = None  # uint8, rendezvoused
         self.not_symmetric = ""  # why the last growth was refused (same text on every rank)
         self.refused_bytes = 0  # up to this size, larger than `tensor`, calls go to NCCL
@@ -75,7 +69,7 @@ def _workspace(group: dist.ProcessGroup, device: int, nbytes: int) -> _Workspace
     backend = symm_backend(group, device)
     key = (group.group_name, device)
     ws = _workspaces.get(key)
-    if ws is None or ws.backend() is not backend:
+    if ws is None or ws.backend_serial != backend.serial:
         ws = _workspaces[key] = _Workspace(backend)
     if ws.holds(nbytes) or nbytes <= ws.refused_bytes:
         return ws
