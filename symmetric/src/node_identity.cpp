@@ -16,8 +16,7 @@ std::string without_whitespace(std::string s) {
 }
 
 // Distinguishes containers that share a hostname on different machines.
-// POSIX reads, no iostreams (one crashed inside a torch process, see
-// symmetric_heap.cpp).
+// POSIX reads.
 std::string boot_id() {
   char buf[64] = {};
   const int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);

@@ -1,4 +1,5 @@
 #include <symmpool/detail/format.hpp>
+#include <symmpool/environment.hpp>
 #include <symmpool/error.hpp>
 #include <symmpool/node_identity.hpp>
 #include <symmpool/random_token.hpp>
@@ -151,8 +152,8 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
   // allow_pids() below names the peers.
   server_ = std::make_unique<FdServer>([this](std::uint64_t id) { return export_fd(id); });
 
-  // Plain strings, no iostreams: an iostream here crashed inside a torch
-  // process (seen on H200, torch 2.11).
+  // (An iostream here once crashed inside a torch process, H200, torch 2.11:
+  // a private copy of libstdc++, fixed in cmake/SharedLibstdcxx.cmake.)
   // "<node> <va bytes> <pci address> <socket> <secret> <pid>"; none has spaces.
   const std::string gpu = pci_address(drv_, allocator_.device());
   auto all = exchange("hello", node_identity() + " " + std::to_string(allocator_.va_reserved_bytes()) + " " +
@@ -182,6 +183,7 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
                              hellos[static_cast<std::size_t>(r)][0] + " and rank 0 on node " + hellos[0][0] +
                              "; a symmetric heap needs every rank on one node");
   std::map<std::string, int> rank_of_gpu;
+  const bool ranks_may_share_gpu = Environment::from_process().test_ranks_share_gpu;
   for (int r = 0; r < world_; ++r) {
     const std::vector<std::string>& hello = hellos[static_cast<std::size_t>(r)];
     const std::size_t va = std::strtoull(hello[1].c_str(), nullptr, 10);
@@ -189,9 +191,10 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
     // Like NCCL, one GPU per rank: two ranks on one GPU would import their
     // own memory through each other and NCCL's fallback path refuses them.
     const auto [it, first_on_gpu] = rank_of_gpu.emplace(peer_gpu, r);
-    SYMMPOOL_EXPECTS(first_on_gpu, "symmetric heap '" + group_ + "': ranks " + std::to_string(it->second) +
-                                       " and " + std::to_string(r) + " both use the GPU at PCI " + peer_gpu +
-                                       "; symmpool needs one GPU per rank");
+    SYMMPOOL_EXPECTS(first_on_gpu || ranks_may_share_gpu,
+                     "symmetric heap '" + group_ + "': ranks " + std::to_string(it->second) + " and " +
+                         std::to_string(r) + " both use the GPU at PCI " + peer_gpu +
+                         "; symmpool needs one GPU per rank");
     SYMMPOOL_EXPECTS(va == allocator_.va_reserved_bytes(),
                      "symmetric heap '" + group_ + "': rank " + std::to_string(r) + " reserved " +
                          std::to_string(va) + " bytes of address space, rank " + std::to_string(rank_) +

@@ -8,11 +8,31 @@ import torch
 import torch.distributed as dist
 
 
+def ranks_share_gpu() -> bool:
+    """launch.run_sharing_one_gpu started this rank: every rank is on GPU 0."""
+    return os.environ.get("SYMMPOOL_TEST_RANKS_SHARE_GPU") == "1"
+
+
 def init_group(rank: int, world: int, backend: str, **kwargs):
+    if ranks_share_gpu():
+        # No device_id: it would connect NCCL at once, and NCCL refuses two
+        # ranks on one GPU.
+        torch.cuda.set_device(0)
+        dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
+        return torch.device("cuda", 0)
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     dist.init_process_group(backend, rank=rank, world_size=world, device_id=device, **kwargs)
     return device
+
+
+def host_barrier() -> None:
+    """dist.barrier(); where the ranks share a GPU (NCCL refuses them), the
+    same over gloo, the default group's CPU backend."""
+    if ranks_share_gpu():
+        dist.all_reduce(torch.zeros(1))
+    else:
+        dist.barrier()
 
 
 def poisoned(backend, n: int, dtype, device):

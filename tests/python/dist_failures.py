@@ -11,7 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_common import init_group
+from dist_common import host_barrier, init_group
 
 TIMEOUT_S = 5
 
@@ -30,7 +30,7 @@ def _symm_group(rank: int, world: int, error_handling: str, blocking_wait: bool 
     dist.all_reduce(buf)  # every rank: heap and communicator
     torch.cuda.synchronize()
     assert buf[0].item() == world
-    dist.barrier()
+    host_barrier()
     return device, backend, buf
 
 

@@ -12,22 +12,47 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_common import expect_error, init_group
+from dist_common import expect_error, init_group, ranks_share_gpu
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def _reference_group():
+    """NCCL's group, the reference. None where the ranks share a GPU (NCCL
+    refuses them): the references then gather every rank's inputs over gloo
+    and compute the collective's result here."""
+    return None if ranks_share_gpu() else dist.new_group(backend="nccl")
+
+
+def _every_ranks(t):
+    """[rank 0's t, rank 1's t, ...], exact: bytes over gloo."""
+    local = t.detach().contiguous().cpu()
+    flat = local.reshape(-1).view(torch.uint8)
+    parts = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, flat)
+    return [p.view(local.dtype).reshape(local.shape).to(t.device) for p in parts]
 
 
 def _references(A_shard, Bs, gather_dim, group):
     """What the fused ops must equal, from the unfused collectives."""
     x = A_shard.movedim(gather_dim, 0).contiguous()
-    gathered = x.new_empty((group.size() * x.shape[0], *x.shape[1:]))
-    dist.all_gather_into_tensor(gathered, x, group=group)
+    if group is None:
+        gathered = torch.cat(_every_ranks(x))
+    else:
+        gathered = x.new_empty((group.size() * x.shape[0], *x.shape[1:]))
+        dist.all_gather_into_tensor(gathered, x, group=group)
     A = gathered.movedim(0, gather_dim)
     return A, [A @ B for B in Bs]
 
 
 def _reduce_scatter_reference(A, B, reduce_op, scatter_dim, group):
     product = (A @ B).movedim(scatter_dim, 0).contiguous()
+    if group is None:
+        world, rank = dist.get_world_size(), dist.get_rank()
+        total = torch.stack([p.float() for p in _every_ranks(product)]).sum(0)
+        n = product.shape[0] // world
+        out = (total if reduce_op == "sum" else total / world)[rank * n:(rank + 1) * n].to(product.dtype)
+        return out.movedim(0, scatter_dim)
     out = product.new_empty((product.shape[0] // group.size(), *product.shape[1:]))
     op = dist.ReduceOp.SUM if reduce_op == "sum" else dist.ReduceOp.AVG
     dist.reduce_scatter_tensor(out, product, op=op, group=group)
@@ -35,6 +60,9 @@ def _reduce_scatter_reference(A, B, reduce_op, scatter_dim, group):
 
 
 def _all_to_all_reference(A, B, group):
+    if group is None:
+        rank, n = dist.get_rank(), A.shape[0] // dist.get_world_size()
+        return torch.cat([p[rank * n:(rank + 1) * n] for p in _every_ranks((A @ B).contiguous())])
     out = A.new_empty(A.shape[0], B.shape[1])
     dist.all_to_all_single(out, (A @ B).contiguous(), group=group)
     return out
@@ -85,7 +113,7 @@ def fused_ops_match_unfused(rank: int, world: int, on_gpu: bool, dtypes: list, s
 
     if on_gpu:
         device = init_group(rank, world, "cpu:gloo,cuda:symm")
-        reference_group = dist.new_group(backend="nccl")
+        reference_group = _reference_group()
     else:
         device = torch.device("cpu")
         # A file store: with a TCP store, a rank tearing down after its peer
@@ -218,7 +246,7 @@ def fused_ops_back_to_back_with_a_late_rank(rank: int, world: int) -> None:
     import symmpool
 
     device = init_group(rank, world, "cpu:gloo,cuda:symm")
-    reference_group = dist.new_group(backend="nccl")
+    reference_group = _reference_group()
     name = dist.group.WORLD.group_name
     gen = torch.Generator().manual_seed(31 + rank)
     streams = [torch.cuda.current_stream(), torch.cuda.Stream()]

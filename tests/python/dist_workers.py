@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_common import expect_error, init_group, poisoned, set_collectives_mode
+from dist_common import expect_error, host_barrier, init_group, poisoned, set_collectives_mode
 
 
 def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
@@ -323,7 +323,7 @@ def late_peer_times_out_with_the_group_timeout(rank: int, world: int) -> None:
     out = backend.allocate_tensor(1024 * world, dtype=torch.float32, device=device)
     dist.all_gather_into_tensor(out, inp)  # every rank: heap and communicator
     torch.cuda.synchronize()
-    dist.barrier()
+    host_barrier()
     if rank == 0:
         start = time.monotonic()
         dist.all_gather_into_tensor(out, inp)

@@ -37,3 +37,16 @@ def run_workers(fn, world: int, *args, timeout: float = 300.0) -> None:
             for p in ctx.processes:
                 p.kill()
             raise TimeoutError(f"workers still running after {timeout:.0f} s")
+
+
+def _sharing_one_gpu(rank, world, fn, *args):
+    os.environ["SYMMPOOL_TEST_RANKS_SHARE_GPU"] = "1"
+    fn(rank, world, *args)
+
+
+def run_sharing_one_gpu(fn, world: int, *args, timeout: float = 300.0) -> None:
+    """run_workers with every rank on GPU 0 (SYMMPOOL_TEST_RANKS_SHARE_GPU=1):
+    symmpool's own multi-rank paths on a 1-GPU machine. NCCL refuses such a
+    group, so the workers take their references from gloo instead
+    (dist_common.ranks_share_gpu)."""
+    run_workers(_sharing_one_gpu, world, fn, *args, timeout=timeout)

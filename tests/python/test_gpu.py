@@ -6,13 +6,15 @@ import pytest
 import torch
 
 import symmpool
-from launch import gpu_count, run_workers
+from launch import gpu_count, run_sharing_one_gpu, run_workers
 import dist_failures
 import dist_group_layouts
 import dist_workers
 
 needs_gpu = pytest.mark.skipif(gpu_count() < 1, reason=f"needs a CUDA GPU, found {gpu_count()}")
 needs_two = pytest.mark.skipif(gpu_count() < 2, reason=f"needs 2 or more CUDA GPUs, found {gpu_count()}")
+one_gpu_only = pytest.mark.skipif(gpu_count() != 1, reason="2 ranks sharing the one GPU; with more GPUs the "
+                                                           "tests run with a GPU per rank")
 
 
 @needs_gpu
@@ -155,3 +157,15 @@ def test_a_plain_tensor_on_one_rank_fails_every_rank_loudly():
 @needs_two
 def test_tensors_on_two_devices_are_refused_by_name():
     run_workers(dist_failures.tensors_on_two_devices_are_refused, gpu_count(), timeout=120)
+
+
+# Where one GPU is all there is, the failure tests run with both ranks on it.
+@one_gpu_only
+@pytest.mark.parametrize("worker, args", [
+    (dist_workers.a_heap_that_did_not_form_stays_failed, ()),
+    (dist_workers.late_peer_times_out_with_the_group_timeout, ()),
+    (dist_failures.dead_peer_raises_on_every_survivor, (False,)),
+    (dist_failures.dead_peer_raises_on_every_survivor, (True,)),
+], ids=["heap_not_formed", "late_peer", "dead_peer", "dead_peer_blocking_wait"])
+def test_two_ranks_sharing_one_gpu(worker, args):
+    run_sharing_one_gpu(worker, 2, *args, timeout=120)

@@ -9,10 +9,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import symmpool
 import dist_tp_ops
-from launch import gpu_count, run_workers
+from launch import gpu_count, run_sharing_one_gpu, run_workers
 
 needs_gpu = pytest.mark.skipif(gpu_count() < 1, reason="needs a CUDA GPU")
 needs_two = pytest.mark.skipif(gpu_count() < 2, reason=f"needs 2 or more CUDA GPUs, found {gpu_count()}")
+# Where one GPU is all there is, the 2-rank tests run with both ranks on it:
+# symmpool's own paths, with gloo's references (NCCL refuses such a group).
+one_gpu_only = pytest.mark.skipif(gpu_count() != 1, reason="2 ranks sharing the one GPU; with more GPUs the "
+                                                           "tests above run with a GPU per rank")
 OPS = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter", "pipelined_produce_and_all_to_all")
 
 
@@ -148,3 +152,15 @@ def test_peer_memory_api():
 @needs_two
 def test_a_wait_without_signal_times_out():
     run_workers(dist_tp_ops.a_wait_without_signal_times_out, 2, timeout=120)
+
+
+@one_gpu_only
+@pytest.mark.parametrize("worker, args", [
+    ("fused_ops_match_unfused", (True, [torch.bfloat16, torch.float16, torch.float32])),
+    ("fused_ops_replay_in_cuda_graphs_and_compile", ()),
+    ("fused_ops_back_to_back_with_a_late_rank", ()),
+    ("peer_memory_api", ()),
+    ("a_wait_without_signal_times_out", ()),
+], ids=["fused_vs_unfused", "graphs_and_compile", "late_rank", "peer_memory_api", "wait_timeout"])
+def test_two_ranks_sharing_one_gpu(worker, args):
+    run_sharing_one_gpu(getattr(dist_tp_ops, worker), 2, *args, timeout=300)

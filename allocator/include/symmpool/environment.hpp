@@ -33,6 +33,10 @@ struct Environment {
   // and boot id cannot tell nodes apart (tests use it to make one machine
   // look like several nodes); empty when unset.
   std::string host_id;
+  // SYMMPOOL_TEST_RANKS_SHARE_GPU=1: a heap accepts ranks on one GPU, which
+  // it refuses otherwise (as NCCL does). Tests only: it runs the 2-rank
+  // paths on a 1-GPU machine (tests/python/launch.py run_sharing_one_gpu).
+  bool test_ranks_share_gpu = false;
 
   // Reads the current process environment.
   static Environment from_process();

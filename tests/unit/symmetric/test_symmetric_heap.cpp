@@ -261,6 +261,29 @@ TEST(SymmetricHeapFake, TwoRanksOnOneGpuAreRefusedByName) {
   EXPECT_EQ(result, "");
 }
 
+// SYMMPOOL_TEST_RANKS_SHARE_GPU (tests only) lets ranks on one GPU form a
+// heap and read each other's buffers: the 2-rank paths on a 1-GPU machine.
+TEST(SymmetricHeapFake, RanksShareAGpuOnlyWhenTestsAskForIt) {
+  const TempStoreDir store_dir;
+  const std::string& dir = store_dir.path();
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    ::setenv("SYMMPOOL_TEST_RANKS_SHARE_GPU", "1", 1);
+    auto alloc = fake_allocator(0);
+    FileStore store(dir);
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "shared", rank, w,
+                       HeapOptions{std::chrono::seconds(20)});
+    auto* a = static_cast<std::uint32_t*>(alloc->allocate(64 * 4, stream(1)));
+    for (std::uint32_t i = 0; i < 64; ++i) a[i] = static_cast<std::uint32_t>(rank) * 1000u + i;
+    heap.sync();  // maps the peer's segment; collective: every rank has written
+    const auto* pa = static_cast<const std::uint32_t*>(heap.peer_ptr(a, 1 - rank));
+    RANK_CHECK(pa[63] == static_cast<std::uint32_t>(1 - rank) * 1000u + 63u, "peer [63] = %u", pa[63]);
+    heap.check_symmetric(a, 64 * 4, "a");
+    alloc->deallocate(a, stream(1));
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
 // SYMMPOOL_HOST_ID makes the two ranks look like two nodes: every rank
 // throws multi_node_error (the "symm" backend then uses NCCL), naming both.
 TEST(SymmetricHeapFake, RanksOnDifferentNodesAreToldApart) {
