@@ -1,5 +1,6 @@
 // symmpool._C: the "symm" backend factory, allocator and routing statistics.
 
+#include "c10d_store.hpp"
 #include "peer_memory.hpp"
 #include "symm_backend.hpp"
 #include "torch_errors.hpp"
@@ -129,6 +130,16 @@ PYBIND11_MODULE(_C, m) {
       },
       "Collectives the symm backends of this process routed, by reason: where each ran and why "
       "(SYMMPOOL_DEBUG_ROUTING=1 prints each decision to stderr).");
+  m.def(
+      "_store_get",
+      [](const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int timeout_ms) {
+        symmpool::torch_ext::C10dStore heap_store(store);
+        return call_translating_errors(
+            [&] { return heap_store.get(key, std::chrono::milliseconds(timeout_ms)); });
+      },
+      py::arg("store"), py::arg("key"), py::arg("timeout_ms"), py::call_guard<py::gil_scoped_release>(),
+      "A key of a c10d store read as the symmetric heap reads it (tests: which error a late key and a "
+      "gone store give).");
   symmpool::torch_ext::define_peer_memory(m);
   m.def(
       "table_world_sizes",

@@ -57,6 +57,9 @@ std::vector<std::string> SymmetricHeap::exchange(const std::string& what, const 
     } catch (const timeout_error& e) {
       throw timeout_error("symmpool heap '" + group_ + "' rank " + std::to_string(rank_) + ": rank " +
                           std::to_string(r) + " never arrived at '" + what + "' (" + e.what() + ")");
+    } catch (const store_error& e) {
+      throw store_error("symmpool heap '" + group_ + "' rank " + std::to_string(rank_) +
+                        ": waiting for rank " + std::to_string(r) + " at '" + what + "': " + e.what());
     }
     const std::size_t newline = value.find('\n');
     const std::string theirs = value.substr(0, newline);

@@ -55,6 +55,12 @@ struct timeout_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The rendezvous store itself failed (its server is gone or unreachable):
+// no rank can be said to be late, so none is named as such.
+struct store_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // The ranks of a group reached different collective points (their
 // allocations or calls diverged): every rank that notices throws it.
 struct divergence_error : std::runtime_error {

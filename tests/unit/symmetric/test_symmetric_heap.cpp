@@ -44,6 +44,18 @@ int expect_heap_refused(int rank, int world, int device, const std::string& dir,
   return 0;
 }
 
+// A store whose server is gone: writes vanish, every read fails as
+// C10dStore fails when torch's TCPStore is unreachable.
+class GoneStore final : public Store {
+ public:
+  void set(const std::string&, const std::string&) override {}
+  std::string get(const std::string& key, std::chrono::milliseconds) override {
+    throw store_error("the store failed while waiting for key '" + key + "'");
+  }
+  void erase(const std::string&) override {}
+  bool contains(const std::string&) override { return false; }
+};
+
 }  // namespace
 
 TEST(SymmetricHeapFake, RanksReadEachOthersBuffersAndReleasesPropagate) {
@@ -257,6 +269,26 @@ TEST(SymmetricHeapFake, TwoRanksOnOneGpuAreRefusedByName) {
     return expect_heap_refused<logic_error>(
         rank, w, rank == 2 ? 0 : rank, dir, "crowded", std::chrono::seconds(20),  // ranks 0 and 2 on GPU 0
         "ranks 0 and 2 both use the GPU at PCI 00000000:01:00.0; symmpool needs one GPU per rank");
+  });
+  EXPECT_EQ(result, "");
+}
+
+// A store that is gone is not a late rank: the heap says which wait the
+// store failed in and calls no rank absent.
+TEST(SymmetricHeapFake, AGoneStoreBlamesNoRank) {
+  std::string result = run_ranks(1, 60, [&](int rank, int, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    GoneStore store;
+    try {
+      SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "gone", rank, 2,
+                         HeapOptions{std::chrono::seconds(20)});
+      RANK_CHECK(false, "a heap formed over a gone store");
+    } catch (const store_error& e) {
+      RANK_CHECK(std::strstr(e.what(), "rank 0: waiting for rank 1 at 'hello': the store failed"), "%s",
+                 e.what());
+      RANK_CHECK(!std::strstr(e.what(), "never arrived"), "%s", e.what());
+    }
+    return 0;
   });
   EXPECT_EQ(result, "");
 }
