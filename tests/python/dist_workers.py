@@ -249,8 +249,9 @@ def fsdp2_loss_parity(rank: int, world: int, steps: int, collectives: str, repli
 
 def blocking_wait_times_out_and_waits(rank: int, world: int) -> None:
     """Under TORCH_NCCL_BLOCKING_WAIT, on a collective still queued behind a
-    long kernel: wait(1 ms) raises DistBackendError naming the work (it
-    crashed the process with SIGSEGV), and wait(a million days) waits for it
+    long kernel: wait(1 ms) raises DistBackendError naming the work (its
+    message crashed the process with SIGSEGV where the build linked a private
+    libstdc++: cmake/SharedLibstdcxx.cmake), and wait(a million days) waits for it
     (the timeout overflowed into the past and raised at once)."""
     os.environ["SYMMPOOL_COLLECTIVES"] = "always"
     os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
