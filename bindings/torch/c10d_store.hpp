@@ -43,7 +43,9 @@ class C10dStore final : public Store {
     try {
       store_->deleteKey(key);
     } catch (const c10::Error&) {
-      can_erase_ = false;  // a store without deleteKey keeps its keys
+      // A store without deleteKey keeps its keys. (A gone store, too: the
+      // next set or get says so.)
+      can_erase_ = false;
     }
   }
 

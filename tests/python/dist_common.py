@@ -10,7 +10,8 @@ import torch.distributed as dist
 
 def ranks_share_gpu() -> bool:
     """launch.run_sharing_one_gpu started this rank: every rank is on GPU 0."""
-    return os.environ.get("SYMMPOOL_TEST_RANKS_SHARE_GPU") == "1"
+    # Read as symmpool reads it (allocator/src/environment.cpp).
+    return os.environ.get("SYMMPOOL_TEST_RANKS_SHARE_GPU", "").lower() in ("1", "true", "yes", "on")
 
 
 def init_group(rank: int, world: int, backend: str, **kwargs):

@@ -17,7 +17,8 @@ class Store {
  public:
   virtual ~Store() = default;
   virtual void set(const std::string& key, const std::string& value) = 0;
-  // Waits up to `timeout` for `key`; throws timeout_error naming it.
+  // Waits up to `timeout` for `key`; throws timeout_error naming it, or
+  // store_error when the store itself cannot be reached (any call may).
   virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
   // Removes `key` if present, so long runs do not pile up keys.
   virtual void erase(const std::string& key) = 0;

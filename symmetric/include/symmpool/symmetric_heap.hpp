@@ -29,9 +29,10 @@ struct HeapOptions {
 class SymmetricHeap final : public SegmentObserver {
  public:
   // Collective over the `world` ranks of `group`; throws timeout_error when a
-  // peer never arrives, multi_node_error when the ranks are on different
-  // nodes and logic_error when their heaps cannot match (two ranks on one
-  // GPU, devices of different sizes), or when `store` already holds a heap
+  // peer never arrives, store_error when the store fails, multi_node_error
+  // when the ranks are on different nodes and logic_error when their heaps
+  // cannot match (two ranks on one GPU unless SYMMPOOL_TEST_RANKS_SHARE_GPU,
+  // devices of different sizes), or when `store` already holds a heap
   // of `group` this rank formed (use a fresh store per job). `group` names
   // the heap among this process's heaps: forming a group again (after the
   // first is gone) uses fresh store keys on every rank that does so.

@@ -266,6 +266,7 @@ TEST(SymmetricHeapFake, TwoRanksOnOneGpuAreRefusedByName) {
   const TempStoreDir store_dir;
   const std::string& dir = store_dir.path();
   std::string result = run_ranks(3, 60, [&](int rank, int w, Rendezvous&) {
+    ::unsetenv("SYMMPOOL_TEST_RANKS_SHARE_GPU");  // the tests-only switch that allows it
     return expect_heap_refused<logic_error>(
         rank, w, rank == 2 ? 0 : rank, dir, "crowded", std::chrono::seconds(20),  // ranks 0 and 2 on GPU 0
         "ranks 0 and 2 both use the GPU at PCI 00000000:01:00.0; symmpool needs one GPU per rank");
