@@ -59,6 +59,9 @@ def test_bad_arguments_are_named(group_name):
         torch.ops.symmpool.fused_all_gather_matmul(torch.ones(4, 4), [torch.ones(4, 4)], 0, 2, group_name)
     with pytest.raises(ValueError, match="every B must be"):
         torch.ops.symmpool.fused_all_gather_matmul(torch.ones(4, 4), [torch.ones(5, 4)], 0, 1, group_name)
+    with pytest.raises(ValueError, match="on cpu, got torch.float32 \\(4, 4\\) on meta"):
+        torch.ops.symmpool.fused_all_gather_matmul(torch.ones(4, 4), [torch.ones(4, 4, device="meta")], 0, 1,
+                                                   group_name)
     with pytest.raises(ValueError, match="gather_dim 2 is out of range"):
         torch.ops.symmpool.fused_all_gather_matmul(torch.ones(4, 4), [torch.ones(4, 4)], 2, 1, group_name)
     with pytest.raises(ValueError, match="'sum' or 'avg'"):

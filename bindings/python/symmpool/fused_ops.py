@@ -24,6 +24,7 @@ depend on it, and torch.compile's caches key on the op's arguments.
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -80,7 +81,15 @@ def _workspace(group: dist.ProcessGroup, device: int, nbytes: int) -> _Workspace
             f"{nbytes} are needed, and it cannot grow during a CUDA graph capture; call "
             f"symmpool.reserve_workspace({nbytes}, group) on every rank before capturing")
     size = -(-nbytes // _WORKSPACE_GRANULE) * _WORKSPACE_GRANULE
-    tensor = _C._allocate_symmetric(backend, size, device)
+    try:
+        tensor = _C._allocate_symmetric(backend, size, device)
+    except torch.OutOfMemoryError:
+        # The peers are entering the rendezvous below: join them with a byte
+        # outside the workspace's shape, so that every rank gets the same
+        # "not symmetric" verdict and runs unfused, none left waiting.
+        warnings.warn(f"symmpool fused ops: no memory for a {size}-byte workspace of group "
+                      f"{group.group_name!r} on rank {group.rank()}; calls that need it run unfused")
+        tensor = torch.empty(1, dtype=torch.uint8, device=device)
     why_not = _C._rendezvous(backend, tensor)
     if why_not:  # the old one, if any, keeps serving what it holds
         ws.not_symmetric, ws.refused_bytes = why_not, size
@@ -89,7 +98,9 @@ def _workspace(group: dist.ProcessGroup, device: int, nbytes: int) -> _Workspace
         torch.cuda.synchronize(device)  # our streams are done with it; end barriers: the peers are too
         if ws.captured:
             ws.kept_for_graphs.append(ws.tensor)  # graphs replay on its addresses
-    ws.tensor, ws.last_use, ws.captured = tensor, None, False
+    # The block comes in stream order on this stream: an op on another stream
+    # waits for it (its previous owner's work may still be queued here).
+    ws.tensor, ws.last_use, ws.captured = tensor, torch.cuda.current_stream(device).record_event(), False
     ws.not_symmetric, ws.refused_bytes = "", 0
     return ws
 
@@ -203,9 +214,9 @@ def _check_all_gather_matmul(A_shard, Bs, gather_dim: int, group_size: int) -> i
     if not Bs:
         raise ValueError(f"{op}: Bs is empty")
     for B in Bs:
-        if B.dim() != 2 or B.shape[0] != k or B.dtype != A_shard.dtype:
-            raise ValueError(f"{op}: every B must be a {A_shard.dtype} matrix of {k} rows, got "
-                             f"{B.dtype} {tuple(B.shape)}")
+        if B.dim() != 2 or B.shape[0] != k or B.dtype != A_shard.dtype or B.device != A_shard.device:
+            raise ValueError(f"{op}: every B must be a {A_shard.dtype} matrix of {k} rows on {A_shard.device}, "
+                             f"got {B.dtype} {tuple(B.shape)} on {B.device}")
     return gather_dim
 
 
@@ -285,7 +296,10 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: list[torch.Tensor], gathe
     op = "fused_all_gather_matmul"
     gather_dim = _check_all_gather_matmul(A_shard, Bs, gather_dim, group_size)
     group = _group_of(group_name, group_size, op)
-    why_not = _why_not_fused(group, [A_shard, *Bs])
+    # From A_shard alone: each rank's Bs are its own (an uneven column split
+    # may leave one rank's empty), and a decision that differed between
+    # ranks would leave one in a collective the others never enter.
+    why_not = _why_not_fused(group, [A_shard])
     ws = None
     if not why_not:
         device = A_shard.device.index
