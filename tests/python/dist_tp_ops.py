@@ -73,7 +73,8 @@ def _close(actual, expected, what):
         f"{what}: {actual.dtype} {tuple(actual.shape)} vs {expected.dtype} {tuple(expected.shape)}"
     assert not actual.isnan().any(), f"{what}: NaN left (a poisoned byte never written)"
     tol = TOLERANCE[actual.dtype]
-    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol * max(1.0, expected.abs().max().item()),
+    largest = expected.abs().max().item() if expected.numel() else 0.0
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol * max(1.0, largest),
                                msg=lambda m: f"{what}: {m}")
 
 
@@ -150,6 +151,17 @@ def fused_ops_match_unfused(rank: int, world: int, on_gpu: bool, dtypes: list, s
         out = torch.ops.symmpool.pipelined_produce_and_all_to_all(A, B, world, name)
         _close(out, _all_to_all_reference(A, B, reference_group), f"rank {rank} produce_and_all_to_all {dtype}")
         calls += 1
+    # Each rank's Bs are its own: rank 1's second B has no columns (an uneven
+    # split), and every rank still takes the same path.
+    A_shard = torch.randn(9, 32, generator=gen).to(device)
+    Bs = [torch.randn(32, 8, generator=gen).to(device),
+          torch.randn(32, 0 if rank == 1 else 5, generator=gen).to(device)]
+    A, outs = torch.ops.symmpool.fused_all_gather_matmul(A_shard, Bs, 0, world, name)
+    A_ref, outs_ref = _references(A_shard, Bs, 0, reference_group)
+    assert torch.equal(A, A_ref), f"rank {rank} all_gather_matmul with an empty B: gathered A differs"
+    for i, (out, ref) in enumerate(zip(outs, outs_ref)):
+        _close(out, ref, f"rank {rank} all_gather_matmul with an empty B, B{i}")
+    calls += 1
     counts = symmpool.peer_memory_counts()
     where = "fused" if on_gpu else "fallback"
     ran = sum(v for k, v in counts.items() if k.endswith(f".{where}"))
