@@ -159,8 +159,9 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
   // a private copy of libstdc++, fixed in cmake/SharedLibstdcxx.cmake.)
   // "<node> <va bytes> <pci address> <socket> <secret> <pid>"; none has spaces.
   const std::string gpu = pci_address(drv_, allocator_.device());
-  auto all = exchange("hello", node_identity() + " " + std::to_string(allocator_.va_reserved_bytes()) + " " +
-                                   gpu + " " + server_->name() + " " + server_->secret() + " " +
+  const Environment env = Environment::from_process();
+  auto all = exchange("hello", node_identity(env) + " " + std::to_string(allocator_.va_reserved_bytes()) +
+                                   " " + gpu + " " + server_->name() + " " + server_->secret() + " " +
                                    std::to_string(::getpid()));
   std::vector<std::vector<std::string>> hellos;
   std::vector<pid_t> peer_pids;
@@ -186,7 +187,6 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
                              hellos[static_cast<std::size_t>(r)][0] + " and rank 0 on node " + hellos[0][0] +
                              "; a symmetric heap needs every rank on one node");
   std::map<std::string, int> rank_of_gpu;
-  const bool ranks_may_share_gpu = Environment::from_process().test_ranks_share_gpu;
   for (int r = 0; r < world_; ++r) {
     const std::vector<std::string>& hello = hellos[static_cast<std::size_t>(r)];
     const std::size_t va = std::strtoull(hello[1].c_str(), nullptr, 10);
@@ -194,7 +194,7 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
     // Like NCCL, one GPU per rank: two ranks on one GPU would import their
     // own memory through each other and NCCL's fallback path refuses them.
     const auto [it, first_on_gpu] = rank_of_gpu.emplace(peer_gpu, r);
-    SYMMPOOL_EXPECTS(first_on_gpu || ranks_may_share_gpu,
+    SYMMPOOL_EXPECTS(first_on_gpu || env.test_ranks_share_gpu,
                      "symmetric heap '" + group_ + "': ranks " + std::to_string(it->second) + " and " +
                          std::to_string(r) + " both use the GPU at PCI " + peer_gpu +
                          "; symmpool needs one GPU per rank");
