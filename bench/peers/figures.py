@@ -16,3 +16,8 @@ def save_figure(fig, json_path: str, title: str) -> str:
     fig.savefig(png, dpi=110)
     plt.close(fig)  # pyplot keeps every open figure: a run plotting many JSONs would pile them up
     return png
+
+
+def versions(ctx: dict) -> str:
+    """The software a run measured, for a figure's title."""
+    return f"torch {ctx.get('torch')}, NCCL {ctx.get('nccl')}, symmpool {str(ctx.get('symmpool_commit'))[:12]}"

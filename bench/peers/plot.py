@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from figures import save_figure
+from figures import save_figure, versions
 
 LATENCY_MAX_BYTES = 1 << 20  # the latency panels: where per-call overheads dominate
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -82,9 +82,7 @@ def plot(json_path: str) -> str:
             ax.set_title(f"{op}: {what}", fontsize=10)
             ax.grid(alpha=0.3)
         bw_ax.legend(fontsize=6, loc="upper left")
-    return save_figure(fig, json_path, f"bf16 collectives on {ctx.get('ranks')} x {ctx.get('gpu')}, "
-                       f"torch {ctx.get('torch')}, NCCL {ctx.get('nccl')}, "
-                       f"symmpool {str(ctx.get('symmpool_commit'))[:12]}")
+    return save_figure(fig, json_path, f"bf16 collectives on {ctx.get('ranks')} x {ctx.get('gpu')}, {versions(ctx)}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import sys
 # figures.py is bench/peers'; appended, not first: bench/peers has a run.py and a plot.py of its own
 sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "peers"))
 
-from figures import save_figure  # noqa: E402
+from figures import save_figure, versions  # noqa: E402
 
 OPS = ("all_gather_matmul", "matmul_reduce_scatter")
 PEER_ORDER = ("matmul-alone", "transfer-alone", "nccl-unfused", "torch-fused", "symmpool-fused")
@@ -92,8 +92,7 @@ def plot(json_path: str) -> str:
         norm_ax.legend(fontsize=7, loc="upper left")
     dims = f"gather_dim {ctx.get('gather_dim', 0)}, scatter_dim {ctx.get('scatter_dim', 0)}"
     return save_figure(fig, json_path, f"bf16 TP ops on {ctx.get('ranks')} x {ctx.get('gpu')} ({dims}), "
-                       f"torch {ctx.get('torch')}, NCCL {ctx.get('nccl')}, "
-                       f"symmpool {str(ctx.get('symmpool_commit'))[:12]}")
+                       f"{versions(ctx)}")
 
 
 if __name__ == "__main__":
