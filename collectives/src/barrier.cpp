@@ -1,6 +1,7 @@
 // Barriers and the signal pads they meet on: a kernel or stream memory
-// operations (SM-free) between the steps of a collective, and the BlockSync
-// that lets a kernel meet its peers itself.
+// operations (SM-free) between the steps of a collective, the BlockSync
+// that lets a kernel meet its peers itself, and the watchdog that times out
+// stream-memop waits.
 
 #include "failure_monitor.hpp"
 #include "kernels.hpp"
@@ -102,11 +103,18 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
     SYMMPOOL_CU_TRY(drv, cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(pads_ + row + p), epoch,
                                              CU_STREAM_WAIT_VALUE_GEQ));
   }
-  if (!watchdog_)
+  stream_op_watchdog().enqueue_passed(detail::StreamOpWatchdog::kBarrierChannel, cu, epoch);
+}
+
+detail::StreamOpWatchdog& Communicator::stream_op_watchdog() {
+  if (!watchdog_) {
+    constexpr int kBarrierRow = detail::kStreamOpBarrierRow * kMaxRanks;
+    constexpr int kSignalRow = detail::kStreamOpSignalRow * kMaxRanks;
     watchdog_ = std::make_unique<detail::StreamOpWatchdog>(
-        drv, allocator_.device(), pads_ + row, n, error_flag_, std::chrono::seconds(timeout_seconds_),
-        [this](int missing) { monitor_->fail_missing(missing); });
-  watchdog_->enqueue_passed(cu, epoch);
+        real_driver(), allocator_.device(), pads_ + kBarrierRow, pads_ + kSignalRow, world(), error_flag_,
+        std::chrono::seconds(timeout_seconds_), [this](int missing) { monitor_->fail_missing(missing); });
+  }
+  return *watchdog_;
 }
 
 }  // namespace symmpool

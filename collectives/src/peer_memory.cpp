@@ -1,10 +1,12 @@
 // Peer memory for the patterns users write themselves: ranges checked
 // symmetric once (rendezvous), their peers' copies as mapped here, and
-// point-to-point signals on the signal pads.
+// point-to-point signals on the signal pads (stream memops eagerly, kernels
+// in CUDA graphs).
 
 #include "failure_monitor.hpp"
 #include "kernels.hpp"
 #include "relaxed_capture.hpp"
+#include "stream_op_watchdog.hpp"
 
 #include <symmpool/communicator.hpp>
 #include <symmpool/error.hpp>
@@ -50,25 +52,57 @@ void* Communicator::peer_address(const void* ptr, std::size_t bytes, int peer) c
 }
 
 void Communicator::signal(int peer, cudaStream_t stream) {
-  point_to_point("signal", peer, stream, &detail::launch_signal, signals_sent_);
+  const auto cu = reinterpret_cast<CUstream>(stream);
+  point_to_point(
+      "signal", peer, stream,
+      [&] {  // our count of eager signals to `peer`, written into its pad (a release: the write fences)
+        auto* slot = peer_pads_.peer[peer] + detail::kStreamOpSignalRow * kMaxRanks + rank();
+        const std::uint32_t count = stream_op_sent_[static_cast<std::size_t>(peer)] + 1;
+        SYMMPOOL_CU_TRY(real_driver(), cuStreamWriteValue32(cu, reinterpret_cast<CUdeviceptr>(slot), count,
+                                                            CU_STREAM_WRITE_VALUE_DEFAULT));
+        stream_op_sent_[static_cast<std::size_t>(peer)] = count;
+      },
+      [&] { return detail::launch_signal(peer_signals(), peer, signals_sent_, stream); });
 }
 
 void Communicator::wait(int peer, cudaStream_t stream) {
-  point_to_point("wait", peer, stream, &detail::launch_wait, signals_received_);
+  const auto cu = reinterpret_cast<CUstream>(stream);
+  point_to_point(
+      "wait", peer, stream,
+      [&] {  // until `peer`'s count of eager signals to us reaches one more than we consumed
+        auto* slot = pads_ + detail::kStreamOpSignalRow * kMaxRanks + peer;
+        const std::uint32_t count = stream_op_received_[static_cast<std::size_t>(peer)] + 1;
+        SYMMPOOL_CU_TRY(real_driver(), cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(slot), count,
+                                                           CU_STREAM_WAIT_VALUE_GEQ));
+        stream_op_received_[static_cast<std::size_t>(peer)] = count;
+        stream_op_watchdog().enqueue_passed(detail::StreamOpWatchdog::signal_channel(peer), cu, count);
+      },
+      [&] { return detail::launch_wait(peer_signals(), peer, signals_received_, stream); });
 }
 
 // Not in the issue order (signals and waits of two ranks pair up across
 // streams; ordering them behind the collectives could deadlock), but on
 // record, numbered apart from the collectives, so a wait that never passed
 // is named by the failure.
-void Communicator::point_to_point(const char* op, int peer, cudaStream_t stream, PointToPointLaunch launch,
-                                  std::uint32_t* counters) {
+void Communicator::point_to_point(const char* op, int peer, cudaStream_t stream,
+                                  const std::function<void()>& stream_ops,
+                                  const std::function<cudaError_t()>& kernel) {
   check_peer(peer, op);
   check_errors();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-  SYMMPOOL_CUDA_TRY(launch(peer_signals(), peer, counters, stream));
-  monitor_->record_point_to_point(op, peer, stream, capture != cudaStreamCaptureStatusNone);
+  const bool captured = capture != cudaStreamCaptureStatusNone;
+  try {
+    if (captured)
+      SYMMPOOL_CUDA_TRY(kernel());
+    else
+      stream_ops();
+    monitor_->record_point_to_point(op, peer, stream, captured);
+  } catch (const std::exception& e) {
+    monitor_->fail(std::string(op) + (std::string(op) == "wait" ? " from" : " to") + " rank " +
+                   std::to_string(peer) + ": " + e.what());
+    throw collective_error(monitor_->record_of_failure()->message());
+  }
 }
 
 void Communicator::check_peer(int peer, const char* op) const {

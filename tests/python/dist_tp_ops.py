@@ -351,6 +351,7 @@ def peer_memory_api(rank: int, world: int) -> None:
         symmpool.wait(other)
         symmpool.wait(other)
         torch.cuda.synchronize()
+        _signals_replay_in_cuda_graphs(rank, other, mine, remote)
     symmpool.barrier(group)
 
     # A new tensor where a rendezvoused one was freed (torch's pool hands the
@@ -375,6 +376,62 @@ def peer_memory_api(rank: int, world: int) -> None:
     torch.cuda.synchronize()
     print(f"[rank {rank}] peer memory API: {counts}", flush=True)
     dist.destroy_process_group()
+
+
+def _kernels_run(work) -> list:
+    """Names of the kernels that ran on the GPU during work()."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        work()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def _signals_replay_in_cuda_graphs(rank: int, other: int, mine: torch.Tensor, remote: torch.Tensor) -> None:
+    """The ping-pong captured in a CUDA graph, replayed: each replay sends and
+    consumes one signal each way (kernels counted on the device), and eager
+    signals and waits launch no kernel (stream memory operations)."""
+    import symmpool
+
+    rounds = 6
+    value = torch.zeros(1, device=mine.device)
+    seen = torch.zeros(2, device=mine.device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        if rank == 0:
+            remote.copy_(value.expand_as(remote))
+            symmpool.signal(other)
+            symmpool.wait(other)
+        else:
+            symmpool.wait(other)
+            seen.copy_(torch.stack([mine[0], mine[-1]]))
+            symmpool.signal(other)
+    replayed = []
+
+    def replays():
+        for r in range(rounds):
+            value.fill_(float(100 + r))
+            graph.replay()
+            replayed.append(seen.clone())
+
+    names = _kernels_run(replays)
+    assert any("wait_kernel" in n for n in names), f"the profiler saw no wait kernel in the replays: {names}"
+    if rank == 1:
+        for r, got in enumerate(replayed):
+            assert got.tolist() == [100.0 + r] * 2, f"replay {r}: rank 1 read {got.tolist()}"
+
+    def eager_round():
+        if rank == 0:
+            symmpool.signal(other)
+            symmpool.wait(other)
+        else:
+            symmpool.wait(other)
+            symmpool.signal(other)
+
+    names = _kernels_run(eager_round)
+    assert not any("signal_kernel" in n or "wait_kernel" in n for n in names), f"eager signals ran kernels: {names}"
+    del graph
 
 
 def a_wait_without_signal_times_out(rank: int, world: int) -> None:

@@ -20,9 +20,11 @@ runs on the copy engines). A hand-written all-gather::
     symmpool.barrier(group)                           # nobody reads `mine` any more
 
 Ranks are the group's ranks. A view stays valid while its buffer lives on
-every rank. ``barrier`` uses stream memory operations (no SM); ``signal``
-and ``wait`` are one-thread kernels counted on the device, so CUDA graphs
-replay them right. A wait that outlasts the group's timeout fails the group
+every rank. ``barrier``, ``signal`` and ``wait`` use stream memory
+operations (no SM); inside a CUDA graph capture they are one-thread kernels
+counted on the device (a graph replays the host's counts unchanged), so a
+signal sent in a graph is consumed by a wait in a graph, an eager one by an
+eager wait. A wait that outlasts the group's timeout fails the group
 for good, as a failed collective does. ``peer_memory_counts`` counts the
 calls, fused ops (``symmpool.fused_ops``) and their NCCL fallbacks.
 """

@@ -33,6 +33,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -109,10 +110,14 @@ class Communicator {
   // Point to point, neither collective nor ordered with the collectives:
   // signal tells `peer` that what `stream` did before is done (counted, so
   // no signal is lost); wait holds `stream` until `peer` has signalled this
-  // rank once more than earlier waits consumed. One-thread kernels (a graph
-  // replays them right); a wait gives up after the barrier timeout and fails
-  // the communicator. Signals to one peer, and waits on one peer, must be
-  // issued in one order (one stream, or streams ordered by events).
+  // rank once more than earlier waits consumed. Eager, they are stream
+  // memory operations (no SM; counted on the host); under CUDA graph capture
+  // one-thread kernels counted on the device, so replays stay right. The two
+  // count apart: a signal sent eagerly is consumed by an eager wait, one
+  // sent in a graph by a wait in a graph. A wait gives up after the barrier
+  // timeout and fails the communicator. Signals to one peer, and waits on
+  // one peer, must be issued in one order (one stream, or streams ordered by
+  // events).
   void signal(int peer, cudaStream_t stream);
   void wait(int peer, cudaStream_t stream);
 
@@ -162,7 +167,8 @@ class Communicator {
   void allocate_signal_pads();
   void map_signal_pads();
   void enqueue_barrier(cudaStream_t stream, BarrierKind kind);
-  detail::PeerSignals peer_signals() const;  // every rank's pads and our patience, for the kernels
+  detail::StreamOpWatchdog& stream_op_watchdog();  // made on first use
+  detail::PeerSignals peer_signals() const;        // every rank's pads and our patience, for the kernels
   // Barriers around a kernel unless the kernel meets its peers itself.
   detail::BlockSync block_sync(bool fused) const;
 
@@ -186,28 +192,31 @@ class Communicator {
   void two_step(const Reduction& r);
   // peer_memory.cpp
   void check_peer(int peer, const char* op) const;
-  using PointToPointLaunch = cudaError_t (*)(const detail::PeerSignals&, int peer, std::uint32_t* counters,
-                                             cudaStream_t stream);
-  void point_to_point(const char* op, int peer, cudaStream_t stream, PointToPointLaunch launch,
-                      std::uint32_t* counters);
+  // Enqueues a signal or wait on `stream`: `stream_ops` eagerly, `kernel`
+  // under capture; a failure to enqueue fails the communicator (the counts
+  // of the two ranks would no longer match).
+  void point_to_point(const char* op, int peer, cudaStream_t stream, const std::function<void()>& stream_ops,
+                      const std::function<cudaError_t()>& kernel);
   // At least `bytes` of plain device memory for work enqueued on `stream` (scratch.cpp).
   void* scratch(std::size_t bytes, cudaStream_t stream);
 
   SymmetricHeap& heap_;
   CachingAllocator& allocator_;
-  std::uint32_t* pads_ = nullptr;                       // [kPadRows][kMaxRanks], symmetric
-  std::uint32_t* kernel_epoch_ = nullptr;               // device-side counter of kernel barriers
-  std::uint32_t* block_epochs_ = nullptr;               // device-side counters of block meetings
-  std::uint32_t* signals_sent_ = nullptr;               // device-side, one per peer: signal()s
-  std::uint32_t* signals_received_ = nullptr;           // device-side, one per peer: wait()s passed
-  std::uint32_t stream_op_epoch_ = 0;                   // host-side counter of stream-op barriers
-  detail::PadPointers peer_pads_{};                     // every rank's pads, mapped here
+  std::uint32_t* pads_ = nullptr;                              // [kPadRows][kMaxRanks], symmetric
+  std::uint32_t* kernel_epoch_ = nullptr;                      // device-side counter of kernel barriers
+  std::uint32_t* block_epochs_ = nullptr;                      // device-side counters of block meetings
+  std::uint32_t* signals_sent_ = nullptr;                      // device-side, one per peer: signal()s
+  std::uint32_t* signals_received_ = nullptr;                  // device-side, one per peer: wait()s passed
+  std::uint32_t stream_op_epoch_ = 0;                          // host-side counter of stream-op barriers
+  std::array<std::uint32_t, kMaxRanks> stream_op_sent_{};      // host-side, per peer: eager signal()s
+  std::array<std::uint32_t, kMaxRanks> stream_op_received_{};  // host-side, per peer: eager wait()s
+  detail::PadPointers peer_pads_{};                            // every rank's pads, mapped here
   int timeout_seconds_ = 0;                             // barriers' patience (argument or options' override)
   long long timeout_cycles_ = 0;                        // the same in clock cycles, for the kernels
   int max_blocks_ = 0;                                  // grid cap of unsynchronised reductions
   std::unique_ptr<detail::CopyStreams> copies_;         // where copy-engine copies are issued
   std::unique_ptr<detail::IssueOrder> order_;           // collectives run in the order issued
-  std::unique_ptr<detail::StreamOpWatchdog> watchdog_;  // times out stream-op barriers
+  std::unique_ptr<detail::StreamOpWatchdog> watchdog_;  // times out stream-op waits
   void* internal_ = nullptr;                            // our internal heap slot: pads and epochs
   detail::ErrorWords* error_words_ = nullptr;           // host-mapped: set by a barrier that timed out
   int* error_flag_ = nullptr;                           // the same words, as the kernels take them

@@ -27,9 +27,10 @@ enum PadRow : int {
   kKernelBarrierRow = 0,
   kStreamOpBarrierRow = 1,
   kFirstBlockRow = 2,                            // kMaxSyncBlocks rows follow
-  kSignalRow = kFirstBlockRow + kMaxSyncBlocks,  // point-to-point signals (Communicator::signal)
+  kSignalRow = kFirstBlockRow + kMaxSyncBlocks,  // point-to-point signals of kernels (in CUDA graphs)
+  kStreamOpSignalRow,                            // point-to-point signals of stream memops (eager)
 };
-constexpr int kPadRows = kSignalRow + 1;
+constexpr int kPadRows = kStreamOpSignalRow + 1;
 
 // What a kernel needs to signal its peers and wait for their signals (the
 // kernels take the world size on its own: they loop over it too).
