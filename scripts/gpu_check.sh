@@ -63,7 +63,7 @@ for stage in $stages; do
       # shellcheck disable=SC2086  # the variable holds several arguments
       run peers.log $py -m torch.distributed.run --standalone --nproc-per-node="$(nvidia-smi -L | wc -l)" \
         bench/peers/run.py --out "$OUT/peers.json" --time-budget 480 ${PEERS_BENCH_ARGS:-} ;;
-    tpops)  # e.g. TP_OPS_BENCH_ARGS="--models 70b --m 8192,32768 --gather-dim 1"
+    tpops)  # e.g. TP_OPS_BENCH_ARGS="--models 70b --tokens 8192,32768 --gather-dim 1"
       # shellcheck disable=SC2086  # the variable holds several arguments
       run tpops.log $py -m torch.distributed.run --standalone --nproc-per-node="$(nvidia-smi -L | wc -l)" \
         bench/tp_ops/run.py --out "$OUT/tp_ops.json" --time-budget 480 ${TP_OPS_BENCH_ARGS:-} ;;

@@ -211,7 +211,10 @@ def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nby
             handle = symm_mem.rendezvous(buffers.a, nccl)  # collective: every rank makes it here
             symm_mem.rendezvous(buffers.b, nccl)
             peers["torch-symm-mem"] = TorchSymmMemPeer(nccl, buffers, world)
-            peers["peer-copy"] = PeerCopyPeer(handle, buffers, rank, world)
+            if world > 1:
+                peers["peer-copy"] = PeerCopyPeer(handle, buffers, rank, world)
+            else:
+                failed["peer-copy"] = "needs 2 or more ranks: one rank has no peer to copy from"
         except Exception as e:  # noqa: BLE001  (recorded, the other peers still run)
             failed["torch-symm-mem"] = failed["peer-copy"] = f"setup: {type(e).__name__}: {e}"
     return {n: p for n, p in peers.items() if n in names or n == "nccl"}, failed

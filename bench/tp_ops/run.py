@@ -7,7 +7,7 @@ process per GPU.
     torchrun --standalone --nproc-per-node=2 bench/tp_ops/run.py \\
         --out bench/results/tp_ops_h200x2_<date>.json
 
-Shapes (shapes.py): M = batch x seq in --m, K and N from the model's hidden
+Shapes (shapes.py): M = batch x seq in --tokens, K and N from the model's hidden
 and MLP widths as column-parallel (all-gather + matmul: A_shard [M/W,
 hidden], B [hidden, mlp/W]) and row-parallel (matmul + reduce-scatter: A [M,
 mlp/W], B [mlp/W, hidden]) layers split them; --gather-dim / --scatter-dim
@@ -98,7 +98,9 @@ def parse_args(argv=None):
     p.add_argument("--ops", default=",".join(shapes.OPS), help=f"comma-separated, of {', '.join(shapes.OPS)}")
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of {', '.join(PEERS)}")
     p.add_argument("--models", default=",".join(shapes.MODELS), help=f"comma-separated, of {', '.join(shapes.MODELS)}")
-    p.add_argument("--m", default=",".join(map(str, shapes.DEFAULT_M)), help="tokens (batch x seq), comma-separated")
+    # Not "--m": under torchrun its own parser reads it as an ambiguous prefix of its options.
+    p.add_argument("--tokens", dest="m", default=",".join(map(str, shapes.DEFAULT_M)),
+                   help="M: tokens (batch x seq), comma-separated")
     p.add_argument("--gather-dim", type=int, choices=(0, 1), default=0,
                    help="all-gather + matmul: shard dim 0 of [M, hidden] or dim 1 (seq) of [batch, seq, hidden]")
     p.add_argument("--scatter-dim", type=int, choices=(0, 1), default=0,

@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -89,9 +90,35 @@ def help_text(script: pathlib.Path) -> str:
     return proc.stdout
 
 
+def assert_options_reach_the_script_under_torchrun(script: pathlib.Path) -> None:
+    """Each option in `script --help` passes torchrun's own parser untouched.
+    That parser also reads abbreviations of its options anywhere on the
+    command line, so an option that is a prefix of some of them ("--m")
+    stops the launch, and one that abbreviates a single one is taken."""
+    from torch.distributed.run import get_args_parser
+
+    options = sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", help_text(script))) - {"--help"})
+    assert len(options) >= 5, options
+    for option in options:
+        argv = ["--standalone", "--nproc-per-node=2", str(script), option, "1"]
+        try:
+            args = get_args_parser().parse_args(argv)
+        except SystemExit:
+            raise AssertionError(f"torchrun refused {script.name}'s {option}") from None
+        assert args.training_script_args == [option, "1"], (option, args.training_script_args)
+
+
 def test_help_needs_no_gpu():
     text = help_text(BENCH / "run.py")
     assert "--time-budget" in text and "--no-graph" in text
+
+
+# Every script the README or gpu_check.sh starts under torchrun.
+@pytest.mark.parametrize("script", ["bench/peers/run.py", "bench/tp_ops/run.py", "bench/collectives_host_cost.py",
+                                    "examples/fsdp2_train.py"])
+def test_every_option_reaches_the_script_under_torchrun(script):
+    # bench/tp_ops' --m (now --tokens) stopped every launch with "ambiguous option".
+    assert_options_reach_the_script_under_torchrun(ROOT / script)
 
 
 def test_bandwidth_is_nccl_tests_busbw():

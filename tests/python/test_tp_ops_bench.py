@@ -45,15 +45,15 @@ def test_defaults_are_the_issue_shapes_ops_and_peers():
     assert args.peers == ["symmpool-fused", "nccl-unfused", "torch-fused", "matmul-alone", "transfer-alone"]
     assert args.models == ["8b", "70b"] and args.m == [2048, 8192, 32768]
     assert (args.gather_dim, args.scatter_dim, args.time_budget, args.memory_fraction) == (0, 0, None, 0.9)
-    args = run.parse_args(["--models", "70b", "--m", "8192,2048,8192", "--gather-dim", "1", "--peers",
+    args = run.parse_args(["--models", "70b", "--tokens", "8192,2048,8192", "--gather-dim", "1", "--peers",
                            "matmul-alone,symmpool-fused", "--time-budget", "480"])
     assert args.models == ["70b"] and args.m == [2048, 8192] and args.gather_dim == 1
     assert args.peers == ["matmul-alone", "symmpool-fused"] and args.time_budget == 480
 
 
 def test_bad_arguments_exit_with_a_message(capsys):
-    for argv, text in ((["--models", "8b,405b"], "unknown models: 405b"), (["--m", "2k"], "whole numbers"),
-                       (["--m", "0"], "positive"), (["--peers", "nccl"], "unknown peers: nccl"),
+    for argv, text in ((["--models", "8b,405b"], "unknown models: 405b"), (["--tokens", "2k"], "whole numbers"),
+                       (["--tokens", "0"], "positive"), (["--peers", "nccl"], "unknown peers: nccl"),
                        (["--ops", "all_reduce"], "unknown ops"), (["--gather-dim", "2"], "invalid choice"),
                        (["--reps", "0"], "must be >= 1"), (["--memory-fraction", "1.5"], "(0, 1]")):
         with pytest.raises(SystemExit) as e:
@@ -460,7 +460,7 @@ def test_problems_are_wrong_results_and_transfers_that_ran_elsewhere():
 
 
 def test_plan_and_time_budget():
-    args = run.parse_args(["--models", "8b,70b", "--m", "2048,8192", "--ops", "matmul_reduce_scatter,"
+    args = run.parse_args(["--models", "8b,70b", "--tokens", "2048,8192", "--ops", "matmul_reduce_scatter,"
                                                                              "all_gather_matmul"])
     assert run.plan(args)[:3] == [("matmul_reduce_scatter", "8b", 2048), ("all_gather_matmul", "8b", 2048),
                                   ("matmul_reduce_scatter", "8b", 8192)]
@@ -516,7 +516,7 @@ def test_a_shape_runs_end_to_end_on_cpu(two_ranks, monkeypatch, dim):
         ran.extend(run_once() for _ in range(warmup + iters))
         return [5.0]
     monkeypatch.setattr(timing, "time_eager", time_eager)
-    args = run.parse_args(["--models", "tiny", "--m", "64", "--iters", "2", "--reps", "2", "--warmup", "1",
+    args = run.parse_args(["--models", "tiny", "--tokens", "64", "--iters", "2", "--reps", "2", "--warmup", "1",
                            "--gather-dim", str(dim), "--scatter-dim", str(dim), "--batch", "2"])
     failed = dict.fromkeys(("symmpool-fused", "transfer-alone"), "ImportError: no symmpool")
     env = {"ranks": FakeRanks(), "world": 2, "rank": 0, "device": torch.device("cpu"), "symmpool": None,
