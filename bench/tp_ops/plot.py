@@ -49,6 +49,7 @@ def plot(json_path: str) -> str:
 
     matplotlib.use("Agg")  # no display on the GPU hosts
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     with open(json_path) as f:
         doc = json.load(f)
@@ -63,6 +64,7 @@ def plot(json_path: str) -> str:
         peers = [p for p in PEER_ORDER if any(c["peer"] == p for c in rows)]
         peers += sorted({c["peer"] for c in rows} - set(peers))
         width = 0.8 / len(peers)
+        legend = []
         for i, peer in enumerate(peers):
             norm, spread, ms, notes = bars(rows, peer, shapes)
             xs = [j + (i - (len(peers) - 1) / 2) * width for j in range(len(shapes))]
@@ -75,11 +77,11 @@ def plot(json_path: str) -> str:
                     abs_ax.bar(x, t, width, color=color, hatch="//" if note else None)
                 if note:
                     norm_ax.text(x, (v or 0) + 0.02, note, rotation=90, fontsize=6, ha="center", va="bottom")
-            norm_ax.bar([], [], color=color, label=peer)  # one legend entry per peer
+            legend.append(Patch(color=color, label=peer))  # (an empty bar() would show the default colour)
         norm_ax.axhline(1.0, color="grey", linewidth=0.8)
         if ctx.get("target_ratio"):
-            norm_ax.axhline(ctx["target_ratio"], color="red", linestyle=":",
-                            label=f"target: fused <= {ctx['target_ratio']:g} x matmul-alone")
+            legend.append(norm_ax.axhline(ctx["target_ratio"], color="red", linestyle=":",
+                                          label=f"target: fused <= {ctx['target_ratio']:g} x matmul-alone"))
         labels = [f"{model}\nM={m}" for model, m in shapes]
         for ax in (norm_ax, abs_ax):
             ax.set_xticks(range(len(shapes)), labels, fontsize=8)
@@ -89,7 +91,8 @@ def plot(json_path: str) -> str:
         abs_ax.set_yscale("log")
         abs_ax.set_ylabel("ms per call (median)")
         abs_ax.set_title(f"{op}: time per call", fontsize=10)
-        norm_ax.legend(fontsize=7, loc="upper left")
+        norm_ax.set_ylim(0, norm_ax.get_ylim()[1] * 1.35)  # headroom: the legend goes above the bars
+        norm_ax.legend(handles=legend, fontsize=7, loc="upper left", ncol=3)
     dims = f"gather_dim {ctx.get('gather_dim', 0)}, scatter_dim {ctx.get('scatter_dim', 0)}"
     return save_figure(fig, json_path, f"bf16 TP ops on {ctx.get('ranks')} x {ctx.get('gpu')} ({dims}), "
                        f"{versions(ctx)}")

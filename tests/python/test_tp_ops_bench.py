@@ -478,15 +478,28 @@ def test_default_out_names_gpu_and_ranks():
     assert os.path.dirname(out) == str(ROOT / "bench" / "results")
 
 
-def test_json_and_plot(tmp_path):
+def test_json_and_plot(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     path = tmp_path / "tp_ops_h200x2_2026-11-24.json"
     doc = run.document({"gpu": "NVIDIA H200", "ranks": 2, "target_ratio": report.TARGET_RATIO}, synthetic_cells())
     run.run_output.write_json(str(path), doc)
     back = json.loads(path.read_text())
     assert set(back) == {"context", "cells"} and len(back["cells"]) == len(synthetic_cells())
+    figures = []
+    save = plot.save_figure
+
+    def keep_figure(fig, *args):
+        figures.append(fig)
+        return save(fig, *args)
+    monkeypatch.setattr(plot, "save_figure", keep_figure)
     png = plot.plot(str(path))
     assert png == str(tmp_path / "tp_ops_h200x2_2026-11-24.png") and os.path.getsize(png) > 1000
+    # One colour per peer in the legend, the bars' own (empty bar() handles all came out the default blue).
+    legend = figures[0].axes[0].get_legend()
+    bar_colours = {tuple(p.get_facecolor()) for p in figures[0].axes[0].patches}
+    peer_colours = [tuple(h.get_facecolor()) for h in legend.legend_handles if hasattr(h, "get_facecolor")]
+    assert len(peer_colours) >= 4 and len(set(peer_colours)) == len(peer_colours), peer_colours
+    assert set(peer_colours) <= bar_colours, (peer_colours, bar_colours)
     rows = [c for c in back["cells"] if c["op"] == "matmul_reduce_scatter"]
     shapes_seen = plot.shapes_of(rows)
     assert shapes_seen == [("70b", 8192), ("70b", 32768), ("8b", 2050), ("8b", 2048)]
