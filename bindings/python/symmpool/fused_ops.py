@@ -198,6 +198,18 @@ class _Pipeline:
     def barrier(self) -> None:
         barrier(self.group, self.main)
 
+    def stage_and_meet(self, x: Optional[torch.Tensor] = None, into: tuple = ()) -> None:
+        """Off the caller's stream, on the copy stream: ``x`` copied into each
+        of ``into`` (our workspace, where the peers read it), then the barrier
+        after which every rank's workspace is ready. The caller's stream goes
+        on meanwhile with the work that needs no peer (our own shard's
+        matmul), so neither the staging copy nor the meeting delays it."""
+        self.copies.wait_stream(self.main)
+        with torch.cuda.stream(self.copies):
+            for dst in into:
+                dst.copy_(x)
+        barrier(self.group, self.copies)
+
 
 # -- all-gather, then matmul ----------------------------------------------------------------------
 
@@ -241,11 +253,7 @@ def _all_gather_matmul_rows(p: _Pipeline, x: torch.Tensor, Bs, shape_out: Callab
     mine = p.staging((m, k), x.dtype)
     A_flat = x.new_empty(p.world * m, k)
     outs = [x.new_empty(p.world * m, B.shape[1]) for B in Bs]
-    mine.copy_(x)
-    p.barrier()  # every rank's shard is in its workspace
-    p.copies.wait_stream(p.main)
-    with torch.cuda.stream(p.copies):
-        A_flat[p.rank * m:(p.rank + 1) * m].copy_(mine)
+    p.stage_and_meet(x, into=(mine, A_flat[p.rank * m:(p.rank + 1) * m]))  # then every shard is staged
     for B, out in zip(Bs, outs):
         torch.mm(x, B, out=out[p.rank * m:(p.rank + 1) * m])
     for step in range(1, p.world):
@@ -268,11 +276,7 @@ def _all_gather_matmul_columns(p: _Pipeline, x: torch.Tensor, Bs) -> tuple:
     mine = p.staging((m, k), x.dtype)
     shards = x.new_empty(p.world, m, k)
     outs = [x.new_empty(m, B.shape[1]) for B in Bs]
-    mine.copy_(x)
-    p.barrier()
-    p.copies.wait_stream(p.main)
-    with torch.cuda.stream(p.copies):
-        shards[p.rank].copy_(mine)
+    p.stage_and_meet(x, into=(mine, shards[p.rank]))
     for B, out in zip(Bs, outs):
         torch.mm(x, B[p.rank * k:(p.rank + 1) * k], out=out)
     for step in range(1, p.world):
@@ -341,7 +345,10 @@ def _produce_and_all_to_all(p: _Pipeline, produce: Callable, chunk: tuple, dtype
     a staging buffer and pushed into the peer's slot by the copy engines
     while the next one is made; ours goes last, straight into our slot."""
     stacked = p.staging((p.world, *chunk), dtype)
-    p.barrier()  # every peer is done with its workspace's last use: we may write into it
+    # Every peer is done with its workspace's last use: pushes (on the copy
+    # stream, behind the barrier) may write into it; the first chunk's
+    # matmul does not wait for the meeting.
+    p.stage_and_meet()
     staging = [torch.empty(chunk, dtype=dtype, device=stacked.device) for _ in range(min(2, p.world - 1))]
     pushed: list[Optional[torch.cuda.Event]] = [None] * len(staging)
     for step in range(1, p.world):
