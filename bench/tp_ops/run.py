@@ -299,7 +299,8 @@ def main(argv=None) -> int:
         context["torch_symm_mem_enable"] = tp_peers.enable_torch_symm_mem(nccl.group_name) or "ok"
     out = args.out or default_out(context["gpu"], world)
     env = {"ranks": ranks, "world": world, "rank": rank, "device": device, "symmpool": symmpool, "failed": failed,
-           "groups": tp_peers.Groups(world, nccl, symm.group_name if symm is not None else None),
+           "groups": tp_peers.Groups(world, nccl, symm.group_name if symm is not None else None,
+                                     symmpool.peer_memory_counts if symmpool else None),
            "counter": (lambda: symmpool.memory_stats(device)["symm_collectives"]) if symmpool else (lambda: 0),
            "start": time.monotonic()}
     results = []

@@ -43,6 +43,9 @@ class Groups:
     world: int
     nccl: object  # a ProcessGroup with an NCCL backend
     symm_name: str | None = None  # the "symm" group's name; None when symmpool is not there
+    # symmpool.peer_memory_counts: symmpool-fused's first call (its check)
+    # must have fused, or its times would be the unfused fallback's.
+    fused_counts: Callable[[], dict] | None = None
 
 
 @dataclasses.dataclass
@@ -142,7 +145,7 @@ def _under(pool) -> Callable[[], contextlib.AbstractContextManager]:
 def _symmpool_fused(shape: Shape, inputs: Inputs, groups: Groups, pool) -> Call:
     under = _under(pool)
     if shape.op == "all_gather_matmul":
-        op = torch.ops.symmpool.fused_all_gather_matmul
+        name, op = "fused_all_gather_matmul", torch.ops.symmpool.fused_all_gather_matmul
         args = with_group_size(op, (inputs.a, [inputs.b], shape.dim), groups.world, groups.symm_name)
 
         def run():
@@ -150,13 +153,37 @@ def _symmpool_fused(shape: Shape, inputs: Inputs, groups: Groups, pool) -> Call:
                 a, cs = op(*args)
             return {"a": a, "c": cs[0] if isinstance(cs, (list, tuple)) else cs}
     else:
-        op = torch.ops.symmpool.fused_matmul_reduce_scatter
+        name, op = "fused_matmul_reduce_scatter", torch.ops.symmpool.fused_matmul_reduce_scatter
         args = with_group_size(op, (inputs.a, inputs.b, "sum", shape.dim), groups.world, groups.symm_name)
 
         def run():
             with under():
                 return {"out": op(*args)}
-    return Call(run)
+    return Call(_first_call_fused(run, name, groups.fused_counts))
+
+
+def _first_call_fused(run: Callable[[], dict], op: str, counts: Callable[[], dict] | None) -> Callable[[], dict]:
+    """run, whose first call (the check) raises unless symmpool fused it:
+    where it falls back (one rank, not a symm group...) the cell is
+    unavailable with the reason, instead of timing the unfused ops under the
+    fused peer's name. Later calls (timed) run as they are."""
+    if counts is None:
+        return run
+    first = [True]
+
+    def checked() -> dict:
+        if not first[0]:
+            return run()
+        first[0] = False
+        before = counts()
+        out = run()
+        after = counts()
+        if after.get(f"{op}.fused", 0) > before.get(f"{op}.fused", 0):
+            return out
+        prefix = f"{op}.fallback: "
+        why = [k[len(prefix):] for k in after if k.startswith(prefix) and after[k] > before.get(k, 0)]
+        raise RuntimeError(f"symmpool ran it unfused ({', '.join(why) or 'no fused call counted'})")
+    return checked
 
 
 def _symmpool_transfer(shape: Shape, inputs: Inputs, groups: Groups, pool) -> Call:

@@ -5,6 +5,7 @@
 
 #include "failure_monitor.hpp"
 #include "kernels.hpp"
+#include "relaxed_capture.hpp"
 #include "stream_op_watchdog.hpp"
 
 #include <symmpool/communicator.hpp>
@@ -89,7 +90,9 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
     SYMMPOOL_CUDA_TRY(detail::launch_barrier(peer_signals(), n, kernel_epoch_, stream));
     return;
   }
-  // SM-free: write our epoch into each peer's pad, then wait on our own.
+  // SM-free: write our epoch into each peer's pad, then wait on our own
+  // (the watchdog first: no wait may be enqueued without its timeout).
+  detail::StreamOpWatchdog& watchdog = stream_op_watchdog();
   const DriverApi& drv = real_driver();
   const std::uint32_t epoch = ++stream_op_epoch_;
   auto cu = reinterpret_cast<CUstream>(stream);
@@ -99,15 +102,17 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
     SYMMPOOL_CU_TRY(drv, cuStreamWriteValue32(cu, reinterpret_cast<CUdeviceptr>(slot), epoch,
                                               CU_STREAM_WRITE_VALUE_DEFAULT));
   }
-  for (int p = 0; p < n; ++p) {
-    SYMMPOOL_CU_TRY(drv, cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(pads_ + row + p), epoch,
-                                             CU_STREAM_WAIT_VALUE_GEQ));
-  }
-  stream_op_watchdog().enqueue_passed(detail::StreamOpWatchdog::kBarrierChannel, cu, epoch);
+  watchdog.enqueue_watched(detail::StreamOpWatchdog::kBarrierChannel, cu, epoch, [&] {
+    for (int p = 0; p < n; ++p) {
+      SYMMPOOL_CU_TRY(drv, cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(pads_ + row + p), epoch,
+                                               CU_STREAM_WAIT_VALUE_GEQ));
+    }
+  });
 }
 
 detail::StreamOpWatchdog& Communicator::stream_op_watchdog() {
   if (!watchdog_) {
+    detail::RelaxedCaptureMode relaxed;  // cudaHostAlloc is refused while another stream captures
     constexpr int kBarrierRow = detail::kStreamOpBarrierRow * kMaxRanks;
     constexpr int kSignalRow = detail::kStreamOpSignalRow * kMaxRanks;
     watchdog_ = std::make_unique<detail::StreamOpWatchdog>(

@@ -70,12 +70,14 @@ void Communicator::wait(int peer, cudaStream_t stream) {
   point_to_point(
       "wait", peer, stream,
       [&] {  // until `peer`'s count of eager signals to us reaches one more than we consumed
+        detail::StreamOpWatchdog& watchdog = stream_op_watchdog();  // before the wait it times out
         auto* slot = pads_ + detail::kStreamOpSignalRow * kMaxRanks + peer;
         const std::uint32_t count = stream_op_received_[static_cast<std::size_t>(peer)] + 1;
-        SYMMPOOL_CU_TRY(real_driver(), cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(slot), count,
-                                                           CU_STREAM_WAIT_VALUE_GEQ));
+        watchdog.enqueue_watched(detail::StreamOpWatchdog::signal_channel(peer), cu, count, [&] {
+          SYMMPOOL_CU_TRY(real_driver(), cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(slot), count,
+                                                             CU_STREAM_WAIT_VALUE_GEQ));
+        });
         stream_op_received_[static_cast<std::size_t>(peer)] = count;
-        stream_op_watchdog().enqueue_passed(detail::StreamOpWatchdog::signal_channel(peer), cu, count);
       },
       [&] { return detail::launch_wait(peer_signals(), peer, signals_received_, stream); });
 }
@@ -92,11 +94,13 @@ void Communicator::point_to_point(const char* op, int peer, cudaStream_t stream,
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
   const bool captured = capture != cudaStreamCaptureStatusNone;
+  if (captured) {  // a kernel that was not captured changed no count, here or at the peer
+    SYMMPOOL_CUDA_TRY(kernel());
+    monitor_->record_point_to_point(op, peer, stream, captured);
+    return;
+  }
   try {
-    if (captured)
-      SYMMPOOL_CUDA_TRY(kernel());
-    else
-      stream_ops();
+    stream_ops();
     monitor_->record_point_to_point(op, peer, stream, captured);
   } catch (const std::exception& e) {
     monitor_->fail(std::string(op) + (std::string(op) == "wait" ? " from" : " to") + " rank " +

@@ -1,12 +1,19 @@
 #include "stream_op_watchdog.hpp"
 
+#include "relaxed_capture.hpp"
+
 #include <symmpool/error.hpp>
 
 #include <cstdio>
 #include <exception>
-#include <vector>
 
 namespace symmpool::detail {
+
+namespace {
+// Host-mapped words: reached and passed per channel, then the slots of one
+// channel as last read (at most one per rank).
+constexpr int kWords = 2 * (1 + kMaxRanks) + kMaxRanks;
+}  // namespace
 
 StreamOpWatchdog::StreamOpWatchdog(const DriverApi& drv, int device, std::uint32_t* barrier_row,
                                    std::uint32_t* signal_row, int world, const int* error_flag,
@@ -25,12 +32,17 @@ StreamOpWatchdog::StreamOpWatchdog(const DriverApi& drv, int device, std::uint32
     c.count = 1;
   }
   channel_count_ = 1 + world;
-  SYMMPOOL_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&passed_), kChannels * sizeof(std::uint32_t),
-                                  cudaHostAllocMapped));
-  for (int i = 0; i < kChannels; ++i) passed_[i] = 0;
+  SYMMPOOL_CUDA_TRY(
+      cudaHostAlloc(reinterpret_cast<void**>(&words_), kWords * sizeof(std::uint32_t), cudaHostAllocMapped));
+  for (int i = 0; i < kWords; ++i) words_[i] = 0;
+  reached_ = words_;
+  passed_ = words_ + kChannels;
+  seen_ = words_ + 2 * kChannels;
   void* device_view = nullptr;
-  SYMMPOOL_CUDA_TRY(cudaHostGetDevicePointer(&device_view, passed_, 0));
-  passed_on_device_ = reinterpret_cast<CUdeviceptr>(device_view);
+  const cudaError_t mapped = cudaHostGetDevicePointer(&device_view, words_, 0);
+  if (mapped != cudaSuccess) cudaFreeHost(words_);
+  SYMMPOOL_CUDA_TRY(mapped);
+  words_on_device_ = static_cast<std::uint32_t*>(device_view);
   thread_ = std::thread([this] { watch(); });
 }
 
@@ -41,58 +53,94 @@ StreamOpWatchdog::~StreamOpWatchdog() {
   }
   wake_.notify_all();
   thread_.join();
-  cudaFreeHost(passed_);
+  cudaFreeHost(words_);
 }
 
-void StreamOpWatchdog::enqueue_passed(int channel, CUstream stream, std::uint32_t value) {
+CUdeviceptr StreamOpWatchdog::on_device(const std::uint32_t* word) const {
+  return reinterpret_cast<CUdeviceptr>(words_on_device_ + (word - words_));
+}
+
+void StreamOpWatchdog::enqueue_watched(int channel, CUstream stream, std::uint32_t value,
+                                       const std::function<void()>& enqueue_waits) {
+  // Issued first: whatever part of this gets enqueued, the thread knows
+  // what it waits for (a part that failed fails the communicator, which
+  // releases it).
   channels_[static_cast<std::size_t>(channel)].issued.store(value);
-  SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(stream, passed_on_device_ + channel * sizeof(std::uint32_t),
-                                             value, CU_STREAM_WRITE_VALUE_DEFAULT));
+  SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(stream, on_device(reached_ + channel), value,
+                                             CU_STREAM_WRITE_VALUE_DEFAULT));
+  enqueue_waits();
+  SYMMPOOL_CU_TRY(
+      drv_, cuStreamWriteValue32(stream, on_device(passed_ + channel), value, CU_STREAM_WRITE_VALUE_DEFAULT));
 }
 
 void StreamOpWatchdog::watch() {
+  RelaxedCaptureMode relaxed;  // our copies and syncs are legal while the owner's thread captures
   cudaStream_t side = nullptr;
   try {
     SYMMPOOL_CUDA_TRY(cudaSetDevice(device_));
     SYMMPOOL_CUDA_TRY(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-    for (int i = 0; i < channel_count_; ++i) channels_[static_cast<std::size_t>(i)].since = Clock::now();
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!wake_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stop_; })) {
-      const bool failed = *static_cast<const volatile int*>(error_flag_) != 0;
-      for (int i = 0; i < channel_count_; ++i) {
-        Channel& c = channels_[static_cast<std::size_t>(i)];
-        const std::uint32_t passed = static_cast<volatile std::uint32_t*>(passed_)[i];
-        if (passed == c.issued.load() || (passed != c.last_passed && !failed)) {  // idle, or moving
-          c.last_passed = passed;
-          c.since = Clock::now();
-        } else if (failed || Clock::now() - c.since >= timeout_) {
-          release_stalled(c, passed, side);
-          c.since = Clock::now();
-        }
+  } catch (const std::exception& e) {
+    // No caller to throw to: say why stream-op waits have no timeout.
+    std::fprintf(stderr, "symmpool: stream-op watchdog did not start: %s\n", e.what());
+    return;
+  }
+  for (int i = 0; i < channel_count_; ++i) channels_[static_cast<std::size_t>(i)].since = Clock::now();
+  bool reported = false;
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!wake_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stop_; })) {
+    const bool failed = *static_cast<const volatile int*>(error_flag_) != 0;
+    for (int i = 0; i < channel_count_; ++i) {
+      try {
+        check(channels_[static_cast<std::size_t>(i)], i, failed, side);
+      } catch (const std::exception& e) {  // tried again at the next tick
+        if (!reported) std::fprintf(stderr, "symmpool: stream-op watchdog (retrying): %s\n", e.what());
+        reported = true;
       }
     }
-  } catch (const std::exception& e) {
-    // No caller to throw to: say why stream-op waits lost their timeout.
-    std::fprintf(stderr, "symmpool: stream-op watchdog stopped: %s\n", e.what());
   }
-  if (side) cudaStreamDestroy(side);
+  cudaStreamDestroy(side);
 }
 
-// Waits on one channel pass in the order issued (barriers follow the issue
-// order; signals from one peer are waited for in one order), so the one
-// stalled is the first after the last that passed: a rank is to blame when
-// its slot has not reached that one's value.
-void StreamOpWatchdog::release_stalled(Channel& channel, std::uint32_t passed, cudaStream_t side) {
-  const std::uint32_t waiting_for = passed + 1;
+void StreamOpWatchdog::check(Channel& c, int index, bool failed, cudaStream_t side) {
+  const std::uint32_t issued = c.issued.load();
+  const std::uint32_t reached = static_cast<volatile std::uint32_t*>(reached_)[index];
+  const std::uint32_t passed = static_cast<volatile std::uint32_t*>(passed_)[index];
+  const auto now = Clock::now();
+  if (passed == issued) {  // idle
+    c.since = now;
+    return;
+  }
+  if (failed) {  // every wait issued may pass at once (each batch released once)
+    if (c.released != issued) {
+      release(c, issued, /*blame=*/false, side);
+      c.released = issued;
+    }
+    return;
+  }
+  const bool in_waits = reached != passed;  // the GPU sits at the wait for passed + 1
+  if (!in_waits || reached != c.last_reached || passed != c.last_passed) {
+    c.last_reached = reached;
+    c.last_passed = passed;
+    c.since = now;
+  } else if (now - c.since >= timeout_) {
+    // Waits on one channel pass in the order issued (barriers follow the
+    // issue order; signals from one peer are waited for in one order), so
+    // the one stalled is the first after the last that passed: a rank is
+    // to blame when its slot has not reached that one's value.
+    release(c, passed + 1, /*blame=*/true, side);
+    c.since = now;
+  }
+}
+
+void StreamOpWatchdog::release(Channel& channel, std::uint32_t below, bool blame, cudaStream_t side) {
   const std::uint32_t issued = channel.issued.load();
-  std::vector<std::uint32_t> seen(static_cast<std::size_t>(channel.count));
-  SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(seen.data(), channel.slots, seen.size() * sizeof(std::uint32_t),
-                                    cudaMemcpyDeviceToHost, side));
+  const auto bytes = static_cast<std::size_t>(channel.count) * sizeof(std::uint32_t);
+  SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(seen_, channel.slots, bytes, cudaMemcpyDeviceToHost, side));
   SYMMPOOL_CUDA_TRY(cudaStreamSynchronize(side));
   for (int i = 0; i < channel.count; ++i) {
-    if (static_cast<std::int32_t>(seen[static_cast<std::size_t>(i)] - waiting_for) >= 0) continue;
-    on_timeout_(channel.first_rank + i);  // on record (or the process aborted) before the stream goes on
-    // Every wait issued so far may pass: the communicator is failed now.
+    if (static_cast<std::int32_t>(seen_[i] - below) >= 0) continue;
+    // On record (or the process aborted) before the stream goes on.
+    if (blame) on_timeout_(channel.first_rank + i);
     SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(reinterpret_cast<CUstream>(side),
                                                reinterpret_cast<CUdeviceptr>(channel.slots + i), issued,
                                                CU_STREAM_WRITE_VALUE_DEFAULT));

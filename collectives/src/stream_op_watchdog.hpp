@@ -4,11 +4,14 @@
 // (and cudaDeviceSynchronize, and the process's exit). This thread watches
 // the waits by channel: the stream-op barriers (every rank's slot of our
 // barrier row) and, per peer, the waits for that peer's signals (its slot of
-// our signal row). When a channel has waits outstanding and none passed for
-// `timeout`, it records each rank whose slot is behind through `on_timeout`
-// (the communicator's failure monitor: the error goes on record first), then
+// our signal row). The stream notes on the host when it reaches a channel's
+// waits and when they pass. A channel whose stream has sat in its waits for
+// `timeout` (timed from when the GPU got there, as a kernel's wait is, not
+// from when the host enqueued them: a stream blocked elsewhere blames no
+// one here) records each rank whose slot is behind through `on_timeout` (the
+// communicator's failure monitor: the error goes on record first), then
 // writes the awaited value into that slot so the stream goes on. Once the
-// communicator failed for any reason, stalled waits go at once.
+// communicator failed for any reason, waits not passed go at once.
 
 #include <symmpool/detail/peer_pointers.hpp>
 #include <symmpool/driver_api.hpp>
@@ -42,11 +45,13 @@ class StreamOpWatchdog {
   static constexpr int kBarrierChannel = 0;
   static constexpr int signal_channel(int peer) { return 1 + peer; }
 
-  // After the waits of `channel` for `value` (a barrier's epoch, or a count
-  // of the peer's signals) on `stream`: notes on the device that they passed.
+  // Enqueues on `stream`, for the waits of `channel` for `value` (a
+  // barrier's epoch, or a count of the peer's signals): a note that the GPU
+  // reached them, the waits (`enqueue_waits`), a note that they passed.
   // Values on one channel are issued in increasing order, and its waits
   // pass in that order.
-  void enqueue_passed(int channel, CUstream stream, std::uint32_t value);
+  void enqueue_watched(int channel, CUstream stream, std::uint32_t value,
+                       const std::function<void()>& enqueue_waits);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -55,13 +60,18 @@ class StreamOpWatchdog {
     int first_rank = 0;              // whose word slots[0] is
     int count = 0;
     std::atomic<std::uint32_t> issued{0};  // the value the last wait enqueued awaits
-    std::uint32_t last_passed = 0;         // the thread's own: progress seen
+    // The thread's own: progress seen, and what was released after a failure.
+    std::uint32_t last_reached = 0, last_passed = 0, released = 0;
     Clock::time_point since{};
   };
   static constexpr int kChannels = 1 + kMaxRanks;
 
   void watch();
-  void release_stalled(Channel& channel, std::uint32_t passed, cudaStream_t side);
+  void check(Channel& channel, int index, bool failed, cudaStream_t side);
+  // Writes the last value issued into each slot of `channel` still below
+  // `below` (blaming its rank first, when `blame`), so the waits pass.
+  void release(Channel& channel, std::uint32_t below, bool blame, cudaStream_t side);
+  CUdeviceptr on_device(const std::uint32_t* word) const;
 
   const DriverApi& drv_;
   const int device_;
@@ -70,8 +80,13 @@ class StreamOpWatchdog {
   const std::function<void(int)> on_timeout_;
   std::array<Channel, kChannels> channels_;
   int channel_count_ = 0;
-  std::uint32_t* passed_ = nullptr;   // host-mapped, one per channel: the last value that passed
-  CUdeviceptr passed_on_device_ = 0;  // the same words, as the device sees them
+  // Host-mapped, per channel: the last value whose waits the GPU reached,
+  // and the last that passed; then pinned room for a channel's slots.
+  std::uint32_t* words_ = nullptr;
+  std::uint32_t* reached_ = nullptr;
+  std::uint32_t* passed_ = nullptr;
+  std::uint32_t* seen_ = nullptr;
+  std::uint32_t* words_on_device_ = nullptr;  // words_, as the device sees it
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;

@@ -416,12 +416,14 @@ def _signals_replay_in_cuda_graphs(rank: int, other: int, mine: torch.Tensor, re
             replayed.append(seen.clone())
 
     names = _kernels_run(replays)
-    assert any("wait_kernel" in n for n in names), f"the profiler saw no wait kernel in the replays: {names}"
+    waits = sum("wait_kernel" in n for n in names)
+    assert waits == rounds, f"{waits} wait kernels in {rounds} replays: {names}"
     if rank == 1:
         for r, got in enumerate(replayed):
             assert got.tolist() == [100.0 + r] * 2, f"replay {r}: rank 1 read {got.tolist()}"
 
     def eager_round():
+        value.add_(1)  # a kernel the profiler must see, or its silence below would prove nothing
         if rank == 0:
             symmpool.signal(other)
             symmpool.wait(other)
@@ -430,8 +432,47 @@ def _signals_replay_in_cuda_graphs(rank: int, other: int, mine: torch.Tensor, re
             symmpool.signal(other)
 
     names = _kernels_run(eager_round)
+    assert names, "the profiler saw no kernel at all in the eager round"
     assert not any("signal_kernel" in n or "wait_kernel" in n for n in names), f"eager signals ran kernels: {names}"
     del graph
+
+
+def a_wait_the_gpu_has_not_reached_does_not_time_out(rank: int, world: int) -> None:
+    """The wait's timeout runs from when the GPU reaches it, as a kernel's
+    does. Rank 0 queues 7 s of GPU work, then signal(1) and wait(1); rank 1
+    starts wait(0) only at 6 s, then answers. With a 5 s timeout counted from
+    when rank 0's host queued its wait, rank 0 blamed rank 1, alive and
+    waiting for rank 0's signal."""
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"  # raise, do not abort the process
+    os.environ.pop("SYMMPOOL_BARRIER_TIMEOUT", None)
+    import symmpool
+
+    init_group(rank, world, "cpu:gloo,cuda:symm", timeout=datetime.timedelta(seconds=5))
+    assert symmpool.is_available()
+    if rank < 2:
+        start = time.monotonic()
+        if rank == 0:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            torch.cuda._sleep(10**8)
+            end.record()
+            end.synchronize()
+            cycles_per_s = 10**8 / (begin.elapsed_time(end) / 1e3)
+            start = time.monotonic()
+            torch.cuda._sleep(int(7 * cycles_per_s))
+            symmpool.signal(1)
+            symmpool.wait(1)
+        else:
+            time.sleep(6)
+            symmpool.wait(0)
+            symmpool.signal(0)
+        torch.cuda.synchronize()
+        took = time.monotonic() - start
+        assert took < 15, f"rank {rank}: the round took {took:.1f} s"
+    symmpool.barrier()  # raises if a rank failed the group
+    torch.cuda.synchronize()
+    print(f"[rank {rank}] the late round passed without a timeout", flush=True)
+    dist.destroy_process_group()
 
 
 def a_wait_without_signal_times_out(rank: int, world: int) -> None:

@@ -157,6 +157,11 @@ def test_a_wait_without_signal_times_out():
     run_workers(dist_tp_ops.a_wait_without_signal_times_out, 2, timeout=120)
 
 
+@needs_two
+def test_a_wait_the_gpu_has_not_reached_does_not_time_out():
+    run_workers(dist_tp_ops.a_wait_the_gpu_has_not_reached_does_not_time_out, 2, timeout=120)
+
+
 @one_gpu_only
 @pytest.mark.parametrize("worker, args", [
     ("fused_ops_match_unfused", (True, [torch.bfloat16, torch.float16, torch.float32])),
@@ -164,6 +169,7 @@ def test_a_wait_without_signal_times_out():
     ("fused_ops_back_to_back_with_a_late_rank", ()),
     ("peer_memory_api", ()),
     ("a_wait_without_signal_times_out", ()),
-], ids=["fused_vs_unfused", "graphs_and_compile", "late_rank", "peer_memory_api", "wait_timeout"])
+    ("a_wait_the_gpu_has_not_reached_does_not_time_out", ()),
+], ids=["fused_vs_unfused", "graphs_and_compile", "late_rank", "peer_memory_api", "wait_timeout", "late_gpu_wait"])
 def test_two_ranks_sharing_one_gpu(worker, args):
     run_sharing_one_gpu(getattr(dist_tp_ops, worker), 2, *args, timeout=300)

@@ -279,6 +279,31 @@ def test_symmpool_peers_call_its_ops_with_or_without_the_group_size(two_ranks, m
     assert transfer.run()["out"].shape == rs.out and ops.reduce_scatter.calls[0][1:] == ("sum", 2, "symm0")
 
 
+def test_symmpool_fused_is_unavailable_where_symmpool_ran_it_unfused(two_ranks, monkeypatch):
+    """At world size 1 symmpool's fused op falls back to the unfused ops;
+    the first GPU run (1x H100) timed that fallback as "symmpool-fused"."""
+    counts = {}
+
+    def fused_op(a, bs, dim, size, name):
+        counts[verdict[0]] = counts.get(verdict[0], 0) + 1
+        return a.repeat(2, 1), [a @ bs[0]]
+    ops = type("Namespace", (), {"fused_all_gather_matmul": FakeOp(
+        "symmpool::fused_all_gather_matmul(Tensor A_shard, Tensor[] Bs, int gather_dim, int group_size, "
+        "str group_name) -> (Tensor, Tensor[])", fused_op)})()
+    monkeypatch.setattr(torch.ops, "symmpool", ops, raising=False)
+    ag = shapes.Shape("all_gather_matmul", "8b", 64, 2, 0, (64,), 32, 16)
+    groups = tp_peers.Groups(2, two_ranks.nccl, "symm0", fused_counts=lambda: dict(counts))
+    verdict = ["fused_all_gather_matmul.fallback: one rank"]
+    call = tp_peers.make_call("symmpool-fused", ag, make_inputs(ag), groups)
+    with pytest.raises(RuntimeError, match=r"symmpool ran it unfused \(one rank\)"):
+        call.run()
+    verdict[0] = "fused_all_gather_matmul.fused"
+    call = tp_peers.make_call("symmpool-fused", ag, make_inputs(ag), groups)
+    assert set(call.run()) == {"a", "c"}  # the check: fused
+    verdict[0] = "fused_all_gather_matmul.fallback: one rank"
+    call.run()  # timed calls are not checked again (no counting in the timed loop)
+
+
 def test_a_peer_that_cannot_run_raises_at_setup(two_ranks):
     ag = shapes.Shape("all_gather_matmul", "8b", 64, 2, 0, (64,), 32, 16)
     inputs = make_inputs(ag, fill=False)

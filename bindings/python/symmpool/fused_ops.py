@@ -53,6 +53,11 @@ class _Workspace:
         self.refused_bytes = 0  # up to this size, larger than `tensor`, calls go to NCCL
         self.last_use: Optional[torch.cuda.Event] = None  # the stream's position after the last op read it
         self.captured = False  # a CUDA graph holds `tensor`'s addresses
+        # The group's own copy stream: it carries the group's first barrier,
+        # and one shared by groups could order two groups' barriers
+        # differently on two ranks (a cycle), as NCCL gives each
+        # communicator its own internal streams.
+        self.copies: Optional[torch.cuda.Stream] = None
         self.kept_for_graphs: list[torch.Tensor] = []  # outgrown but captured: never freed
 
     def holds(self, nbytes: int) -> bool:
@@ -60,9 +65,6 @@ class _Workspace:
 
 
 _workspaces: dict[tuple[str, int], _Workspace] = {}
-_copy_streams: dict[int, torch.cuda.Stream] = {}
-
-
 def _workspace(group: dist.ProcessGroup, device: int, nbytes: int) -> _Workspace:
     """The workspace of ``group`` on ``device``, grown to ``nbytes`` where it
     can be (collective then); ``holds(nbytes)`` is False, on every rank,
@@ -120,12 +122,6 @@ def reserve_workspace(nbytes: int, group: Optional[dist.ProcessGroup] = None, de
     return _workspace(group, device, nbytes).holds(nbytes)
 
 
-def _copy_stream(device: int) -> torch.cuda.Stream:
-    if device not in _copy_streams:
-        _copy_streams[device] = torch.cuda.Stream(device)
-    return _copy_streams[device]
-
-
 def _check_group_size(group_size: int, op: str) -> None:
     if group_size < 1:
         raise ValueError(f"{op}: group_size must be >= 1, got {group_size}")
@@ -172,7 +168,9 @@ class _Pipeline:
         self.group, self.ws = group, ws
         self.rank, self.world = group.rank(), group.size()
         self.main = torch.cuda.current_stream(device)
-        self.copies = _copy_stream(device)
+        if ws.copies is None:
+            ws.copies = torch.cuda.Stream(device)
+        self.copies = ws.copies
         self.capturing = torch.cuda.is_current_stream_capturing()
         ws.captured = ws.captured or self.capturing
 
