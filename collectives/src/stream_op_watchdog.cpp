@@ -84,7 +84,7 @@ void StreamOpWatchdog::watch() {
     std::fprintf(stderr, "symmpool: stream-op watchdog did not start: %s\n", e.what());
     return;
   }
-  for (int i = 0; i < channel_count_; ++i) channels_[static_cast<std::size_t>(i)].since = Clock::now();
+  for (int i = 0; i < channel_count_; ++i) channels_[static_cast<std::size_t>(i)].clock.since = Clock::now();
   bool reported = false;
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stop_; })) {
@@ -101,34 +101,53 @@ void StreamOpWatchdog::watch() {
   cudaStreamDestroy(side);
 }
 
+ChannelVerdict judge_channel(ChannelClock& clock, std::uint32_t issued, std::uint32_t reached,
+                             std::uint32_t passed, bool failed, std::chrono::steady_clock::time_point now,
+                             std::chrono::seconds timeout) {
+  if (passed == issued) {  // idle
+    clock.since = now;
+    return ChannelVerdict::kWaiting;
+  }
+  if (failed) {
+    if (clock.released == issued) return ChannelVerdict::kWaiting;
+    clock.released = issued;
+    return ChannelVerdict::kRelease;
+  }
+  const bool in_waits = reached != passed;  // the GPU sits at the wait for passed + 1
+  if (!in_waits || reached != clock.last_reached || passed != clock.last_passed) {
+    clock.last_reached = reached;
+    clock.last_passed = passed;
+    clock.since = now;
+    return ChannelVerdict::kWaiting;
+  }
+  if (now - clock.since < timeout) return ChannelVerdict::kWaiting;
+  clock.since = now;
+  return ChannelVerdict::kTimedOut;
+}
+
 void StreamOpWatchdog::check(Channel& c, int index, bool failed, cudaStream_t side) {
   const std::uint32_t issued = c.issued.load();
   const std::uint32_t reached = static_cast<volatile std::uint32_t*>(reached_)[index];
   const std::uint32_t passed = static_cast<volatile std::uint32_t*>(passed_)[index];
-  const auto now = Clock::now();
-  if (passed == issued) {  // idle
-    c.since = now;
-    return;
-  }
-  if (failed) {  // every wait issued may pass at once (each batch released once)
-    if (c.released != issued) {
-      release(c, issued, /*blame=*/false, side);
-      c.released = issued;
-    }
-    return;
-  }
-  const bool in_waits = reached != passed;  // the GPU sits at the wait for passed + 1
-  if (!in_waits || reached != c.last_reached || passed != c.last_passed) {
-    c.last_reached = reached;
-    c.last_passed = passed;
-    c.since = now;
-  } else if (now - c.since >= timeout_) {
-    // Waits on one channel pass in the order issued (barriers follow the
-    // issue order; signals from one peer are waited for in one order), so
-    // the one stalled is the first after the last that passed: a rank is
-    // to blame when its slot has not reached that one's value.
-    release(c, passed + 1, /*blame=*/true, side);
-    c.since = now;
+  const std::uint32_t released_before = c.clock.released;
+  switch (judge_channel(c.clock, issued, reached, passed, failed, Clock::now(), timeout_)) {
+    case ChannelVerdict::kWaiting:
+      return;
+    case ChannelVerdict::kRelease:
+      try {
+        release(c, issued, /*blame=*/false, side);
+      } catch (...) {
+        c.clock.released = released_before;  // not released: again at the next tick
+        throw;
+      }
+      return;
+    case ChannelVerdict::kTimedOut:
+      // Waits on one channel pass in the order issued (barriers follow the
+      // issue order; signals from one peer are waited for in one order), so
+      // the one stalled is the first after the last that passed: a rank is
+      // to blame when its slot has not reached that one's value.
+      release(c, passed + 1, /*blame=*/true, side);
+      return;
   }
 }
 

@@ -30,6 +30,26 @@
 
 namespace symmpool::detail {
 
+// One channel's progress as the watchdog saw it at its last tick.
+struct ChannelClock {
+  std::uint32_t last_reached = 0, last_passed = 0;
+  std::uint32_t released = 0;  // after a failure: the last value let through
+  std::chrono::steady_clock::time_point since{};
+};
+
+enum class ChannelVerdict {
+  kWaiting,   // idle, moving, or its stream is elsewhere (not in its waits)
+  kTimedOut,  // its stream sat in a wait for the timeout: blame who is behind
+  kRelease,   // the communicator failed: let every wait issued pass (once per batch)
+};
+
+// One tick's decision for a channel whose last wait awaits `issued`, whose
+// stream last reached the waits for `reached` and passed those for
+// `passed`; updates `clock`. Pure, so it is tested without a GPU.
+ChannelVerdict judge_channel(ChannelClock& clock, std::uint32_t issued, std::uint32_t reached,
+                             std::uint32_t passed, bool failed, std::chrono::steady_clock::time_point now,
+                             std::chrono::seconds timeout);
+
 class StreamOpWatchdog {
  public:
   // `barrier_row` and `signal_row`: our pad rows (device memory) the
@@ -60,9 +80,7 @@ class StreamOpWatchdog {
     int first_rank = 0;              // whose word slots[0] is
     int count = 0;
     std::atomic<std::uint32_t> issued{0};  // the value the last wait enqueued awaits
-    // The thread's own: progress seen, and what was released after a failure.
-    std::uint32_t last_reached = 0, last_passed = 0, released = 0;
-    Clock::time_point since{};
+    ChannelClock clock;                    // the thread's own
   };
   static constexpr int kChannels = 1 + kMaxRanks;
 
