@@ -29,9 +29,13 @@ def reference(call, ranks) -> dict:
     return {name: t.clone() for name, t in results.items()}
 
 
-def check(call, expected: dict, ranks) -> bool:
+def check(call, expected: dict, ranks, protect: tuple = ()) -> bool:
     """One run into NaN-poisoned outputs, its own inputs copied from the
-    reference's: is every result it returns equal to the reference's?"""
+    reference's: is every result it returns equal to the reference's?
+    Afterwards its results are poisoned too (all but those sharing storage
+    with `protect` or its own inputs): an output that a later peer's op
+    allocates may be this one's freed block, which would still hold the
+    right answer had that op written nothing."""
     for name, t in call.inputs.items():
         t.copy_(expected[name])
     for t in call.poison:
@@ -40,6 +44,11 @@ def check(call, expected: dict, ranks) -> bool:
     results = call.run()
     torch.cuda.synchronize()
     same = [torch.equal(t, expected[name]) for name, t in results.items() if t is not None]
+    kept = {t.untyped_storage().data_ptr() for t in (*protect, *call.inputs.values())}
+    for t in results.values():
+        if t is not None and t.untyped_storage().data_ptr() not in kept:
+            t.fill_(float("nan"))
+    torch.cuda.synchronize()
     return bool(same) and all(same)
 
 
@@ -65,12 +74,12 @@ def time_interleaved(calls: dict, args, ranks, counter: Callable[[], int]) -> tu
     return samples, errors, ran
 
 
-def check_all(ready: dict, expected: dict, ranks) -> tuple[dict, dict]:
+def check_all(ready: dict, expected: dict, ranks, protect: tuple = ()) -> tuple[dict, dict]:
     """({peer: whether its result equals the reference's on every rank},
     {peer: why its check could not run})."""
     correct, failed = {}, {}
     for peer, call in ready.items():
-        ok, error = attempt(lambda: check(call, expected, ranks))
+        ok, error = attempt(lambda: check(call, expected, ranks, protect))
         error = ranks.first_error(error)
         if error:
             failed[peer] = f"check: {error}"
@@ -80,7 +89,8 @@ def check_all(ready: dict, expected: dict, ranks) -> tuple[dict, dict]:
 
 
 def measure_shape(calls: dict, reference_call, fill_check: Callable[[], None],
-                  fill_timing: Callable[[list], None], args, ranks, counter: Callable[[], int]) -> dict:
+                  fill_timing: Callable[[list], None], args, ranks, counter: Callable[[], int],
+                  shared_inputs: tuple = ()) -> dict:
     """{peer: outcome} for the peers in `calls` ({peer: Call, or why it could
     not be set up}). An outcome: status ("ok", "wrong", "unavailable"),
     reason, correct, per_rank (each rank's per-call us of every round),
@@ -99,7 +109,7 @@ def measure_shape(calls: dict, reference_call, fill_check: Callable[[], None],
     error = ranks.first_error(error)
     if error:
         return {**out, **{p: unavailable(f"reference (nccl-unfused): {error}") for p in ready}}
-    correct, failed = check_all(ready, expected, ranks)
+    correct, failed = check_all(ready, expected, ranks, protect=shared_inputs)
     out.update({p: unavailable(why) for p, why in failed.items()})
     expected = None  # not needed while timing
     timed = {p: ready[p] for p in correct}

@@ -280,7 +280,8 @@ def measure_cells(key, shape, args, env) -> list[dict]:
     gen = data.generator(device, args.seed, env["rank"], f"{shape.op}/{shape.model}/{shape.m}/{shape.dim}/{args.batch}")
     outcomes = measure.measure_shape(
         calls, reference, lambda: data.fill_check(inputs.a, inputs.b, 1 if ag else shape.world, gen),
-        lambda own: data.fill_timing([inputs.a, inputs.b, *own], gen), args, ranks, env["counter"])
+        lambda own: data.fill_timing([inputs.a, inputs.b, *own], gen), args, ranks, env["counter"],
+        shared_inputs=(inputs.a, inputs.b))
     return [report.cell(key, shape, peer, o["status"], o.get("reason"), o.get("per_rank"), o.get("correct"),
                         calls_issued=o.get("calls_issued"), symm_collectives=o.get("counted"))
             for peer, o in outcomes.items()]

@@ -388,6 +388,24 @@ def test_a_shape_checks_every_peer_then_times_them_interleaved(shape_run):
     assert ranks.starts == 1 + 4  # the reference and each check start the ranks together
 
 
+def test_an_op_that_writes_nothing_into_a_freed_right_answer_is_wrong(shape_run):
+    """A peer's output may be the block a peer checked before it freed: its
+    right answer must be gone (poisoned after that check), or an op that
+    wrote nothing would pass (symmpool-fused's A, then transfer-alone's
+    all-gather output in the same pool)."""
+    shared_input = torch.arange(4.0)
+    freed = torch.zeros(4)
+
+    def writes_into_the_block():
+        freed.copy_(shared_input * 2)
+        return {"c": freed}
+    calls = {"fused": tp_peers.Call(writes_into_the_block),
+             "transfer": tp_peers.Call(lambda: {"c": freed})}  # gets the same block back, writes nothing
+    out, _, _ = shape_run(calls, FakeRanks(), reference=fake_call(into=shared_input))
+    assert out["fused"]["status"] == "ok"
+    assert out["transfer"]["status"] == "wrong", out["transfer"]
+
+
 def test_a_failure_on_any_rank_skips_the_peer_on_every_rank(shape_run):
     out, _, _ = shape_run({"p": fake_call(), "q": fake_call()}, FakeRanks(), reference=fake_call("raises"))
     assert {o["reason"] for o in out.values()} == {"reference (nccl-unfused): rank 0: RuntimeError: not "
