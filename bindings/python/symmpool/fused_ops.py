@@ -65,6 +65,8 @@ class _Workspace:
 
 
 _workspaces: dict[tuple[str, int], _Workspace] = {}
+
+
 def _workspace(group: dist.ProcessGroup, device: int, nbytes: int) -> _Workspace:
     """The workspace of ``group`` on ``device``, grown to ``nbytes`` where it
     can be (collective then); ``holds(nbytes)`` is False, on every rank,
