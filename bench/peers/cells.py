@@ -28,25 +28,47 @@ def start_ranks():
     return device, dist.get_world_size(), dist.get_rank(), ranks
 
 
+class RanksOutOfStep(SystemExit):
+    """The ranks reached different steps: one failed where its peers did
+    not (inside a step, before its shared verdict). Not an Exception, so
+    attempt() does not swallow it: every rank stops at once with the
+    reason, instead of the ranks waiting in different collectives until
+    the group's timeout (the JSON keeps the cells already written)."""
+
+
 class Ranks:
-    """What the ranks do together on the CPU: start a timing, exchange values."""
+    """What the ranks do together on the CPU: start a timing, exchange
+    values. Every exchange carries its kind, so ranks that fell out of step
+    (one rank's error verdict meeting another's barrier) stop with
+    RanksOutOfStep."""
 
     def __init__(self, group):
         self.group = group
         self.world = dist.get_world_size(group)
 
+    def _exchange(self, kind: str, value) -> list:
+        got = [None] * self.world
+        dist.all_gather_object(got, (kind, value), group=self.group)
+        if len({k for k, _ in got}) > 1:
+            steps = "; ".join(f"rank {r}: {k}" + (f" ({v})" if k == "error" and v else "")
+                              for r, (k, v) in enumerate(got))
+            raise RanksOutOfStep(f"bench ranks out of step, stopping: {steps}")
+        return [v for _, v in got]
+
     def start_together(self) -> None:
-        torch.cuda.synchronize()
-        dist.barrier(group=self.group)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self._exchange("start", None)
 
     def gather(self, value) -> list:
-        values = [None] * self.world
-        dist.all_gather_object(values, value, group=self.group)
-        return values
+        return self._exchange("value", value)
+
+    def gather_errors(self, error: str | None) -> list:
+        return self._exchange("error", error)
 
     def first_error(self, error: str | None) -> str | None:
         """The first rank's error, on every rank, or None when none failed."""
-        return next((f"rank {r}: {e}" for r, e in enumerate(self.gather(error)) if e), None)
+        return next((f"rank {r}: {e}" for r, e in enumerate(self.gather_errors(error)) if e), None)
 
 
 def attempt(fn):

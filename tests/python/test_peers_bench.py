@@ -113,6 +113,17 @@ def test_help_needs_no_gpu():
     assert "--time-budget" in text and "--no-graph" in text
 
 
+def test_ranks_out_of_step_stop_at_once():
+    """Real gloo ranks on CPU: one rank's error verdict meeting the others'
+    barrier (an exception before a step's barrier on one rank only) stops
+    every rank with the reason; before, they sat in different collectives
+    until the group's 300 s timeout, then crashed."""
+    import dist_bench_ranks
+    from launch import run_workers
+
+    run_workers(dist_bench_ranks.ranks_in_step_exchange_and_out_of_step_stop, 2, timeout=120)
+
+
 # Every script the README or gpu_check.sh starts under torchrun.
 @pytest.mark.parametrize("script", ["bench/peers/run.py", "bench/tp_ops/run.py", "bench/collectives_host_cost.py",
                                     "examples/fsdp2_train.py"])
@@ -229,6 +240,8 @@ class FakeRanks:
     def gather(self, value):
         self.gathers += 1
         return [value, "RuntimeError: boom" if self.gathers in self.fail_at else self.other(value)]
+
+    gather_errors = gather  # numbered with the other gathers
 
 
 class FakePeer:
