@@ -6,12 +6,22 @@ import os
 import socket
 import time
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
 
 def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+# Skip markers of the GPU tests. Where one GPU is all there is, the 2-rank
+# tests run with both ranks on it (run_sharing_one_gpu): symmpool's own
+# paths, with gloo's references (NCCL refuses such a group).
+needs_gpu = pytest.mark.skipif(gpu_count() < 1, reason=f"needs a CUDA GPU, found {gpu_count()}")
+needs_two = pytest.mark.skipif(gpu_count() < 2, reason=f"needs 2 or more CUDA GPUs, found {gpu_count()}")
+one_gpu_only = pytest.mark.skipif(gpu_count() != 1, reason="2 ranks sharing the one GPU; with more GPUs the "
+                                                           "2-rank tests run with a GPU per rank")
 
 
 def _free_port() -> int:

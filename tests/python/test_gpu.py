@@ -6,15 +6,10 @@ import pytest
 import torch
 
 import symmpool
-from launch import gpu_count, run_sharing_one_gpu, run_workers
+from launch import gpu_count, needs_gpu, needs_two, one_gpu_only, run_sharing_one_gpu, run_workers
 import dist_failures
 import dist_group_layouts
 import dist_workers
-
-needs_gpu = pytest.mark.skipif(gpu_count() < 1, reason=f"needs a CUDA GPU, found {gpu_count()}")
-needs_two = pytest.mark.skipif(gpu_count() < 2, reason=f"needs 2 or more CUDA GPUs, found {gpu_count()}")
-one_gpu_only = pytest.mark.skipif(gpu_count() != 1, reason="2 ranks sharing the one GPU; with more GPUs the "
-                                                           "tests run with a GPU per rank")
 
 
 @needs_gpu

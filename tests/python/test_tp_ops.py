@@ -9,14 +9,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import symmpool
 import dist_tp_ops
-from launch import gpu_count, run_sharing_one_gpu, run_workers
+from launch import gpu_count, needs_gpu, needs_two, one_gpu_only, run_sharing_one_gpu, run_workers
 
-needs_gpu = pytest.mark.skipif(gpu_count() < 1, reason="needs a CUDA GPU")
-needs_two = pytest.mark.skipif(gpu_count() < 2, reason=f"needs 2 or more CUDA GPUs, found {gpu_count()}")
-# Where one GPU is all there is, the 2-rank tests run with both ranks on it:
-# symmpool's own paths, with gloo's references (NCCL refuses such a group).
-one_gpu_only = pytest.mark.skipif(gpu_count() != 1, reason="2 ranks sharing the one GPU; with more GPUs the "
-                                                           "tests above run with a GPU per rank")
 OPS = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter", "pipelined_produce_and_all_to_all")
 
 
