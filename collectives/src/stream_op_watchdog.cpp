@@ -9,12 +9,6 @@
 
 namespace symmpool::detail {
 
-namespace {
-// Host-mapped words: reached and passed per channel, then the slots of one
-// channel as last read (at most one per rank).
-constexpr int kWords = 2 * (1 + kMaxRanks) + kMaxRanks;
-}  // namespace
-
 StreamOpWatchdog::StreamOpWatchdog(const DriverApi& drv, int device, std::uint32_t* barrier_row,
                                    std::uint32_t* signal_row, int world, const int* error_flag,
                                    std::chrono::seconds timeout, std::function<void(int)> on_timeout)

@@ -83,6 +83,9 @@ class StreamOpWatchdog {
     ChannelClock clock;                    // the thread's own
   };
   static constexpr int kChannels = 1 + kMaxRanks;
+  // Host-mapped words: reached and passed per channel, then the slots of
+  // one channel as last read (at most one per rank).
+  static constexpr int kWords = 2 * kChannels + kMaxRanks;
 
   void watch();
   void check(Channel& channel, int index, bool failed, cudaStream_t side);

@@ -43,7 +43,7 @@ _WORKSPACE_GRANULE = 2 << 20  # bytes: workspaces grow in whole granules of the 
 class _Workspace:
     """One group's symmetric staging buffer on one device."""
 
-    def __init__(self, backend) -> None:
+    def __init__(self, backend, device: int) -> None:
         # A new group under an old name gets a new workspace. Not a (weak)
         # reference to `backend`: each lookup may give a new Python wrapper of
         # the same backend, which replaced the workspace at every call.
@@ -57,7 +57,7 @@ class _Workspace:
         # and one shared by groups could order two groups' barriers
         # differently on two ranks (a cycle), as NCCL gives each
         # communicator its own internal streams.
-        self.copies: Optional[torch.cuda.Stream] = None
+        self.copies = torch.cuda.Stream(device)
         self.kept_for_graphs: list[torch.Tensor] = []  # outgrown but captured: never freed
 
     def holds(self, nbytes: int) -> bool:
@@ -75,7 +75,7 @@ def _workspace(group: dist.ProcessGroup, device: int, nbytes: int) -> _Workspace
     key = (group.group_name, device)
     ws = _workspaces.get(key)
     if ws is None or ws.backend_serial != backend.serial:
-        ws = _workspaces[key] = _Workspace(backend)
+        ws = _workspaces[key] = _Workspace(backend, device)
     if ws.holds(nbytes) or nbytes <= ws.refused_bytes:
         return ws
     have = 0 if ws.tensor is None else ws.tensor.numel()
@@ -170,8 +170,6 @@ class _Pipeline:
         self.group, self.ws = group, ws
         self.rank, self.world = group.rank(), group.size()
         self.main = torch.cuda.current_stream(device)
-        if ws.copies is None:
-            ws.copies = torch.cuda.Stream(device)
         self.copies = ws.copies
         self.capturing = torch.cuda.is_current_stream_capturing()
         ws.captured = ws.captured or self.capturing
