@@ -118,8 +118,15 @@ def run(args) -> dict:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if args.deterministic:  # flash-attention's backward and some GEMMs vary between runs otherwise
+    if args.deterministic:
+        # Some GEMMs vary between runs otherwise; torch only warns where an op
+        # has no deterministic kernel, and the fused attention backwards
+        # (flash, memory-efficient, cuDNN) are such ops: they accumulate with
+        # atomics. Attention then runs as plain matmuls + softmax.
         torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
     init_world(args, device)
     results_group = dist.new_group(backend="gloo")  # gathers results, never touches the GPU
     mesh = make_mesh(args, device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 import time
@@ -30,16 +31,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, fn, world, port, args):
+def _entry(rank, fn, world, port, stack_dump_after, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    # A worker still running shortly before the deadline prints every thread's
+    # stack, so a hang says where it hangs before it is killed.
+    faulthandler.dump_traceback_later(stack_dump_after, exit=False)
     fn(rank, world, *args)
+    faulthandler.cancel_dump_traceback_later()
 
 
 def run_workers(fn, world: int, *args, timeout: float = 300.0) -> None:
     """Runs fn(rank, world, *args) in `world` spawned processes; re-raises a
     worker's exception; kills them all and raises TimeoutError past `timeout`."""
-    ctx = mp.start_processes(_entry, args=(fn, world, _free_port(), args), nprocs=world,
+    stack_dump_after = max(1.0, timeout - min(10.0, timeout / 10))
+    ctx = mp.start_processes(_entry, args=(fn, world, _free_port(), stack_dump_after, args), nprocs=world,
                              join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=max(0.0, min(5.0, deadline - time.monotonic()))):
