@@ -6,6 +6,7 @@
 #include "failure_monitor.hpp"
 #include "kernels.hpp"
 #include "relaxed_capture.hpp"
+#include "stream_op_batch.hpp"
 #include "stream_op_watchdog.hpp"
 
 #include <symmpool/communicator.hpp>
@@ -97,17 +98,13 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   const std::uint32_t epoch = ++stream_op_epoch_;
   auto cu = reinterpret_cast<CUstream>(stream);
   constexpr int row = detail::kStreamOpBarrierRow * kMaxRanks;
-  for (int p = 0; p < n; ++p) {
-    auto* slot = peer_pads_.peer[p] + row + rank();
-    SYMMPOOL_CU_TRY(drv, cuStreamWriteValue32(cu, reinterpret_cast<CUdeviceptr>(slot), epoch,
-                                              CU_STREAM_WRITE_VALUE_DEFAULT));
-  }
-  watchdog.enqueue_watched(detail::StreamOpWatchdog::kBarrierChannel, cu, epoch, [&] {
-    for (int p = 0; p < n; ++p) {
-      SYMMPOOL_CU_TRY(drv, cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(pads_ + row + p), epoch,
-                                               CU_STREAM_WAIT_VALUE_GEQ));
-    }
+  detail::StreamOpBatch batch;  // one driver call for the whole barrier
+  for (int p = 0; p < n; ++p)
+    batch.write(reinterpret_cast<CUdeviceptr>(peer_pads_.peer[p] + row + rank()), epoch);
+  watchdog.add_watched(detail::StreamOpWatchdog::kBarrierChannel, epoch, batch, [&] {
+    for (int p = 0; p < n; ++p) batch.wait_at_least(reinterpret_cast<CUdeviceptr>(pads_ + row + p), epoch);
   });
+  batch.enqueue(drv, cu);
 }
 
 detail::StreamOpWatchdog& Communicator::stream_op_watchdog() {

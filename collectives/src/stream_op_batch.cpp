@@ -1,0 +1,40 @@
+#include "stream_op_batch.hpp"
+
+#include <symmpool/error.hpp>
+
+#include <string>
+
+namespace symmpool::detail {
+
+CUstreamBatchMemOpParams& StreamOpBatch::add() {
+  SYMMPOOL_EXPECTS(count_ < kCapacity,
+                   "stream-op batch: more than " + std::to_string(kCapacity) + " operations");
+  CUstreamBatchMemOpParams& op = ops_[static_cast<std::size_t>(count_++)];
+  op = CUstreamBatchMemOpParams{};
+  return op;
+}
+
+void StreamOpBatch::write(CUdeviceptr address, std::uint32_t value) {
+  CUstreamBatchMemOpParams& op = add();
+  op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  op.writeValue.address = address;
+  op.writeValue.value = value;
+  op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+}
+
+void StreamOpBatch::wait_at_least(CUdeviceptr address, std::uint32_t value) {
+  CUstreamBatchMemOpParams& op = add();
+  op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  op.waitValue.address = address;
+  op.waitValue.value = value;
+  op.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+}
+
+void StreamOpBatch::enqueue(const DriverApi& drv, CUstream stream) {
+  if (count_ == 0) return;
+  const auto count = static_cast<unsigned int>(count_);
+  count_ = 0;  // empty whatever the driver says: a failure fails the communicator
+  SYMMPOOL_CU_TRY(drv, cuStreamBatchMemOp(stream, count, ops_.data(), 0));
+}
+
+}  // namespace symmpool::detail
