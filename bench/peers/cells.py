@@ -135,10 +135,11 @@ def measure(peer, variant, op: str, nbytes: int, modes: list[str], args, ranks: 
     rows = []
     for mode in modes:
         before = symm_collectives()
+        host = []  # eager only: the host's per-call us
         if mode == "eager":
             issued = args.warmup + args.iters * args.reps
             samples, error = attempt(lambda: timing.time_eager(call.run, args.iters, args.reps, args.warmup,
-                                                               ranks.start_together))
+                                                               ranks.start_together, host=host))
         else:  # the replays run captured work: only the warm-up and the capture pass the router
             issued = timing.GRAPH_WARMUP_CALLS + args.graph_calls
             samples, error = attempt(lambda: timing.time_graph(call.run, args.graph_calls, args.reps,
@@ -148,6 +149,7 @@ def measure(peer, variant, op: str, nbytes: int, modes: list[str], args, ranks: 
         if error:
             rows.append(row(mode, correct=correct, unavailable=f"{mode}: {error}"))
             continue
-        rows.append(row(mode, ranks.gather(samples), correct=correct, calls_issued=issued,
-                        symm_collectives=ran))
+        per_rank, host_per_rank = ranks.gather(samples), ranks.gather(host)
+        extra = {"host_us_median": timing.host_median(host_per_rank)} if mode == "eager" else {}
+        rows.append(row(mode, per_rank, correct=correct, calls_issued=issued, symm_collectives=ran, **extra))
     return rows

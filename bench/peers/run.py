@@ -283,13 +283,15 @@ def problems(results: list[dict]) -> list[str]:
 
 def table(results: list[dict]) -> str:
     """One line per row: what a log reader needs to see at a glance."""
-    lines = [f"{'op':<15} {'bytes':>11} {'mode':<6} {'peer':<16} {'variant':<31} {'us':>9} {'busbw':>7}  ok"]
+    lines = [f"{'op':<15} {'bytes':>11} {'mode':<6} {'peer':<16} {'variant':<31} {'us':>9} {'host us':>8} "
+             f"{'busbw':>7}  ok"]
+
+    def fmt(value):
+        return "-" if value is None else f"{value:.1f}"
     for r in results:
-        us = "-" if r["time_us_median"] is None else f"{r['time_us_median']:.1f}"
-        bw = "-" if r["busbw_gbps"] is None else f"{r['busbw_gbps']:.1f}"
         ok = r["unavailable"] or {True: "yes", False: "WRONG", None: "-"}[r["correct"]]
         lines.append(f"{r['op']:<15} {r['bytes']:>11} {r['mode']:<6} {r['peer']:<16} {r['variant'] or '':<31} "
-                     f"{us:>9} {bw:>7}  {ok}")
+                     f"{fmt(r['time_us_median']):>9} {fmt(r.get('host_us_median')):>8} {fmt(r['busbw_gbps']):>7}  {ok}")
     return "\n".join(lines)
 
 

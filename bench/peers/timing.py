@@ -5,6 +5,7 @@ nccl-tests defines it."""
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import numpy
@@ -53,10 +54,19 @@ def summarize(per_rank: list[list[float]]) -> dict:
             "time_us_p90": percentile(times, 90)}
 
 
+def host_median(per_rank: list | None) -> float | None:
+    """Median over repetitions of the slowest rank's host time per call
+    (time_eager's `host`), or None where a rank has none."""
+    return summarize(per_rank)["time_us_median"] if per_rank and all(per_rank) else None
+
+
 def time_eager(run: Callable[[], object], iters: int, reps: int, warmup: int,
-               start_together: Callable[[], None]) -> list[float]:
+               start_together: Callable[[], None], host: list | None = None) -> list[float]:
     """Per-call microseconds of each repetition: `iters` calls back to back
-    between two CUDA events, the ranks started together before each."""
+    between two CUDA events, the ranks started together before each. Into
+    `host`, if given, the host's per-call microseconds of each repetition
+    (from the first call to the return of the last): where it is close to
+    the events' time, the calls are bound by the host, not the GPU."""
     import torch
 
     for _ in range(warmup):
@@ -66,8 +76,11 @@ def time_eager(run: Callable[[], object], iters: int, reps: int, warmup: int,
     for _ in range(reps):
         start_together()
         start.record()
+        began = time.perf_counter()
         for _ in range(iters):
             run()
+        if host is not None:
+            host.append((time.perf_counter() - began) * 1e6 / iters)
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / iters)

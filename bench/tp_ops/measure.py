@@ -52,26 +52,28 @@ def check(call, expected: dict, ranks, protect: tuple = ()) -> bool:
     return bool(same) and all(same)
 
 
-def time_interleaved(calls: dict, args, ranks, counter: Callable[[], int]) -> tuple[dict, dict, dict]:
+def time_interleaved(calls: dict, args, ranks, counter: Callable[[], int]) -> tuple[dict, dict, dict, dict]:
     """--reps rounds; in each, every peer's --warmup calls then --iters calls
     between CUDA events (bench/peers' time_eager, the ranks started together
     first), peers in rotation. Returns ({peer: per-call us of each round},
-    {peer: why it stopped}, {peer: counter() increase during its calls})."""
+    {peer: why it stopped}, {peer: counter() increase during its calls},
+    {peer: the host's per-call us of each round})."""
     samples, errors, ran = {p: [] for p in calls}, {}, dict.fromkeys(calls, 0)
+    host = {p: [] for p in calls}
     for rep in range(args.reps):
         for peer in rotation(list(calls), rep):
             if peer in errors:
                 continue
             before = counter()
             sample, error = attempt(lambda: timing.time_eager(calls[peer].run, args.iters, 1, args.warmup,
-                                                              ranks.start_together)[0])
+                                                              ranks.start_together, host=host[peer])[0])
             ran[peer] += counter() - before
             error = ranks.first_error(error)
             if error:
                 errors[peer] = f"timing, repetition {rep + 1}: {error}"
             else:
                 samples[peer].append(sample)
-    return samples, errors, ran
+    return samples, errors, ran, host
 
 
 def check_all(ready: dict, expected: dict, ranks, protect: tuple = ()) -> tuple[dict, dict]:
@@ -115,8 +117,8 @@ def measure_shape(calls: dict, reference_call, fill_check: Callable[[], None],
     timed = {p: ready[p] for p in correct}
     _, error = attempt(lambda: fill_timing([t for call in timed.values() for t in call.inputs.values()]))
     error = ranks.first_error(error)
-    samples, errors, ran = time_interleaved(timed, args, ranks, counter) if not error else ({}, {}, {})
-    per_rank = ranks.gather(samples)
+    samples, errors, ran, host = time_interleaved(timed, args, ranks, counter) if not error else ({}, {}, {}, {})
+    per_rank, host_per_rank = ranks.gather(samples), ranks.gather(host)
     for peer in timed:
         if error or peer in errors:
             out[peer] = unavailable(f"timing data: {error}" if error else errors[peer], correct=correct[peer])
@@ -124,5 +126,6 @@ def measure_shape(calls: dict, reference_call, fill_check: Callable[[], None],
         out[peer] = {"status": "ok" if correct[peer] else "wrong",
                      "reason": None if correct[peer] else "result differs from nccl-unfused's",
                      "correct": correct[peer], "per_rank": [rank[peer] for rank in per_rank],
+                     "host_per_rank": [rank.get(peer, []) for rank in host_per_rank],
                      "calls_issued": args.reps * (args.warmup + args.iters), "counted": ran[peer]}
     return {p: out[p] for p in calls}

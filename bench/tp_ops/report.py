@@ -75,10 +75,12 @@ def _fmt(value, spec: str) -> str:
 
 def table(cells: list[dict]) -> str:
     """One line per cell: what a log reader needs at a glance."""
-    lines = [f"{'op':<22} {'model':<5} {'M':>6} {'peer':<15} {'us':>10} {'x mm':>6} {'x nccl':>6}  status"]
+    lines = [f"{'op':<22} {'model':<5} {'M':>6} {'peer':<15} {'us':>10} {'host us':>8} {'x mm':>6} {'x nccl':>6}  "
+             "status"]
     for c in cells:
         status = c["status"] + (f": {c['reason']}" if c["reason"] and c["status"] != "wrong" else "")
         lines.append(f"{c['op']:<22} {c['model']:<5} {c['m']:>6} {c['peer']:<15} {_fmt(c['median_us'], '.1f'):>10} "
+                     f"{_fmt(c.get('host_us_median'), '.1f'):>8} "
                      f"{_fmt(c['ratio_to_matmul_alone'], '.3f'):>6} {_fmt(c['speedup_vs_nccl_unfused'], '.2f'):>6}  "
                      f"{status[:160]}")
     return "\n".join(lines)

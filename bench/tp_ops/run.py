@@ -73,6 +73,7 @@ import measure  # noqa: E402
 import report  # noqa: E402
 import run_output  # noqa: E402  (bench/peers)
 import shapes  # noqa: E402
+import timing  # noqa: E402  (bench/peers)
 import tp_peers  # noqa: E402
 from tp_peers import PEERS, REFERENCE, SYMMPOOL_PEERS  # noqa: E402
 
@@ -283,7 +284,8 @@ def measure_cells(key, shape, args, env) -> list[dict]:
         lambda own: data.fill_timing([inputs.a, inputs.b, *own], gen), args, ranks, env["counter"],
         shared_inputs=(inputs.a, inputs.b))
     return [report.cell(key, shape, peer, o["status"], o.get("reason"), o.get("per_rank"), o.get("correct"),
-                        calls_issued=o.get("calls_issued"), symm_collectives=o.get("counted"))
+                        calls_issued=o.get("calls_issued"), symm_collectives=o.get("counted"),
+                        host_us_median=timing.host_median(o.get("host_per_rank")))
             for peer, o in outcomes.items()]
 
 

@@ -275,7 +275,10 @@ def cell(monkeypatch):
     """measure() of FakePeer on CPU: the timers return fixed samples and the
     symmpool counter grows by 7 per reading."""
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(timing, "time_eager", lambda run_once, iters, reps, warmup, start: [10.0, 12.0, 11.0])
+    def time_eager(run_once, iters, reps, warmup, start, host=None):
+        host.extend([3.0, 4.0, 5.0])  # the host's per-call us
+        return [10.0, 12.0, 11.0]
+    monkeypatch.setattr(timing, "time_eager", time_eager)
     monkeypatch.setattr(timing, "time_graph", lambda run_once, calls, reps, start: [5.0, 5.0, 6.0])
     args = run.parse_args(["--iters", "4", "--reps", "3", "--warmup", "2", "--graph-calls", "8"])
     counter = iter(range(0, 1000, 7))
@@ -294,7 +297,9 @@ def test_a_cell_checks_then_times_every_mode_and_takes_the_slower_rank(cell):
     assert ranks.starts == 1  # the check starts the ranks together; the (fake) timers do the rest
     assert eager["correct"] is True and eager["unavailable"] is None
     assert eager["time_us_median"] == 12 and eager["calls_issued"] == 2 + 4 * 3 and eager["symm_collectives"] == 7
+    assert eager["host_us_median"] == 5  # the slower rank's (rank 1: 4, 5, 6)
     assert graph["mode"] == "graph" and graph["time_us_median"] == 6 and graph["calls_issued"] == 3 + 8
+    assert "host_us_median" not in graph  # a replay has no host time per call
     assert graph["busbw_gbps"] == pytest.approx(32 / 6 / 1e3)
 
 

@@ -351,9 +351,10 @@ def shape_run(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     order = []
 
-    def time_eager(run_once, iters, reps, warmup, start):
+    def time_eager(run_once, iters, reps, warmup, start, host=None):
         assert reps == 1
         order.append(run_once)
+        host.append(float(len(order)))  # the host's per-call us: 1, 2, 3... in timing order
         return [10.0 * (1 + (len(order) - 1) % 3)]
     monkeypatch.setattr(timing, "time_eager", time_eager)
     args = run.parse_args(["--iters", "4", "--reps", "3", "--warmup", "2"])
@@ -384,6 +385,7 @@ def test_a_shape_checks_every_peer_then_times_them_interleaved(shape_run):
     runs = [calls[p].run for p in "pqr"]
     assert [runs.index(r) for r in order] == [0, 1, 2, 1, 2, 0, 2, 0, 1]  # rotated every round
     assert out["p"]["per_rank"] == [[10.0, 30.0, 20.0], [11.0, 31.0, 21.0]]  # rank 1's: one more
+    assert out["p"]["host_per_rank"] == [[1.0, 6.0, 8.0], [2.0, 7.0, 9.0]]  # p timed 1st, 3rd, 2nd in its rounds
     assert out["p"]["calls_issued"] == 3 * (2 + 4) and out["p"]["counted"] == 3 * 3
     assert ranks.starts == 1 + 4  # the reference and each check start the ranks together
 
@@ -567,9 +569,10 @@ def test_a_shape_runs_end_to_end_on_cpu(two_ranks, monkeypatch, dim):
     monkeypatch.setattr(run, "available_bytes", lambda device, symmpool: 1 << 30)
     ran = []
 
-    def time_eager(run_once, iters, reps, warmup, start):
+    def time_eager(run_once, iters, reps, warmup, start, host=None):
         start()
         ran.extend(run_once() for _ in range(warmup + iters))
+        host.append(2.0)
         return [5.0]
     monkeypatch.setattr(timing, "time_eager", time_eager)
     args = run.parse_args(["--models", "tiny", "--tokens", "64", "--iters", "2", "--reps", "2", "--warmup", "1",
@@ -584,6 +587,7 @@ def test_a_shape_runs_end_to_end_on_cpu(two_ranks, monkeypatch, dim):
         for peer in ("nccl-unfused", "matmul-alone"):
             assert rows[peer]["status"] == "ok" and rows[peer]["correct"] is True, rows[peer]
             assert rows[peer]["median_us"] == 5.0 and rows[peer]["calls_issued"] == 2 * 3
+            assert rows[peer]["host_us_median"] == 2.0
         assert rows["torch-fused"]["status"] == "unavailable" and "check: rank 0:" in rows["torch-fused"]["reason"]
         assert rows["symmpool-fused"]["reason"] == "setup: ImportError: no symmpool"
         assert rows["matmul-alone"]["shape"]["k" if op == "all_gather_matmul" else "n"] == 64
