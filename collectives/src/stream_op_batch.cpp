@@ -6,6 +6,21 @@
 
 namespace symmpool::detail {
 
+namespace {
+
+// The write and wait parameters are two members of one union, alike in the
+// fields set here.
+template <typename Params>
+void set(Params& op, CUstreamBatchMemOpType operation, CUdeviceptr address, std::uint32_t value,
+         unsigned int flags) {
+  op.operation = operation;
+  op.address = address;
+  op.value = value;
+  op.flags = flags;
+}
+
+}  // namespace
+
 CUstreamBatchMemOpParams& StreamOpBatch::add() {
   SYMMPOOL_EXPECTS(count_ < kCapacity,
                    "stream-op batch: more than " + std::to_string(kCapacity) + " operations");
@@ -15,19 +30,11 @@ CUstreamBatchMemOpParams& StreamOpBatch::add() {
 }
 
 void StreamOpBatch::write(CUdeviceptr address, std::uint32_t value) {
-  CUstreamBatchMemOpParams& op = add();
-  op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-  op.writeValue.address = address;
-  op.writeValue.value = value;
-  op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  set(add().writeValue, CU_STREAM_MEM_OP_WRITE_VALUE_32, address, value, CU_STREAM_WRITE_VALUE_DEFAULT);
 }
 
 void StreamOpBatch::wait_at_least(CUdeviceptr address, std::uint32_t value) {
-  CUstreamBatchMemOpParams& op = add();
-  op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-  op.waitValue.address = address;
-  op.waitValue.value = value;
-  op.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  set(add().waitValue, CU_STREAM_MEM_OP_WAIT_VALUE_32, address, value, CU_STREAM_WAIT_VALUE_GEQ);
 }
 
 void StreamOpBatch::enqueue(const DriverApi& drv, CUstream stream) {
