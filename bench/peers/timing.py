@@ -56,8 +56,11 @@ def summarize(per_rank: list[list[float]]) -> dict:
 
 def host_median(per_rank: list | None) -> float | None:
     """Median over repetitions of the slowest rank's host time per call
-    (time_eager's `host`), or None where a rank has none."""
-    return summarize(per_rank)["time_us_median"] if per_rank and all(per_rank) else None
+    (time_eager's `host`), or None where the ranks' repetitions do not pair
+    up (a diagnostic never stops a run)."""
+    if not per_rank or not all(per_rank) or len({len(r) for r in per_rank}) != 1:
+        return None
+    return summarize(per_rank)["time_us_median"]
 
 
 def time_eager(run: Callable[[], object], iters: int, reps: int, warmup: int,
