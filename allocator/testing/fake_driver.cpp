@@ -415,7 +415,8 @@ CUresult fake_cuStreamBatchMemOp(CUstream, unsigned int count, CUstreamBatchMemO
   if (count == 0 || count >= 256 || ops == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   for (unsigned int i = 0; i < count; ++i) {
     const CUstreamBatchMemOpParams& op = ops[i];
-    if (op.operation == CU_STREAM_MEM_OP_WRITE_VALUE_32) {
+    if (op.operation == CU_STREAM_MEM_OP_WRITE_VALUE_32 &&
+        op.writeValue.flags == CU_STREAM_WRITE_VALUE_DEFAULT) {
       *reinterpret_cast<volatile cuuint32_t*>(op.writeValue.address) = op.writeValue.value;
     } else if (op.operation == CU_STREAM_MEM_OP_WAIT_VALUE_32 &&
                op.waitValue.flags == CU_STREAM_WAIT_VALUE_GEQ) {

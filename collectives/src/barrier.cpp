@@ -13,6 +13,7 @@
 #include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -98,12 +99,14 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   const std::uint32_t epoch = ++stream_op_epoch_;
   auto cu = reinterpret_cast<CUstream>(stream);
   constexpr int row = detail::kStreamOpBarrierRow * kMaxRanks;
+  std::array<CUdeviceptr, kMaxRanks> to_peers{}, mine{};
+  for (int p = 0; p < n; ++p) {
+    to_peers[static_cast<std::size_t>(p)] = reinterpret_cast<CUdeviceptr>(peer_pads_.peer[p] + row + rank());
+    mine[static_cast<std::size_t>(p)] = reinterpret_cast<CUdeviceptr>(pads_ + row + p);
+  }
   detail::StreamOpBatch batch;  // one driver call for the whole barrier
-  for (int p = 0; p < n; ++p)
-    batch.write(reinterpret_cast<CUdeviceptr>(peer_pads_.peer[p] + row + rank()), epoch);
-  watchdog.add_watched(detail::StreamOpWatchdog::kBarrierChannel, epoch, batch, [&] {
-    for (int p = 0; p < n; ++p) batch.wait_at_least(reinterpret_cast<CUdeviceptr>(pads_ + row + p), epoch);
-  });
+  detail::add_barrier(batch, to_peers.data(), mine.data(), n, epoch,
+                      watchdog.issue(detail::StreamOpWatchdog::kBarrierChannel, epoch));
   batch.enqueue(drv, cu);
 }
 

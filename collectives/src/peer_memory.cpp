@@ -75,8 +75,8 @@ void Communicator::wait(int peer, cudaStream_t stream) {
         auto* slot = pads_ + detail::kStreamOpSignalRow * kMaxRanks + peer;
         const std::uint32_t count = stream_op_received_[static_cast<std::size_t>(peer)] + 1;
         detail::StreamOpBatch batch;  // the wait and the watchdog's notes: one driver call
-        watchdog.add_watched(detail::StreamOpWatchdog::signal_channel(peer), count, batch,
-                             [&] { batch.wait_at_least(reinterpret_cast<CUdeviceptr>(slot), count); });
+        detail::add_watched_wait(batch, reinterpret_cast<CUdeviceptr>(slot), count,
+                                 watchdog.issue(detail::StreamOpWatchdog::signal_channel(peer), count));
         batch.enqueue(real_driver(), cu);
         stream_op_received_[static_cast<std::size_t>(peer)] = count;
       },

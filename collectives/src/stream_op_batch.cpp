@@ -2,6 +2,7 @@
 
 #include <symmpool/error.hpp>
 
+#include <cstring>
 #include <string>
 
 namespace symmpool::detail {
@@ -25,7 +26,7 @@ CUstreamBatchMemOpParams& StreamOpBatch::add() {
   SYMMPOOL_EXPECTS(count_ < kCapacity,
                    "stream-op batch: more than " + std::to_string(kCapacity) + " operations");
   CUstreamBatchMemOpParams& op = ops_[static_cast<std::size_t>(count_++)];
-  op = CUstreamBatchMemOpParams{};
+  std::memset(&op, 0, sizeof op);  // every member of the union, not only the first
   return op;
 }
 
@@ -42,6 +43,20 @@ void StreamOpBatch::enqueue(const DriverApi& drv, CUstream stream) {
   const auto count = static_cast<unsigned int>(count_);
   count_ = 0;  // empty whatever the driver says: a failure fails the communicator
   SYMMPOOL_CU_TRY(drv, cuStreamBatchMemOp(stream, count, ops_.data(), 0));
+}
+
+void add_barrier(StreamOpBatch& batch, const CUdeviceptr* to_peers, const CUdeviceptr* mine, int ranks,
+                 std::uint32_t value, WatchNotes notes) {
+  for (int r = 0; r < ranks; ++r) batch.write(to_peers[r], value);
+  batch.write(notes.reached, value);
+  for (int r = 0; r < ranks; ++r) batch.wait_at_least(mine[r], value);
+  batch.write(notes.passed, value);
+}
+
+void add_watched_wait(StreamOpBatch& batch, CUdeviceptr slot, std::uint32_t value, WatchNotes notes) {
+  batch.write(notes.reached, value);
+  batch.wait_at_least(slot, value);
+  batch.write(notes.passed, value);
 }
 
 }  // namespace symmpool::detail

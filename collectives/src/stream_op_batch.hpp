@@ -31,6 +31,7 @@ class StreamOpBatch {
   // Throws symmpool::cuda_error naming the call when the driver refuses it.
   void enqueue(const DriverApi& drv, CUstream stream);
   int size() const { return count_; }
+  const CUstreamBatchMemOpParams& operation(int i) const { return ops_.at(static_cast<std::size_t>(i)); }
 
  private:
   CUstreamBatchMemOpParams& add();
@@ -38,5 +39,21 @@ class StreamOpBatch {
   std::array<CUstreamBatchMemOpParams, kCapacity> ops_{};
   int count_ = 0;
 };
+
+// Where the stream-op watchdog's notes go: the stream writes a channel's
+// value into `reached` when it gets to the channel's waits and into `passed`
+// once they passed (StreamOpWatchdog::issue).
+struct WatchNotes {
+  CUdeviceptr reached = 0, passed = 0;
+};
+
+// A stream-op barrier of `ranks` ranks, in order: `value` into our slot of
+// every rank's pad (`to_peers[r]`), the reached note, a wait for `value` on
+// every rank's slot of our pad (`mine[r]`), the passed note.
+void add_barrier(StreamOpBatch& batch, const CUdeviceptr* to_peers, const CUdeviceptr* mine, int ranks,
+                 std::uint32_t value, WatchNotes notes);
+
+// One wait for `value` at `slot` between the watchdog's notes.
+void add_watched_wait(StreamOpBatch& batch, CUdeviceptr slot, std::uint32_t value, WatchNotes notes);
 
 }  // namespace symmpool::detail

@@ -54,15 +54,12 @@ CUdeviceptr StreamOpWatchdog::on_device(const std::uint32_t* word) const {
   return reinterpret_cast<CUdeviceptr>(words_on_device_ + (word - words_));
 }
 
-void StreamOpWatchdog::add_watched(int channel, std::uint32_t value, StreamOpBatch& batch,
-                                   const std::function<void()>& add_waits) {
-  // Issued first: whatever part of this gets enqueued, the thread knows
-  // what it waits for (an enqueue that failed fails the communicator, which
-  // releases it).
+WatchNotes StreamOpWatchdog::issue(int channel, std::uint32_t value) {
+  // Before anything is enqueued: whatever part of it gets enqueued, the
+  // thread knows what it waits for (an enqueue that failed fails the
+  // communicator, which releases it).
   channels_[static_cast<std::size_t>(channel)].issued.store(value);
-  batch.write(on_device(reached_ + channel), value);
-  add_waits();
-  batch.write(on_device(passed_ + channel), value);
+  return {on_device(reached_ + channel), on_device(passed_ + channel)};
 }
 
 void StreamOpWatchdog::watch() {

@@ -67,13 +67,12 @@ class StreamOpWatchdog {
   static constexpr int kBarrierChannel = 0;
   static constexpr int signal_channel(int peer) { return 1 + peer; }
 
-  // Adds to `batch`, for the waits of `channel` for `value` (a barrier's
-  // epoch, or a count of the peer's signals): a note that the GPU reached
-  // them, the waits (`add_waits` adds them), a note that they passed. The
-  // caller enqueues the batch. Values on one channel are issued in
+  // Notes that waits of `channel` for `value` (a barrier's epoch, or a
+  // count of the peer's signals) are about to be enqueued, before any of
+  // them is; returns where the stream notes reaching and passing them
+  // (add_barrier, add_watched_wait). Values on one channel are issued in
   // increasing order, and its waits pass in that order.
-  void add_watched(int channel, std::uint32_t value, StreamOpBatch& batch,
-                   const std::function<void()>& add_waits);
+  WatchNotes issue(int channel, std::uint32_t value);
 
  private:
   using Clock = std::chrono::steady_clock;

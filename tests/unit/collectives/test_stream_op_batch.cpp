@@ -12,10 +12,37 @@
 #include <array>
 #include <cstdint>
 #include <stdexcept>
+#include <vector>
 
 namespace symmpool::test {
 
 using detail::StreamOpBatch;
+using detail::WatchNotes;
+
+// (operation, address, value) of each operation in the batch, in order.
+struct Op {
+  CUstreamBatchMemOpType type;
+  CUdeviceptr address;
+  std::uint32_t value;
+  bool operator==(const Op& o) const { return type == o.type && address == o.address && value == o.value; }
+};
+constexpr auto W = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+constexpr auto Q = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+
+std::vector<Op> ops_of(const StreamOpBatch& batch) {
+  std::vector<Op> out;
+  for (int i = 0; i < batch.size(); ++i) {
+    const CUstreamBatchMemOpParams& op = batch.operation(i);
+    if (op.operation == W) {
+      EXPECT_EQ(op.writeValue.flags, CU_STREAM_WRITE_VALUE_DEFAULT) << "a write without the fence before it";
+      out.push_back({W, op.writeValue.address, static_cast<std::uint32_t>(op.writeValue.value)});
+    } else {
+      EXPECT_EQ(op.waitValue.flags, CU_STREAM_WAIT_VALUE_GEQ);
+      out.push_back({op.operation, op.waitValue.address, static_cast<std::uint32_t>(op.waitValue.value)});
+    }
+  }
+  return out;
+}
 
 class StreamOpBatchTest : public FakeDriverTest {
  protected:
@@ -78,6 +105,25 @@ TEST_F(StreamOpBatchTest, ABarrierOfTheLargestGroupFitsAndOneMoreOperationIsRefu
   expect_error<std::logic_error>([&] { batch.wait_at_least(word(0), 0); }, "stream-op batch");
   batch.enqueue(fake().api(), stream(1));
   EXPECT_EQ(fake().count("cuStreamBatchMemOp"), 1u);
+}
+
+TEST(StreamOpBarrier, WritesToEveryRankThenWaitsOnEveryRankBetweenTheWatchdogsNotes) {
+  // Our epoch must be in every peer's pad before we wait (or two ranks wait
+  // for each other forever), and the notes must bracket the waits (or the
+  // watchdog times a stream that is not waiting, or misses one that is).
+  const CUdeviceptr to_peers[] = {0x100, 0x200, 0x300}, mine[] = {0x10, 0x20, 0x30};
+  const WatchNotes notes{0x900, 0x908};
+  StreamOpBatch batch;
+  detail::add_barrier(batch, to_peers, mine, 3, 41, notes);
+  const std::vector<Op> expected{{W, 0x100, 41}, {W, 0x200, 41}, {W, 0x300, 41}, {W, 0x900, 41},
+                                 {Q, 0x10, 41},  {Q, 0x20, 41},  {Q, 0x30, 41},  {W, 0x908, 41}};
+  EXPECT_EQ(ops_of(batch), expected);
+}
+
+TEST(StreamOpBarrier, APointToPointWaitSitsBetweenTheWatchdogsNotes) {
+  StreamOpBatch batch;
+  detail::add_watched_wait(batch, 0x44, 7, WatchNotes{0x900, 0x908});
+  EXPECT_EQ(ops_of(batch), (std::vector<Op>{{W, 0x900, 7}, {Q, 0x44, 7}, {W, 0x908, 7}}));
 }
 
 }  // namespace symmpool::test
