@@ -343,9 +343,11 @@ def _summary(record: dict) -> str:
         return head + f"{record['status'].upper()} ({record['reason']}, {record['wall_s']} s; log {record['log']})"
     rep = aggregate.per_rep(record["result"])
     peak = rep["device_peak_bytes"]
+    phases = record["result"]["ranks"][0].get("phases_s") or {}  # rank 0's: where the wall time went
+    split = ", ".join(f"{name[:-2]} {seconds:.1f}" for name, seconds in phases.items())
     return head + (f"median step {statistics.median(rep['step_ms']):.1f} ms"
                    + (f", device peak {peak / aggregate.GIB:.2f} GiB" if peak else "")
-                   + f", {record['wall_s']} s")
+                   + f", {record['wall_s']} s" + (f" ({split})" if split else ""))
 
 
 if __name__ == "__main__":

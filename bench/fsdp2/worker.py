@@ -11,21 +11,24 @@ measurements to --out.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import os
-import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+STARTED = time.perf_counter()  # before torch's import: the process's own start-up counts
 
-from configs import MODES, PRESETS, config_name, model_fields, parse_config
-import llama
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: E402
+
+from configs import MODES, PRESETS, config_name, model_fields, parse_config  # noqa: E402
+import llama  # noqa: E402
 
 try:  # every mode imports symmpool, so that every process looks the same
     import symmpool
@@ -127,12 +130,22 @@ def run(args) -> dict:
         torch.backends.cuda.enable_flash_sdp(False)
         torch.backends.cuda.enable_mem_efficient_sdp(False)
         torch.backends.cuda.enable_cudnn_sdp(False)
+    # Seconds of each phase since the previous one: which part of a run's
+    # wall time the steps are, and what start-up costs (for --time-budget).
+    phases, mark = {"start_s": time.perf_counter() - STARTED}, [time.perf_counter()]
+
+    def phase(name: str) -> None:
+        now = time.perf_counter()
+        phases[name] = now - mark[0]
+        mark[0] = now
+
     init_world(args, device)
     results_group = dist.new_group(backend="gloo")  # gathers results, never touches the GPU
     mesh = make_mesh(args, device)
     rank, world = dist.get_rank(), dist.get_world_size()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
+    phase("init_s")
     baseline = used_bytes(device)  # before the model: context, communicators
     model = build_model(args, mesh, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=True)
@@ -149,6 +162,7 @@ def run(args) -> dict:
             symmpool.reset_peak_memory_stats(device)
     losses, step_ms, host_ms, device_used = [], [], [], []
     sample = used_bytes if device.type == "cuda" else (lambda d: None)
+    phase("build_s")
 
     def step(i: int, phases: bool) -> None:
         batch = tokens[i]
@@ -177,6 +191,7 @@ def run(args) -> dict:
             step_ms.append((end - start) * 1e3)
             host_ms.append((host_done - start) * 1e3)
 
+    phase("steps_s")
     profile = None
     if args.profile_steps and device.type == "cuda":
         import comm_profile
@@ -195,6 +210,7 @@ def run(args) -> dict:
         for i in range(total_steps - args.profile_steps, total_steps):
             step(i, phases=False)
     sync()
+    phase("profile_s")
 
     mine = {
         "rank": rank,
@@ -207,6 +223,7 @@ def run(args) -> dict:
         "torch_peak_reserved_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
         "symmpool": symmpool_stats(device),
         "profile": profile,
+        "phases_s": phases,
     }
     gathered = [None] * world
     dist.all_gather_object(gathered, mine, group=results_group)

@@ -280,6 +280,9 @@ def test_two_process_stock_run_of_the_tiny_model_on_cpu(tmp_path):
     assert stock["max_rel_loss_diff_vs_stock"] == 0.0  # same seed and data: CPU runs are bit-equal
     losses = doc["records"][0]["result"]["ranks"][0]["losses"]
     assert len(losses) == 1 + 3 + 3 and 5 < losses[0] < 9  # about ln(1024) = 6.9 at the start
+    phases = doc["records"][0]["result"]["ranks"][0]["phases_s"]
+    assert list(phases) == ["start_s", "init_s", "build_s", "steps_s", "profile_s"]
+    assert all(v >= 0 for v in phases.values()) and phases["start_s"] > 0  # torch's import at least
     assert config["model"]["params"] == configs.param_count(configs.PRESETS["tiny"])
 
 
