@@ -132,12 +132,12 @@ def run(args) -> dict:
         torch.backends.cuda.enable_cudnn_sdp(False)
     # Seconds of each phase since the previous one: which part of a run's
     # wall time the steps are, and what start-up costs (for --time-budget).
-    phases, mark = {"start_s": time.perf_counter() - STARTED}, [time.perf_counter()]
+    phases, mark = {"start_s": time.perf_counter() - STARTED}, time.perf_counter()
 
     def phase(name: str) -> None:
+        nonlocal mark
         now = time.perf_counter()
-        phases[name] = now - mark[0]
-        mark[0] = now
+        phases[name], mark = now - mark, now
 
     init_world(args, device)
     results_group = dist.new_group(backend="gloo")  # gathers results, never touches the GPU

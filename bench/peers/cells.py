@@ -149,7 +149,7 @@ def measure(peer, variant, op: str, nbytes: int, modes: list[str], args, ranks: 
         if error:
             rows.append(row(mode, correct=correct, unavailable=f"{mode}: {error}"))
             continue
-        per_rank, host_per_rank = ranks.gather(samples), ranks.gather(host)
-        extra = {"host_us_median": timing.host_median(host_per_rank)} if mode == "eager" else {}
+        per_rank = ranks.gather(samples)
+        extra = {"host_us_median": timing.host_median(ranks.gather(host))} if mode == "eager" else {}
         rows.append(row(mode, per_rank, correct=correct, calls_issued=issued, symm_collectives=ran, **extra))
     return rows

@@ -169,12 +169,13 @@ def _first_call_fused(run: Callable[[], dict], op: str, counts: Callable[[], dic
     fused peer's name. Later calls (timed) run as they are."""
     if counts is None:
         return run
-    first = [True]
+    first = True
 
     def checked() -> dict:
-        if not first[0]:
+        nonlocal first
+        if not first:
             return run()
-        first[0] = False
+        first = False
         before = counts()
         out = run()
         after = counts()
