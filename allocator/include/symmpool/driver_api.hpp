@@ -45,8 +45,7 @@ namespace symmpool {
   X(cuEventSynchronize)              \
   X(cuEventDestroy)                  \
   X(cuStreamWriteValue32)            \
-  X(cuStreamWaitValue32)             \
-  X(cuStreamBatchMemOp)
+  X(cuStreamWaitValue32)
 
 struct DriverApi {
 #define SYMMPOOL_DRIVER_FN(name) decltype(&::name) name = nullptr;
