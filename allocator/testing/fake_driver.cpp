@@ -406,6 +406,29 @@ CUresult fake_cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned in
   return CUDA_SUCCESS;
 }
 
+// Runs the batch at once, as if the stream were idle: writes store into the
+// fake's host-backed "device" memory, in order, so tests can read them; a
+// wait must already hold (one fake stream cannot wait for another).
+CUresult fake_cuStreamBatchMemOp(CUstream, unsigned int count, CUstreamBatchMemOpParams* ops,
+                                 unsigned int flags) {
+  FAKE_ENTER("cuStreamBatchMemOp");
+  if (count == 0 || count >= 256 || ops == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned int i = 0; i < count; ++i) {
+    const CUstreamBatchMemOpParams& op = ops[i];
+    if (op.operation == CU_STREAM_MEM_OP_WRITE_VALUE_32 &&
+        op.writeValue.flags == CU_STREAM_WRITE_VALUE_DEFAULT) {
+      *reinterpret_cast<volatile cuuint32_t*>(op.writeValue.address) = op.writeValue.value;
+    } else if (op.operation == CU_STREAM_MEM_OP_WAIT_VALUE_32 &&
+               op.waitValue.flags == CU_STREAM_WAIT_VALUE_GEQ) {
+      const cuuint32_t now = *reinterpret_cast<const volatile cuuint32_t*>(op.waitValue.address);
+      if (static_cast<std::int32_t>(now - op.waitValue.value) < 0) return CUDA_ERROR_ILLEGAL_STATE;
+    } else {
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
 DriverApi make_api() {
   DriverApi d;
 #define FAKE_SET(name) d.name = &fake_##name;

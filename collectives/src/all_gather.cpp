@@ -59,9 +59,13 @@ void Communicator::enqueue_all_gather(const void* in, void* out, std::size_t byt
     else
       copies.push_back({detail::at(heap_.peer_ptr(out, p), slice(me)), in, bytes_per_rank});
   }
-  if (!in_place) copies.push_back({detail::at(out, slice(me)), in, bytes_per_rank});
+  // Out of place, our own slice is a copy within this GPU that no peer
+  // reads or writes: it needs no barrier, and on a stream of its own it runs
+  // beside the copies over NVLink (after them, it added its whole time).
+  if (!in_place) copies_->start_local({detail::at(out, slice(me)), in, bytes_per_rank}, stream);
   enqueue_barrier(stream, kind);  // inputs ready and outputs free everywhere
   copies_->issue(copies, stream);
+  if (!in_place) copies_->join_local(stream);
   enqueue_barrier(stream, kind);  // every copy landed; nobody reuses a buffer a peer still reads
 }
 

@@ -6,12 +6,14 @@
 #include "failure_monitor.hpp"
 #include "kernels.hpp"
 #include "relaxed_capture.hpp"
+#include "stream_op_batch.hpp"
 #include "stream_op_watchdog.hpp"
 
 #include <symmpool/communicator.hpp>
 #include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -97,17 +99,15 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   const std::uint32_t epoch = ++stream_op_epoch_;
   auto cu = reinterpret_cast<CUstream>(stream);
   constexpr int row = detail::kStreamOpBarrierRow * kMaxRanks;
+  std::array<CUdeviceptr, kMaxRanks> to_peers{}, mine{};
   for (int p = 0; p < n; ++p) {
-    auto* slot = peer_pads_.peer[p] + row + rank();
-    SYMMPOOL_CU_TRY(drv, cuStreamWriteValue32(cu, reinterpret_cast<CUdeviceptr>(slot), epoch,
-                                              CU_STREAM_WRITE_VALUE_DEFAULT));
+    to_peers[static_cast<std::size_t>(p)] = reinterpret_cast<CUdeviceptr>(peer_pads_.peer[p] + row + rank());
+    mine[static_cast<std::size_t>(p)] = reinterpret_cast<CUdeviceptr>(pads_ + row + p);
   }
-  watchdog.enqueue_watched(detail::StreamOpWatchdog::kBarrierChannel, cu, epoch, [&] {
-    for (int p = 0; p < n; ++p) {
-      SYMMPOOL_CU_TRY(drv, cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(pads_ + row + p), epoch,
-                                               CU_STREAM_WAIT_VALUE_GEQ));
-    }
-  });
+  detail::StreamOpBatch batch;  // one driver call for the whole barrier
+  detail::add_barrier(batch, to_peers.data(), mine.data(), n, epoch,
+                      watchdog.issue(detail::StreamOpWatchdog::kBarrierChannel, epoch));
+  batch.enqueue(drv, cu);
 }
 
 detail::StreamOpWatchdog& Communicator::stream_op_watchdog() {

@@ -12,6 +12,9 @@ void copy_on(cudaStream_t stream, void* dst, const void* src, std::size_t bytes)
 
 CopyStreams::CopyStreams(int streams) {
   SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  SYMMPOOL_CUDA_TRY(cudaStreamCreateWithFlags(&local_, cudaStreamNonBlocking));
+  SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&local_fork_, cudaEventDisableTiming));
+  SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&local_join_, cudaEventDisableTiming));
   for (int i = 1; i < streams; ++i) {
     cudaStream_t s = nullptr;
     cudaEvent_t e = nullptr;
@@ -26,6 +29,20 @@ CopyStreams::~CopyStreams() {
   for (cudaStream_t s : side_) cudaStreamDestroy(s);
   for (cudaEvent_t e : joins_) cudaEventDestroy(e);
   cudaEventDestroy(fork_);
+  cudaStreamDestroy(local_);
+  cudaEventDestroy(local_fork_);
+  cudaEventDestroy(local_join_);
+}
+
+void CopyStreams::start_local(const Copy& local, cudaStream_t stream) {
+  SYMMPOOL_CUDA_TRY(cudaEventRecord(local_fork_, stream));
+  SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(local_, local_fork_, 0));
+  if (local.bytes > 0) copy_on(local_, local.dst, local.src, local.bytes);
+  SYMMPOOL_CUDA_TRY(cudaEventRecord(local_join_, local_));
+}
+
+void CopyStreams::join_local(cudaStream_t stream) {
+  SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, local_join_, 0));
 }
 
 void CopyStreams::issue(const std::vector<Copy>& copies, cudaStream_t stream) {

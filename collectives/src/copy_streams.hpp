@@ -1,8 +1,9 @@
 #pragma once
 // Device-to-device copies of one collective, issued on the caller's stream
 // alone or split over it and side streams (so more copy engines move one
-// peer's data), joined back before the caller's stream goes on. Forks and
-// joins are events, so the copies can be captured in a CUDA graph.
+// peer's data), joined back before the caller's stream goes on; and a copy
+// within this GPU on a stream of its own, beside them. Forks and joins are
+// events, so the copies can be captured in a CUDA graph.
 
 #include <cuda_runtime_api.h>
 
@@ -32,10 +33,19 @@ class CopyStreams {
   // Each copy is cut into one part per stream, in order.
   void issue(const std::vector<Copy>& copies, cudaStream_t stream);
 
+  // `local` (within this GPU: an out-of-place all-gather's own slice) on a
+  // stream of its own, after `stream`'s work so far, so that it runs beside
+  // the copies over NVLink instead of after them; join_local(stream) makes
+  // `stream` wait for it. One at a time.
+  void start_local(const Copy& local, cudaStream_t stream);
+  void join_local(cudaStream_t stream);
+
  private:
   std::vector<cudaStream_t> side_;
   std::vector<cudaEvent_t> joins_;
   cudaEvent_t fork_ = nullptr;
+  cudaStream_t local_ = nullptr;
+  cudaEvent_t local_fork_ = nullptr, local_join_ = nullptr;
 };
 
 }  // namespace symmpool::detail

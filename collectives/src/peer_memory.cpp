@@ -6,6 +6,7 @@
 #include "failure_monitor.hpp"
 #include "kernels.hpp"
 #include "relaxed_capture.hpp"
+#include "stream_op_batch.hpp"
 #include "stream_op_watchdog.hpp"
 
 #include <symmpool/communicator.hpp>
@@ -73,10 +74,10 @@ void Communicator::wait(int peer, cudaStream_t stream) {
         detail::StreamOpWatchdog& watchdog = stream_op_watchdog();  // before the wait it times out
         auto* slot = pads_ + detail::kStreamOpSignalRow * kMaxRanks + peer;
         const std::uint32_t count = stream_op_received_[static_cast<std::size_t>(peer)] + 1;
-        watchdog.enqueue_watched(detail::StreamOpWatchdog::signal_channel(peer), cu, count, [&] {
-          SYMMPOOL_CU_TRY(real_driver(), cuStreamWaitValue32(cu, reinterpret_cast<CUdeviceptr>(slot), count,
-                                                             CU_STREAM_WAIT_VALUE_GEQ));
-        });
+        detail::StreamOpBatch batch;  // the wait and the watchdog's notes: one driver call
+        detail::add_watched_wait(batch, reinterpret_cast<CUdeviceptr>(slot), count,
+                                 watchdog.issue(detail::StreamOpWatchdog::signal_channel(peer), count));
+        batch.enqueue(real_driver(), cu);
         stream_op_received_[static_cast<std::size_t>(peer)] = count;
       },
       [&] { return detail::launch_wait(peer_signals(), peer, signals_received_, stream); });

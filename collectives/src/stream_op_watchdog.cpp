@@ -54,17 +54,12 @@ CUdeviceptr StreamOpWatchdog::on_device(const std::uint32_t* word) const {
   return reinterpret_cast<CUdeviceptr>(words_on_device_ + (word - words_));
 }
 
-void StreamOpWatchdog::enqueue_watched(int channel, CUstream stream, std::uint32_t value,
-                                       const std::function<void()>& enqueue_waits) {
-  // Issued first: whatever part of this gets enqueued, the thread knows
-  // what it waits for (a part that failed fails the communicator, which
-  // releases it).
+WatchNotes StreamOpWatchdog::issue(int channel, std::uint32_t value) {
+  // Before anything is enqueued: whatever part of it gets enqueued, the
+  // thread knows what it waits for (an enqueue that failed fails the
+  // communicator, which releases it).
   channels_[static_cast<std::size_t>(channel)].issued.store(value);
-  SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(stream, on_device(reached_ + channel), value,
-                                             CU_STREAM_WRITE_VALUE_DEFAULT));
-  enqueue_waits();
-  SYMMPOOL_CU_TRY(
-      drv_, cuStreamWriteValue32(stream, on_device(passed_ + channel), value, CU_STREAM_WRITE_VALUE_DEFAULT));
+  return {on_device(reached_ + channel), on_device(passed_ + channel)};
 }
 
 void StreamOpWatchdog::watch() {

@@ -13,6 +13,8 @@
 // writes the awaited value into that slot so the stream goes on. Once the
 // communicator failed for any reason, waits not passed go at once.
 
+#include "stream_op_batch.hpp"
+
 #include <symmpool/detail/peer_pointers.hpp>
 #include <symmpool/driver_api.hpp>
 
@@ -65,13 +67,12 @@ class StreamOpWatchdog {
   static constexpr int kBarrierChannel = 0;
   static constexpr int signal_channel(int peer) { return 1 + peer; }
 
-  // Enqueues on `stream`, for the waits of `channel` for `value` (a
-  // barrier's epoch, or a count of the peer's signals): a note that the GPU
-  // reached them, the waits (`enqueue_waits`), a note that they passed.
-  // Values on one channel are issued in increasing order, and its waits
-  // pass in that order.
-  void enqueue_watched(int channel, CUstream stream, std::uint32_t value,
-                       const std::function<void()>& enqueue_waits);
+  // Notes that waits of `channel` for `value` (a barrier's epoch, or a
+  // count of the peer's signals) are about to be enqueued, before any of
+  // them is; returns where the stream notes reaching and passing them
+  // (add_barrier, add_watched_wait). Values on one channel are issued in
+  // increasing order, and its waits pass in that order.
+  WatchNotes issue(int channel, std::uint32_t value);
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -45,7 +45,8 @@ namespace symmpool {
   X(cuEventSynchronize)              \
   X(cuEventDestroy)                  \
   X(cuStreamWriteValue32)            \
-  X(cuStreamWaitValue32)
+  X(cuStreamWaitValue32)             \
+  X(cuStreamBatchMemOp)
 
 struct DriverApi {
 #define SYMMPOOL_DRIVER_FN(name) decltype(&::name) name = nullptr;
