@@ -1,6 +1,7 @@
 // symmpool._C: the "symm" backend factory, allocator and routing statistics.
 
 #include "c10d_store.hpp"
+#include "fused_pipelines.hpp"
 #include "peer_memory.hpp"
 #include "symm_backend.hpp"
 #include "torch_errors.hpp"
@@ -141,6 +142,7 @@ PYBIND11_MODULE(_C, m) {
       "A key of a c10d store read as the symmetric heap reads it (tests: which error a late key and a "
       "gone store give).");
   symmpool::torch_ext::define_peer_memory(m);
+  symmpool::torch_ext::define_fused_pipelines(m);
   m.def(
       "table_world_sizes",
       [] {

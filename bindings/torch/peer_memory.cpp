@@ -27,14 +27,6 @@ SymmBackend& symm_backend(const c10::intrusive_ptr<c10d::Backend>& backend) {
   return *symm;
 }
 
-Communicator& communicator_of(const c10::intrusive_ptr<c10d::Backend>& backend, c10::DeviceIndex device) {
-  Communicator* comm = symm_backend(backend).peer_memory(device);
-  TORCH_CHECK(
-      comm != nullptr,
-      "symmpool peer memory: this group spans nodes; peers' memory can be mapped within one node only");
-  return *comm;
-}
-
 c10::DeviceIndex cuda_device_of(const at::Tensor& t, const char* op) {
   TORCH_CHECK(t.is_cuda(), "symmpool ", op, ": the tensor must be on a CUDA device, got ", t.device());
   return t.device().index();
@@ -51,6 +43,15 @@ cudaStream_t stream_or_current(std::optional<std::int64_t> stream, c10::DeviceIn
 }
 
 }  // namespace
+
+Communicator& peer_memory_communicator(const c10::intrusive_ptr<c10d::Backend>& backend,
+                                       c10::DeviceIndex device) {
+  Communicator* comm = symm_backend(backend).peer_memory(device);
+  TORCH_CHECK(
+      comm != nullptr,
+      "symmpool peer memory: this group spans nodes; peers' memory can be mapped within one node only");
+  return *comm;
+}
 
 void define_peer_memory(py::module& m) {
   m.def(
@@ -74,7 +75,7 @@ void define_peer_memory(py::module& m) {
         const c10::DeviceIndex device = cuda_device_of(t, "rendezvous");
         const std::size_t bytes = span_bytes(t);
         TORCH_CHECK(bytes > 0, "symmpool rendezvous: the tensor is empty");
-        Communicator& comm = communicator_of(backend, device);
+        Communicator& comm = peer_memory_communicator(backend, device);
         c10::cuda::CUDAGuard guard(device);
         return call_translating_errors([&]() -> std::string {
           try {
@@ -93,7 +94,7 @@ void define_peer_memory(py::module& m) {
       "_peer_tensor",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& t, int peer) {
         const c10::DeviceIndex device = cuda_device_of(t, "peer_tensor");
-        Communicator& comm = communicator_of(backend, device);
+        Communicator& comm = peer_memory_communicator(backend, device);
         const std::size_t bytes = span_bytes(t);
         TORCH_CHECK(bytes == 0 || symm_backend(backend).rendezvoused_storages().contains(t),
                     "symmpool peer_tensor: this tensor's storage did not go through rendezvous on this group "
@@ -115,7 +116,7 @@ void define_peer_memory(py::module& m) {
       "_barrier",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, c10::DeviceIndex device,
          std::optional<std::int64_t> stream) {
-        Communicator& comm = communicator_of(backend, device);
+        Communicator& comm = peer_memory_communicator(backend, device);
         c10::cuda::CUDAGuard guard(device);
         call_translating_errors([&] {
           comm.barrier(stream_or_current(stream, device), BarrierKind::kStreamOps);
@@ -128,7 +129,7 @@ void define_peer_memory(py::module& m) {
   auto point_to_point = [](void (Communicator::*op)(int, cudaStream_t)) {
     return [op](const c10::intrusive_ptr<c10d::Backend>& backend, c10::DeviceIndex device, int peer,
                 std::optional<std::int64_t> stream) {
-      Communicator& comm = communicator_of(backend, device);
+      Communicator& comm = peer_memory_communicator(backend, device);
       c10::cuda::CUDAGuard guard(device);
       call_translating_errors([&] {
         (comm.*op)(peer, stream_or_current(stream, device));

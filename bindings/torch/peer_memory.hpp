@@ -3,10 +3,20 @@
 // symmetric buffers of a "symm" group, views of the peers' copies, barriers
 // and point-to-point signals on the group's communicator.
 
+#include <symmpool/communicator.hpp>
+
+#include <c10/core/Device.h>
 #include <pybind11/pybind11.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 namespace symmpool::torch_ext {
 
 void define_peer_memory(pybind11::module& m);
+
+// The communicator of a "symm" group's backend on `device` (collective the
+// first time); TypeError for another backend, RuntimeError where the group
+// spans nodes.
+Communicator& peer_memory_communicator(const c10::intrusive_ptr<c10d::Backend>& backend,
+                                       c10::DeviceIndex device);
 
 }  // namespace symmpool::torch_ext

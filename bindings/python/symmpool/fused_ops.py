@@ -168,6 +168,7 @@ class _Pipeline:
 
     def __init__(self, group: dist.ProcessGroup, ws: _Workspace, device: int) -> None:
         self.group, self.ws = group, ws
+        self.backend = symm_backend(group, device)
         self.rank, self.world = group.rank(), group.size()
         self.main = torch.cuda.current_stream(device)
         self.copies = ws.copies
@@ -246,24 +247,9 @@ def _all_gather_matmul_unfused(A_shard, Bs, gather_dim: int, group) -> tuple:
 
 def _all_gather_matmul_rows(p: _Pipeline, x: torch.Tensor, Bs, shape_out: Callable) -> tuple:
     """A gathered along rows of ``x`` [m, k]: A_flat [world * m, k], each
-    rank's rows multiplied by every B as they arrive."""
-    m, k = x.shape
-    mine = p.staging((m, k), x.dtype)
-    A_flat = x.new_empty(p.world * m, k)
-    outs = [x.new_empty(p.world * m, B.shape[1]) for B in Bs]
-    p.stage_and_meet(x, into=(mine, A_flat[p.rank * m:(p.rank + 1) * m]))  # then every shard is staged
-    for B, out in zip(Bs, outs):
-        torch.mm(x, B, out=out[p.rank * m:(p.rank + 1) * m])
-    for step in range(1, p.world):
-        src = (p.rank + step) % p.world
-        rows = slice(src * m, (src + 1) * m)
-        with torch.cuda.stream(p.copies):
-            A_flat[rows].copy_(peer_tensor(mine, src, p.group))
-        p.main.wait_stream(p.copies)
-        for B, out in zip(Bs, outs):
-            torch.mm(A_flat[rows], B, out=out[rows])
-    p.main.wait_stream(p.copies)
-    p.barrier()  # nobody reads our workspace any more
+    rank's rows multiplied by every B as they arrive (one C++ call enqueues
+    the pipeline: as Python loops its host time exceeded the GPU's)."""
+    A_flat, outs = _C._all_gather_matmul_rows(p.backend, x, list(Bs), p.ws.tensor, p.copies.cuda_stream)
     return shape_out(A_flat), [shape_out(out) for out in outs]
 
 
@@ -336,32 +322,15 @@ def _(A_shard, Bs, gather_dim, group_size, group_name):
 # -- matmul, then all-to-all or reduce-scatter --------------------------------------------------------
 
 
-def _produce_and_all_to_all(p: _Pipeline, produce: Callable, chunk: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """Every rank's chunk for rank ``d`` is ``produce(d, out)``; returns this
-    rank's workspace as [world, *chunk], slot ``s`` holding rank ``s``'s chunk
-    for us (valid until the pipeline exits). Each chunk for a peer is made in
-    a staging buffer and pushed into the peer's slot by the copy engines
-    while the next one is made; ours goes last, straight into our slot."""
-    stacked = p.staging((p.world, *chunk), dtype)
-    # Every peer is done with its workspace's last use: pushes (on the copy
-    # stream, behind the barrier) may write into it; the first chunk's
-    # matmul does not wait for the meeting.
-    p.stage_and_meet()
-    staging = [torch.empty(chunk, dtype=dtype, device=stacked.device) for _ in range(min(2, p.world - 1))]
-    pushed: list[Optional[torch.cuda.Event]] = [None] * len(staging)
-    for step in range(1, p.world):
-        dst, slot = (p.rank + step) % p.world, step % len(staging)
-        if pushed[slot] is not None:
-            p.main.wait_event(pushed[slot])  # the copy engines are done with this staging buffer
-        produce(dst, staging[slot])
-        p.copies.wait_stream(p.main)
-        with torch.cuda.stream(p.copies):
-            peer_tensor(stacked[p.rank], dst, p.group).copy_(staging[slot])
-            pushed[slot] = p.copies.record_event()
-    produce(p.rank, stacked[p.rank])
-    p.main.wait_stream(p.copies)
-    p.barrier()  # every push has landed, everywhere
-    return stacked
+def _produce_and_all_to_all(p: _Pipeline, A: torch.Tensor, B: torch.Tensor, split: int) -> torch.Tensor:
+    """Every rank's chunk for rank ``d`` is rows ``d`` of ``A`` times ``B``
+    (``split`` 0) or ``A`` times column block ``d`` of ``B`` (``split`` 1);
+    returns this rank's workspace as [world, rows, columns], slot ``s``
+    holding rank ``s``'s chunk for us (valid until the pipeline exits). Each
+    chunk for a peer is made in a staging buffer and pushed into the peer's
+    slot by the copy engines while the next one is made; ours goes last,
+    straight into our slot. One C++ call enqueues it all."""
+    return _C._produce_and_all_to_all(p.backend, A, B, split, p.ws.tensor, p.copies.cuda_stream)
 
 
 def _check_matmul(A, B, op: str) -> None:
@@ -425,21 +394,10 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     reduce = torch.sum if reduce_op == "sum" else torch.mean
     with _Pipeline(group, ws, A.device.index) as p:
         if scatter_dim == A.dim() - 1:  # each rank owns a block of B's columns
-            a, n = A.reshape(-1, A.shape[-1]), B.shape[1] // group_size
-
-            def produce(dst: int, out: torch.Tensor) -> None:
-                torch.mm(a, B[:, dst * n:(dst + 1) * n], out=out)
-
-            stacked = _produce_and_all_to_all(p, produce, (a.shape[0], n), A.dtype)
+            stacked = _produce_and_all_to_all(p, A.reshape(-1, A.shape[-1]), B, 1)
             return reduce(stacked, dim=0).view(shape)
         x = A.movedim(scatter_dim, 0)
-        rows = x.reshape(-1, x.shape[-1])
-        m = rows.shape[0] // group_size
-
-        def produce(dst: int, out: torch.Tensor) -> None:
-            torch.mm(rows[dst * m:(dst + 1) * m], B, out=out)
-
-        stacked = _produce_and_all_to_all(p, produce, (m, B.shape[1]), A.dtype)
+        stacked = _produce_and_all_to_all(p, x.reshape(-1, x.shape[-1]), B, 0)
         flat = reduce(stacked, dim=0)
         moved = [shape[scatter_dim], *(s for i, s in enumerate(shape) if i != scatter_dim)]
         return flat.view(moved).movedim(0, scatter_dim).contiguous()
@@ -470,7 +428,7 @@ def pipelined_produce_and_all_to_all(A: torch.Tensor, B: torch.Tensor, group_siz
     op = "pipelined_produce_and_all_to_all"
     _check_all_to_all(A, B, group_size)
     group = _group_of(group_name, group_size, op)
-    m, n = A.shape[0] // group_size, B.shape[1]
+    n = B.shape[1]
     why_not = _why_not_fused(group, [A, B])
     ws = None
     if not why_not:
@@ -483,11 +441,7 @@ def pipelined_produce_and_all_to_all(A: torch.Tensor, B: torch.Tensor, group_siz
         dist.all_to_all_single(out, (A @ B).contiguous(), group=group)
         return out
     with _Pipeline(group, ws, A.device.index) as p:
-
-        def produce(dst: int, out: torch.Tensor) -> None:
-            torch.mm(A[dst * m:(dst + 1) * m], B, out=out)
-
-        stacked = _produce_and_all_to_all(p, produce, (m, n), A.dtype)
+        stacked = _produce_and_all_to_all(p, A, B, 0)
         return stacked.reshape(A.shape[0], n).clone()
 
 

@@ -1,0 +1,203 @@
+// The fused tensor-parallel ops' pipelines, one C++ call each:
+// symmpool/fused_ops.py decides whether to fuse, sizes the workspace and
+// orders it against other streams; these enqueue one call's copies, matmuls
+// and barriers. Written as Python loops they took ~640 us of host time per
+// call at Llama-3-8B M=2048 for ~200 us of GPU work
+// (bench/results/tp_ops_h200x2_2026-11-23_host-time-8b.json).
+
+#include "fused_pipelines.hpp"
+
+#include "peer_memory.hpp"
+#include "torch_errors.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <array>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace symmpool::torch_ext {
+
+namespace {
+
+using c10::cuda::CUDAStream;
+
+// The streams of one fused call: the caller's (matmuls) and the group's copy
+// stream (copy-engine transfers and the first meeting).
+struct Streams {
+  CUDAStream main;
+  CUDAStream copies;
+};
+
+Streams streams_of(std::int64_t copy_stream, c10::DeviceIndex device) {
+  return {c10::cuda::getCurrentCUDAStream(device),
+          c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(copy_stream), device)};
+}
+
+// `to`'s later work starts after `from`'s earlier work.
+void wait_stream(const CUDAStream& to, const CUDAStream& from) {
+  at::cuda::CUDAEvent event;
+  event.record(from);
+  event.block(to);
+}
+
+// A stream-memory-op barrier of the group on `stream` (a kernel under capture).
+void meet(Communicator& comm, const CUDAStream& stream) {
+  call_translating_errors([&] {
+    comm.barrier(stream.stream(), BarrierKind::kStreamOps);
+    return 0;
+  });
+}
+
+void copy_bytes(void* dst, const void* src, std::size_t bytes, const CUDAStream& stream) {
+  C10_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream.stream()));
+}
+
+// out = a @ b, out a view (mm_out takes it by non-const reference).
+void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_out(out, a, b); }
+
+std::size_t bytes_of(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); }
+
+// This rank's workspace viewed as a contiguous tensor of `sizes` and `dtype`.
+at::Tensor staging(const at::Tensor& workspace, at::IntArrayRef sizes, at::ScalarType dtype) {
+  std::int64_t count = 1;
+  for (std::int64_t s : sizes) count *= s;
+  const std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dtype));
+  TORCH_CHECK(bytes <= workspace.numel(), "symmpool fused ops: the workspace holds ", workspace.numel(),
+              " bytes, ", bytes, " are needed");
+  return workspace.narrow(0, 0, bytes).view(dtype).view(sizes);
+}
+
+void check_matrix(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda() && t.dim() == 2, "symmpool fused ops: ", name, " must be a CUDA matrix, got ",
+              t.sizes());
+}
+
+// all-gather of x's rows, each rank's rows multiplied by every B as they
+// arrive: returns (A_flat [world * m, k], [A_flat @ B for B in Bs]).
+std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul_rows(
+    const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& x_in,
+    const std::vector<at::Tensor>& Bs, const at::Tensor& workspace, std::int64_t copy_stream) {
+  check_matrix(x_in, "A_shard (as rows)");
+  const c10::DeviceIndex device = x_in.device().index();
+  c10::cuda::CUDAGuard guard(device);
+  Communicator& comm = peer_memory_communicator(backend, device);
+  const int world = comm.world(), rank = comm.rank();
+  const Streams s = streams_of(copy_stream, device);
+  const at::Tensor x = x_in.contiguous();
+  const std::int64_t m = x.size(0), k = x.size(1);
+  const std::size_t shard_bytes = bytes_of(x);
+  const at::Tensor mine = staging(workspace, {m, k}, x.scalar_type());
+  at::Tensor A_flat = at::empty({world * m, k}, x.options());
+  std::vector<at::Tensor> outs;
+  outs.reserve(Bs.size());
+  for (const at::Tensor& B : Bs) outs.push_back(at::empty({world * m, B.size(1)}, x.options()));
+  auto rows = [&](const at::Tensor& t, int r) { return t.narrow(0, r * m, m); };
+
+  // Off the caller's stream: our shard into the workspace (where the peers
+  // read it) and into our rows of A_flat, then the meeting after which every
+  // workspace is ready. Our own rows' matmuls need no peer and go on meanwhile.
+  wait_stream(s.copies, s.main);
+  copy_bytes(mine.data_ptr(), x.data_ptr(), shard_bytes, s.copies);
+  copy_bytes(rows(A_flat, rank).data_ptr(), x.data_ptr(), shard_bytes, s.copies);
+  meet(comm, s.copies);
+  for (std::size_t i = 0; i < Bs.size(); ++i) mm_into(rows(outs[i], rank), x, Bs[i]);
+  for (int step = 1; step < world; ++step) {
+    const int src = (rank + step) % world;
+    void* remote =
+        call_translating_errors([&] { return comm.peer_address(mine.data_ptr(), shard_bytes, src); });
+    copy_bytes(rows(A_flat, src).data_ptr(), remote, shard_bytes, s.copies);
+    wait_stream(s.main, s.copies);
+    for (std::size_t i = 0; i < Bs.size(); ++i) mm_into(rows(outs[i], src), rows(A_flat, src), Bs[i]);
+  }
+  wait_stream(s.main, s.copies);
+  // Nobody reads our workspace any more.
+  meet(comm, s.main);
+  return {A_flat, outs};
+}
+
+// Every rank's chunk for rank d is produced by a matmul: rows d of A times B
+// (split 0) or A times B's column block d (split 1). Each chunk for a peer
+// is made in a staging buffer and pushed into the peer's workspace slot by
+// the copy engines while the next one is made; ours goes last, straight into
+// our slot. Returns this rank's workspace as [world, chunk rows, chunk
+// columns], slot s holding rank s's chunk for us (valid until the next op
+// on the workspace).
+at::Tensor produce_and_all_to_all(const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& A,
+                                  const at::Tensor& B, std::int64_t split, const at::Tensor& workspace,
+                                  std::int64_t copy_stream) {
+  check_matrix(A, "A");
+  check_matrix(B, "B");
+  TORCH_CHECK(split == 0 || split == 1,
+              "symmpool fused ops: split must be 0 (rows of A) or 1 (columns of B)");
+  const c10::DeviceIndex device = A.device().index();
+  c10::cuda::CUDAGuard guard(device);
+  Communicator& comm = peer_memory_communicator(backend, device);
+  const int world = comm.world(), rank = comm.rank();
+  const Streams s = streams_of(copy_stream, device);
+  const std::int64_t rows = split == 0 ? A.size(0) / world : A.size(0);
+  const std::int64_t cols = split == 0 ? B.size(1) : B.size(1) / world;
+  TORCH_CHECK((split == 0 ? A.size(0) : B.size(1)) % world == 0,
+              "symmpool fused ops: the split dim does not ", "divide by the group size ", world);
+  auto produce = [&](int dst, const at::Tensor& out) {
+    if (split == 0)
+      mm_into(out, A.narrow(0, dst * rows, rows), B);
+    else
+      mm_into(out, A, B.narrow(1, dst * cols, cols));
+  };
+  const at::Tensor stacked = staging(workspace, {world, rows, cols}, A.scalar_type());
+  const std::size_t chunk_bytes = static_cast<std::size_t>(rows * cols) * A.element_size();
+
+  // Every peer is done with its workspace's last use: pushes (on the copy
+  // stream, behind the meeting) may write into it; the first chunk's matmul
+  // does not wait for the meeting.
+  wait_stream(s.copies, s.main);
+  meet(comm, s.copies);
+  const int slots = world - 1 < 2 ? world - 1 : 2;
+  std::vector<at::Tensor> buffers;
+  for (int i = 0; i < slots; ++i) buffers.push_back(at::empty({rows, cols}, A.options()));
+  std::array<at::cuda::CUDAEvent, 2> pushed;
+  std::array<bool, 2> in_flight{false, false};
+  void* my_slot = stacked[rank].data_ptr();
+  for (int step = 1; step < world; ++step) {
+    const int dst = (rank + step) % world, slot = step % slots;
+    if (in_flight[slot]) pushed[slot].block(s.main);  // the copy engines are done with this buffer
+    produce(dst, buffers[slot]);
+    wait_stream(s.copies, s.main);
+    void* remote = call_translating_errors([&] { return comm.peer_address(my_slot, chunk_bytes, dst); });
+    copy_bytes(remote, buffers[slot].data_ptr(), chunk_bytes, s.copies);
+    pushed[slot].record(s.copies);
+    in_flight[slot] = true;
+  }
+  produce(rank, stacked[rank]);
+  wait_stream(s.main, s.copies);
+  // Every push has landed, everywhere.
+  meet(comm, s.main);
+  return stacked;
+}
+
+}  // namespace
+
+void define_fused_pipelines(py::module& m) {
+  m.def("_all_gather_matmul_rows", &all_gather_matmul_rows, py::arg("backend"), py::arg("x"), py::arg("Bs"),
+        py::arg("workspace"), py::arg("copy_stream"), py::call_guard<py::gil_scoped_release>(),
+        "Enqueues a fused all-gather of x's rows [m, k] through the workspace, each rank's rows multiplied "
+        "by every B as they arrive; returns (A [world * m, k], [A @ B for B in Bs]).");
+  m.def(
+      "_produce_and_all_to_all", &produce_and_all_to_all, py::arg("backend"), py::arg("A"), py::arg("B"),
+      py::arg("split"), py::arg("workspace"), py::arg("copy_stream"),
+      py::call_guard<py::gil_scoped_release>(),
+      "Enqueues rank d's chunk (rows d of A @ B for split 0, A @ B's column block d for split 1) pushed into "
+      "rank d's workspace slot; returns the workspace as [world, rows, cols], slot s from rank s.");
+}
+
+}  // namespace symmpool::torch_ext
