@@ -82,12 +82,19 @@ void check_matrix(const at::Tensor& t, const char* name) {
               t.sizes());
 }
 
-// all-gather of x's rows, each rank's rows multiplied by every B as they
-// arrive: returns (A_flat [world * m, k], [A_flat @ B for B in Bs]).
-std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul_rows(
+// all-gather of x [m, k] through the workspace, each rank's shard consumed
+// by the matmuls as soon as it has arrived. Along rows (dim 0): returns
+// (A [world * m, k], [A @ B for B in Bs]), shard r's rows of each product
+// computed from shard r. Along columns (dim 1, K): returns (the shards
+// stacked [world, m, k]; Python lays them side by side, [A @ B]), where
+// A @ B sums shard r @ (B's rows r) over the ranks, accumulated as shards arrive.
+std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(
     const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& x_in,
-    const std::vector<at::Tensor>& Bs, const at::Tensor& workspace, std::int64_t copy_stream) {
-  check_matrix(x_in, "A_shard (as rows)");
+    const std::vector<at::Tensor>& Bs, std::int64_t gather_dim, const at::Tensor& workspace,
+    std::int64_t copy_stream) {
+  check_matrix(x_in, "A_shard (as a matrix)");
+  TORCH_CHECK(gather_dim == 0 || gather_dim == 1, "symmpool fused ops: gather_dim must be 0 or 1, got ",
+              gather_dim);
   const c10::DeviceIndex device = x_in.device().index();
   c10::cuda::CUDAGuard guard(device);
   Communicator& comm = peer_memory_communicator(backend, device);
@@ -95,34 +102,48 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul_rows(
   const Streams s = streams_of(copy_stream, device);
   const at::Tensor x = x_in.contiguous();
   const std::int64_t m = x.size(0), k = x.size(1);
+  const bool rows = gather_dim == 0;
   const std::size_t shard_bytes = bytes_of(x);
   const at::Tensor mine = staging(workspace, {m, k}, x.scalar_type());
-  at::Tensor A_flat = at::empty({world * m, k}, x.options());
+  // Shard r's place in the gathered A: rows r of A_flat, or slot r of the stack.
+  at::Tensor gathered = rows ? at::empty({world * m, k}, x.options()) : at::empty({world, m, k}, x.options());
+  auto shard = [&](int r) { return rows ? gathered.narrow(0, r * m, m) : gathered[r]; };
   std::vector<at::Tensor> outs;
   outs.reserve(Bs.size());
-  for (const at::Tensor& B : Bs) outs.push_back(at::empty({world * m, B.size(1)}, x.options()));
-  auto rows = [&](const at::Tensor& t, int r) { return t.narrow(0, r * m, m); };
+  for (const at::Tensor& B : Bs) outs.push_back(at::empty({rows ? world * m : m, B.size(1)}, x.options()));
+  // The matmuls of shard r: its rows of each product, or its term of the sum.
+  auto consume = [&](int r, const at::Tensor& a, bool first) {
+    for (std::size_t i = 0; i < Bs.size(); ++i) {
+      if (rows)
+        mm_into(outs[i].narrow(0, r * m, m), a, Bs[i]);
+      else if (first)
+        mm_into(outs[i], a, Bs[i].narrow(0, r * k, k));
+      else
+        at::addmm_out(outs[i], outs[i], a, Bs[i].narrow(0, r * k, k));
+    }
+  };
 
   // Off the caller's stream: our shard into the workspace (where the peers
-  // read it) and into our rows of A_flat, then the meeting after which every
-  // workspace is ready. Our own rows' matmuls need no peer and go on meanwhile.
+  // read it) and into its place in the gathered A, then the meeting after
+  // which every workspace is ready. Our own shard's matmuls need no peer
+  // and go on meanwhile.
   wait_stream(s.copies, s.main);
   copy_bytes(mine.data_ptr(), x.data_ptr(), shard_bytes, s.copies);
-  copy_bytes(rows(A_flat, rank).data_ptr(), x.data_ptr(), shard_bytes, s.copies);
+  copy_bytes(shard(rank).data_ptr(), x.data_ptr(), shard_bytes, s.copies);
   meet(comm, s.copies);
-  for (std::size_t i = 0; i < Bs.size(); ++i) mm_into(rows(outs[i], rank), x, Bs[i]);
+  consume(rank, x, /*first=*/true);
   for (int step = 1; step < world; ++step) {
     const int src = (rank + step) % world;
     void* remote =
         call_translating_errors([&] { return comm.peer_address(mine.data_ptr(), shard_bytes, src); });
-    copy_bytes(rows(A_flat, src).data_ptr(), remote, shard_bytes, s.copies);
+    copy_bytes(shard(src).data_ptr(), remote, shard_bytes, s.copies);
     wait_stream(s.main, s.copies);
-    for (std::size_t i = 0; i < Bs.size(); ++i) mm_into(rows(outs[i], src), rows(A_flat, src), Bs[i]);
+    consume(src, shard(src), /*first=*/false);
   }
   wait_stream(s.main, s.copies);
   // Nobody reads our workspace any more.
   meet(comm, s.main);
-  return {A_flat, outs};
+  return {gathered, outs};
 }
 
 // Every rank's chunk for rank d is produced by a matmul: rows d of A times B
@@ -188,10 +209,13 @@ at::Tensor produce_and_all_to_all(const c10::intrusive_ptr<c10d::Backend>& backe
 }  // namespace
 
 void define_fused_pipelines(py::module& m) {
-  m.def("_all_gather_matmul_rows", &all_gather_matmul_rows, py::arg("backend"), py::arg("x"), py::arg("Bs"),
-        py::arg("workspace"), py::arg("copy_stream"), py::call_guard<py::gil_scoped_release>(),
-        "Enqueues a fused all-gather of x's rows [m, k] through the workspace, each rank's rows multiplied "
-        "by every B as they arrive; returns (A [world * m, k], [A @ B for B in Bs]).");
+  m.def(
+      "_all_gather_matmul", &all_gather_matmul, py::arg("backend"), py::arg("x"), py::arg("Bs"),
+      py::arg("gather_dim"), py::arg("workspace"), py::arg("copy_stream"),
+      py::call_guard<py::gil_scoped_release>(),
+      "Enqueues a fused all-gather of x [m, k] along gather_dim through the workspace, each shard multiplied "
+      "as it arrives; returns (A [world * m, k] for dim 0, or the shards [world, m, k] for dim 1; "
+      "[A @ B for B in Bs]).");
   m.def(
       "_produce_and_all_to_all", &produce_and_all_to_all, py::arg("backend"), py::arg("A"), py::arg("B"),
       py::arg("split"), py::arg("workspace"), py::arg("copy_stream"),

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from . import _C
-from .peer_memory import _counts, barrier, peer_tensor, symm_backend
+from .peer_memory import _counts, symm_backend
 
 _WORKSPACE_GRANULE = 2 << 20  # bytes: workspaces grow in whole granules of the heap
 
@@ -162,9 +162,9 @@ def _count(op: str, why_not: str) -> None:
 
 
 class _Pipeline:
-    """One fused call's streams and workspace: enter after the workspace was
-    sized; on exit the copy stream has joined the caller's and the workspace
-    records where the caller's stream last used it."""
+    """One fused call's streams and workspace around the C++ pipeline: enter
+    after the workspace was sized; on exit the copy stream has joined the
+    caller's and the workspace records where the caller's stream last used it."""
 
     def __init__(self, group: dist.ProcessGroup, ws: _Workspace, device: int) -> None:
         self.group, self.ws = group, ws
@@ -183,31 +183,10 @@ class _Pipeline:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.main.wait_stream(self.copies)
+        if exc[0] is not None:  # the C++ pipeline joins the copy stream itself when it completes
+            self.main.wait_stream(self.copies)
         if not self.capturing:
             self.ws.last_use = self.main.record_event()
-
-    def staging(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        """This rank's copy of the workspace, viewed as ``shape`` of ``dtype``."""
-        count = 1
-        for s in shape:
-            count *= s
-        return self.ws.tensor[: count * dtype.itemsize].view(dtype).view(shape)
-
-    def barrier(self) -> None:
-        barrier(self.group, self.main)
-
-    def stage_and_meet(self, x: Optional[torch.Tensor] = None, into: tuple = ()) -> None:
-        """Off the caller's stream, on the copy stream: ``x`` copied into each
-        of ``into`` (our workspace, where the peers read it), then the barrier
-        after which every rank's workspace is ready. The caller's stream goes
-        on meanwhile with the work that needs no peer (our own shard's
-        matmul), so neither the staging copy nor the meeting delays it."""
-        self.copies.wait_stream(self.main)
-        with torch.cuda.stream(self.copies):
-            for dst in into:
-                dst.copy_(x)
-        barrier(self.group, self.copies)
 
 
 # -- all-gather, then matmul ----------------------------------------------------------------------
@@ -249,7 +228,7 @@ def _all_gather_matmul_rows(p: _Pipeline, x: torch.Tensor, Bs, shape_out: Callab
     """A gathered along rows of ``x`` [m, k]: A_flat [world * m, k], each
     rank's rows multiplied by every B as they arrive (one C++ call enqueues
     the pipeline: as Python loops its host time exceeded the GPU's)."""
-    A_flat, outs = _C._all_gather_matmul_rows(p.backend, x, list(Bs), p.ws.tensor, p.copies.cuda_stream)
+    A_flat, outs = _C._all_gather_matmul(p.backend, x, list(Bs), 0, p.ws.tensor, p.copies.cuda_stream)
     return shape_out(A_flat), [shape_out(out) for out in outs]
 
 
@@ -257,21 +236,7 @@ def _all_gather_matmul_columns(p: _Pipeline, x: torch.Tensor, Bs) -> tuple:
     """A gathered along columns of ``x`` [m, k]: A @ B is the sum over ranks
     of shard @ (that rank's rows of B), accumulated as shards arrive."""
     m, k = x.shape
-    mine = p.staging((m, k), x.dtype)
-    shards = x.new_empty(p.world, m, k)
-    outs = [x.new_empty(m, B.shape[1]) for B in Bs]
-    p.stage_and_meet(x, into=(mine, shards[p.rank]))
-    for B, out in zip(Bs, outs):
-        torch.mm(x, B[p.rank * k:(p.rank + 1) * k], out=out)
-    for step in range(1, p.world):
-        src = (p.rank + step) % p.world
-        with torch.cuda.stream(p.copies):
-            shards[src].copy_(peer_tensor(mine, src, p.group))
-        p.main.wait_stream(p.copies)
-        for B, out in zip(Bs, outs):
-            torch.addmm(out, shards[src], B[src * k:(src + 1) * k], out=out)
-    p.main.wait_stream(p.copies)
-    p.barrier()
+    shards, outs = _C._all_gather_matmul(p.backend, x, list(Bs), 1, p.ws.tensor, p.copies.cuda_stream)
     return shards.permute(1, 0, 2).reshape(m, p.world * k), outs
 
 
