@@ -165,10 +165,10 @@ at::Tensor produce_and_all_to_all(const c10::intrusive_ptr<c10d::Backend>& backe
   Communicator& comm = peer_memory_communicator(backend, device);
   const int world = comm.world(), rank = comm.rank();
   const Streams s = streams_of(copy_stream, device);
+  TORCH_CHECK((split == 0 ? A.size(0) : B.size(1)) % world == 0,
+              "symmpool fused ops: the split dim does not divide by the group size ", world);
   const std::int64_t rows = split == 0 ? A.size(0) / world : A.size(0);
   const std::int64_t cols = split == 0 ? B.size(1) : B.size(1) / world;
-  TORCH_CHECK((split == 0 ? A.size(0) : B.size(1)) % world == 0,
-              "symmpool fused ops: the split dim does not ", "divide by the group size ", world);
   auto produce = [&](int dst, const at::Tensor& out) {
     if (split == 0)
       mm_into(out, A.narrow(0, dst * rows, rows), B);
