@@ -16,6 +16,7 @@ then a PNG next to it and a table. Exit status 1 if a run failed (or, with
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -271,13 +272,18 @@ def merge(paths: list[str], out: str) -> dict:
             if doc["context"].get(key) != first.get(key):
                 raise SystemExit(f"cannot merge {path}: its {key} is {doc['context'].get(key)!r}, "
                                  f"{paths[0]}'s is {first.get(key)!r}")
-    records, not_run = [], []
+    records, not_run, merged_from, dates = [], [], [], set()
     for path, doc in zip(paths, docs):
         source = os.path.basename(path)
         records += [dict(r, source=r.get("source", source)) for r in doc["records"]]
         not_run += doc.get("not_run", [])
-    context = dict(first, merged_from=[os.path.basename(p) for p in paths],
-                   dates=sorted({d["context"].get("date") for d in docs if d["context"].get("date")}))
+        # A merged file names the files it came from, not itself.
+        merged_from += doc["context"].get("merged_from", [source])
+        dates.update(doc["context"].get("dates", [doc["context"].get("date")]))
+    # A repetition one file could not run is not missing once another file supplies it.
+    ran = collections.Counter((r["config"], r["mode"]) for r in records if r.get("status") == "ok")
+    not_run = [n for n in not_run if ran[(n["config"], n["mode"])] <= n["rep"]]
+    context = dict(first, merged_from=merged_from, dates=sorted(d for d in dates if d))
     doc = {"context": context, "configs": aggregate.aggregate(records), "not_run": not_run, "records": records}
     write_json(out, doc)
     return doc

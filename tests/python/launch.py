@@ -41,12 +41,19 @@ def _entry(rank, fn, world, port, stack_dump_after, args):
     faulthandler.cancel_dump_traceback_later()
 
 
+def start_workers(fn, world: int, *args, timeout: float = 300.0):
+    """Starts fn(rank, world, *args) in `world` spawned processes, each
+    printing its threads' stacks shortly before `timeout`; returns the
+    torch.multiprocessing context without waiting."""
+    stack_dump_after = max(1.0, timeout - min(10.0, timeout / 10))
+    return mp.start_processes(_entry, args=(fn, world, _free_port(), stack_dump_after, args), nprocs=world,
+                              join=False, start_method="spawn")
+
+
 def run_workers(fn, world: int, *args, timeout: float = 300.0) -> None:
     """Runs fn(rank, world, *args) in `world` spawned processes; re-raises a
     worker's exception; kills them all and raises TimeoutError past `timeout`."""
-    stack_dump_after = max(1.0, timeout - min(10.0, timeout / 10))
-    ctx = mp.start_processes(_entry, args=(fn, world, _free_port(), stack_dump_after, args), nprocs=world,
-                             join=False, start_method="spawn")
+    ctx = start_workers(fn, world, *args, timeout=timeout)
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=max(0.0, min(5.0, deadline - time.monotonic()))):
         if time.monotonic() >= deadline:

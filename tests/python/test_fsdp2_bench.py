@@ -173,13 +173,23 @@ def test_documents_merge_and_machines_must_match(tmp_path):
     context = {"gpu": "h200", "ranks": 2, "device": "cuda", "date": "2026-11-23"}
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     run.write_json(str(a), run.document(dict(context), RECORDS[:2], []))
-    run.write_json(str(b), run.document(dict(context), RECORDS[2:], [{"config": "x", "mode": "stock", "rep": 2,
+    run.write_json(str(b), run.document(dict(context), RECORDS[2:], [{"config": "1.4b-b1s1024", "mode": "stock", "rep": 2,
                                                                       "reason": "time budget"}]))
     merged = run.merge([str(a), str(b)], str(tmp_path / "m.json"))
     assert json.loads((tmp_path / "m.json").read_text())["configs"] == merged["configs"]
     stock = merged["configs"][0]["runs"][0]
     assert stock["reps"] == 2 and stock["device_peak_bytes"] == 41 << 30
     assert merged["context"]["merged_from"] == ["a.json", "b.json"] and len(merged["not_run"]) == 1
+    # Merging the merge with a file that holds the missing repetition: that
+    # entry goes, and the sources stay the original files.
+    c = tmp_path / "c.json"
+    ran = [record("stock", r, fake_result([100, 110, 120], LOSSES, 40 << 30), config="1.4b-b1s1024") for r in range(2)]
+    run.write_json(str(c), run.document(dict(context), ran, []))
+    assert run.merge([str(tmp_path / "m.json"), str(c)], str(tmp_path / "m2.json"))["not_run"] != []
+    ran.append(record("stock", 2, fake_result([100, 110, 120], LOSSES, 40 << 30), config="1.4b-b1s1024"))
+    run.write_json(str(c), run.document(dict(context), ran, []))
+    again = run.merge([str(tmp_path / "m.json"), str(c)], str(tmp_path / "m2.json"))
+    assert again["not_run"] == [] and again["context"]["merged_from"] == ["a.json", "b.json", "c.json"]
     other = tmp_path / "c.json"
     run.write_json(str(other), run.document(dict(context, gpu="h100"), RECORDS[:1], []))
     with pytest.raises(SystemExit, match="its gpu is .h100."):

@@ -116,13 +116,10 @@ def test_a_dead_peer_makes_every_survivor_raise(blocking_wait):
 @needs_two
 def test_a_dead_peer_aborts_survivors_by_default(tmp_path):
     import signal
-    import torch.multiprocessing as mp
-    from launch import _entry, _free_port
+    from launch import start_workers
 
     world = gpu_count()
-    ctx = mp.start_processes(_entry, args=(dist_failures.dead_peer_aborts_by_default, world, _free_port(),
-                                           (str(tmp_path),)),
-                             nprocs=world, join=False, start_method="spawn")
+    ctx = start_workers(dist_failures.dead_peer_aborts_by_default, world, str(tmp_path), timeout=120)
     deadline = time.monotonic() + 120
     while any(p.is_alive() for p in ctx.processes) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -131,6 +128,8 @@ def test_a_dead_peer_aborts_survivors_by_default(tmp_path):
         if p.is_alive():
             p.kill()
     for rank in range(world - 1):
+        # A worker that failed before it redirected stderr left no file: say how it ended.
+        assert (tmp_path / f"rank{rank}.err").exists(), (rank, ctx.processes[rank].exitcode)
         err = (tmp_path / f"rank{rank}.err").read_text()
         assert ctx.processes[rank].exitcode == -signal.SIGABRT, (ctx.processes[rank].exitcode, err)
         assert f"rank {world - 1} did not arrive within {dist_failures.TIMEOUT_S} s" in err, err
