@@ -123,14 +123,19 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(
     }
   };
 
-  // Off the caller's stream: our shard into the workspace (where the peers
-  // read it) and into its place in the gathered A, then the meeting after
-  // which every workspace is ready. Our own shard's matmuls need no peer
-  // and go on meanwhile.
+  // Our shard into the workspace, where the peers read it, on the caller's
+  // stream ahead of our own matmuls: a copy within one GPU runs on SMs, so
+  // beside a matmul that holds every SM it starts only as the matmul drains
+  // (on the copy stream at 8B M=8192 it began 267 us into a 312-us matmul,
+  // and every pull waited behind it). The meeting, after which every
+  // workspace is ready, and the pulls (copy engines) go on the copy stream.
+  copy_bytes(mine.data_ptr(), x.data_ptr(), shard_bytes, s.main);
   wait_stream(s.copies, s.main);
-  copy_bytes(mine.data_ptr(), x.data_ptr(), shard_bytes, s.copies);
-  copy_bytes(shard(rank).data_ptr(), x.data_ptr(), shard_bytes, s.copies);
   meet(comm, s.copies);
+  // Our shard's place in the gathered A: on the copy stream once the pulls
+  // are enqueued, so it waits for SMs beside the last matmuls, not ahead of a pull.
+  auto place_own_shard = [&] { copy_bytes(shard(rank).data_ptr(), x.data_ptr(), shard_bytes, s.copies); };
+  if (world == 1) place_own_shard();
   consume(rank, x, /*first=*/true);
   for (int step = 1; step < world; ++step) {
     const int src = (rank + step) % world;
@@ -138,6 +143,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(
         call_translating_errors([&] { return comm.peer_address(mine.data_ptr(), shard_bytes, src); });
     copy_bytes(shard(src).data_ptr(), remote, shard_bytes, s.copies);
     wait_stream(s.main, s.copies);
+    if (step == world - 1) place_own_shard();
     consume(src, shard(src), /*first=*/false);
   }
   wait_stream(s.main, s.copies);
