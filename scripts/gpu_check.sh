@@ -8,6 +8,7 @@
 # --time-budget), JSON and PNG into $OUT.
 # peers runs bench/peers/run.py on every GPU (symmpool, NCCL, NCCL on registered buffers,
 # torch symm_mem, the bare peer copy) with a 480 s budget and $PEERS_BENCH_ARGS, JSON and PNG into $OUT.
+# hosttime runs bench/host_time.py on 2 ranks or more (both on GPU 0 where there is one GPU), JSON into $OUT.
 # tpops runs bench/tp_ops/run.py on every GPU (all-gather + matmul and matmul + reduce-scatter:
 # symmpool fused, NCCL unfused, torch fused, matmul alone, transfer alone) with a 480 s budget and
 # $TP_OPS_BENCH_ARGS, JSON and PNG into $OUT.
@@ -56,6 +57,12 @@ for stage in $stages; do
     hostcost)  # host time per async collective call: nccl, symm with plain tensors, symm tensors
       run hostcost.log $py -m torch.distributed.run --standalone --nproc-per-node="$(nvidia-smi -L | wc -l)" \
         bench/collectives_host_cost.py --out "$OUT/collectives_host_cost.json" ;;
+    hosttime)  # host time per call of the eager collectives and fused ops, layer by layer
+      gpus=$(nvidia-smi -L | wc -l)
+      share=()
+      [ "$gpus" -ge 2 ] || share=(--share-gpu)
+      run hosttime.log $py -m torch.distributed.run --standalone --nproc-per-node="$(( gpus >= 2 ? gpus : 2 ))" \
+        bench/host_time.py "${share[@]}" --out "$OUT/host_time.json" ;;
     fsdp2bench)  # e.g. FSDP2_BENCH_ARGS="--configs 3.5b-b2s2048 --time-budget 540"
       # shellcheck disable=SC2086  # the variable holds several arguments
       run fsdp2bench.log $py bench/fsdp2/run.py --out-dir "$OUT" ${FSDP2_BENCH_ARGS:-} ;;

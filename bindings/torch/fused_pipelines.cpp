@@ -1,8 +1,8 @@
 // The fused tensor-parallel ops' pipelines, one C++ call each:
-// symmpool/fused_ops.py decides whether to fuse, sizes the workspace and
-// orders it against other streams; these enqueue one call's copies, matmuls
-// and barriers. Written as Python loops they took ~640 us of host time per
-// call at Llama-3-8B M=2048 for ~200 us of GPU work
+// symmpool/fused_ops.py decides whether to fuse and sizes the workspace;
+// these order the call after the workspace's last use and enqueue its
+// copies, matmuls and barriers. Written as Python loops they took ~640 us of
+// host time per call at Llama-3-8B M=2048 for ~200 us of GPU work
 // (bench/results/tp_ops_h200x2_2026-11-23_host-time-8b.json).
 
 #include "fused_pipelines.hpp"
@@ -20,6 +20,9 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -27,28 +30,91 @@ namespace py = pybind11;
 
 namespace symmpool::torch_ext {
 
-namespace {
-
 using c10::cuda::CUDAStream;
 
-// The streams of one fused call: the caller's (matmuls) and the group's copy
-// stream (copy-engine transfers and the first meeting).
-struct Streams {
-  CUDAStream main;
+// One group's fused-op workspace on one device, as the pipelines use it:
+// the rendezvoused buffer (symmpool/fused_ops.py grows it), the group's copy
+// stream, where the last op left the buffer, and the events each call
+// reuses (making and destroying one per stream join, and a Python event per
+// call, was host time on every call).
+struct FusedWorkspace {
+  explicit FusedWorkspace(c10::DeviceIndex device)
+      // The group's copy stream, from torch's pool as torch.cuda.Stream(device)
+      // gives: it carries the group's first meeting, and one shared by groups
+      // could order two groups' meetings differently on two ranks (a cycle).
+      : copies(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device)) {}
+
+  at::Tensor buffer;  // uint8, rendezvoused; undefined until the first growth
   CUDAStream copies;
+  at::cuda::CUDAEvent last_use;               // on the stream that last used `buffer`, after that use
+  cudaStream_t last_use_stream = nullptr;     // that stream: an op on it again needs no wait
+  at::cuda::CUDAEvent joined;                 // one stream's work so far, for another to wait on
+  std::array<at::cuda::CUDAEvent, 2> pushed;  // a staging buffer's push has landed
+  bool captured = false;                      // a CUDA graph replays on `buffer`'s addresses
 };
 
-Streams streams_of(std::int64_t copy_stream, c10::DeviceIndex device) {
-  return {c10::cuda::getCurrentCUDAStream(device),
-          c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(copy_stream), device)};
-}
+namespace {
 
 // `to`'s later work starts after `from`'s earlier work.
-void wait_stream(const CUDAStream& to, const CUDAStream& from) {
-  at::cuda::CUDAEvent event;
+void wait_stream(const CUDAStream& to, const CUDAStream& from, at::cuda::CUDAEvent& event) {
   event.record(from);
   event.block(to);
 }
+
+// `stream` is where the workspace was last used, as of now.
+void record_use(FusedWorkspace& ws, const CUDAStream& stream) {
+  ws.last_use.record(stream);
+  ws.last_use_stream = stream.stream();
+}
+
+bool is_capturing(const CUDAStream& stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// One call's use of the workspace, on the caller's stream `main`: it starts
+// after the previous op's use (which may have been on another stream) and,
+// when it ends, even by a throw, the caller's stream has joined the copy
+// stream and the workspace records where it was left. Graph replays are not
+// tracked: replaying a graph with fused ops on one stream while fused ops
+// run on another is the caller's to order.
+class WorkspaceUse {
+ public:
+  WorkspaceUse(FusedWorkspace& ws, c10::DeviceIndex device)
+      : ws_(ws), main_(c10::cuda::getCurrentCUDAStream(device)), capturing_(is_capturing(main_)) {
+    TORCH_CHECK(ws.buffer.defined(), "symmpool fused ops: the workspace was never sized");
+    // A stream runs its own work in order (cudaStreamPerThread names a
+    // different stream in each thread).
+    const bool same_stream = main_.stream() == ws.last_use_stream && main_.stream() != cudaStreamPerThread;
+    if (!capturing_ && !same_stream) ws.last_use.block(main_);
+    ws.captured = ws.captured || capturing_;
+  }
+  WorkspaceUse(const WorkspaceUse&) = delete;
+  WorkspaceUse& operator=(const WorkspaceUse&) = delete;
+
+  ~WorkspaceUse() {
+    try {
+      if (!completed_) wait_stream(main_, ws_.copies, ws_.joined);  // the pipeline joins it when it completes
+      if (!capturing_) record_use(ws_, main_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "symmpool fused ops: ordering the workspace after a failed call failed: %s\n",
+                   e.what());
+    }
+  }
+
+  const CUDAStream& main() const { return main_; }
+  const CUDAStream& copies() const { return ws_.copies; }
+  at::cuda::CUDAEvent& joined() { return ws_.joined; }
+  const at::Tensor& buffer() const { return ws_.buffer; }
+  void completed() { completed_ = true; }
+
+ private:
+  FusedWorkspace& ws_;
+  CUDAStream main_;
+  bool capturing_;
+  bool completed_ = false;
+};
 
 // A stream-memory-op barrier of the group on `stream` (a kernel under capture).
 void meet(Communicator& comm, const CUDAStream& stream) {
@@ -90,8 +156,7 @@ void check_matrix(const at::Tensor& t, const char* name) {
 // A @ B sums shard r @ (B's rows r) over the ranks, accumulated as shards arrive.
 std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(
     const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& x_in,
-    const std::vector<at::Tensor>& Bs, std::int64_t gather_dim, const at::Tensor& workspace,
-    std::int64_t copy_stream) {
+    const std::vector<at::Tensor>& Bs, std::int64_t gather_dim, FusedWorkspace& workspace) {
   check_matrix(x_in, "A_shard (as a matrix)");
   TORCH_CHECK(gather_dim == 0 || gather_dim == 1, "symmpool fused ops: gather_dim must be 0 or 1, got ",
               gather_dim);
@@ -99,12 +164,13 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(
   c10::cuda::CUDAGuard guard(device);
   Communicator& comm = peer_memory_communicator(backend, device);
   const int world = comm.world(), rank = comm.rank();
-  const Streams s = streams_of(copy_stream, device);
+  WorkspaceUse use(workspace, device);
+  const CUDAStream &main = use.main(), &copies = use.copies();
   const at::Tensor x = x_in.contiguous();
   const std::int64_t m = x.size(0), k = x.size(1);
   const bool rows = gather_dim == 0;
   const std::size_t shard_bytes = bytes_of(x);
-  const at::Tensor mine = staging(workspace, {m, k}, x.scalar_type());
+  const at::Tensor mine = staging(use.buffer(), {m, k}, x.scalar_type());
   // Shard r's place in the gathered A: rows r of A_flat, or slot r of the stack.
   at::Tensor gathered = rows ? at::empty({world * m, k}, x.options()) : at::empty({world, m, k}, x.options());
   auto shard = [&](int r) { return rows ? gathered.narrow(0, r * m, m) : gathered[r]; };
@@ -129,50 +195,62 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(
   // (on the copy stream at 8B M=8192 it began 267 us into a 312-us matmul,
   // and every pull waited behind it). The meeting, after which every
   // workspace is ready, and the pulls (copy engines) go on the copy stream.
-  copy_bytes(mine.data_ptr(), x.data_ptr(), shard_bytes, s.main);
-  wait_stream(s.copies, s.main);
-  meet(comm, s.copies);
+  copy_bytes(mine.data_ptr(), x.data_ptr(), shard_bytes, main);
+  wait_stream(copies, main, use.joined());
+  meet(comm, copies);
   // Our shard's place in the gathered A: on the copy stream once the pulls
   // are enqueued, so it waits for SMs beside the last matmuls, not ahead of a pull.
-  auto place_own_shard = [&] { copy_bytes(shard(rank).data_ptr(), x.data_ptr(), shard_bytes, s.copies); };
+  auto place_own_shard = [&] { copy_bytes(shard(rank).data_ptr(), x.data_ptr(), shard_bytes, copies); };
   if (world == 1) place_own_shard();
   consume(rank, x, /*first=*/true);
   for (int step = 1; step < world; ++step) {
     const int src = (rank + step) % world;
     void* remote =
         call_translating_errors([&] { return comm.peer_address(mine.data_ptr(), shard_bytes, src); });
-    copy_bytes(shard(src).data_ptr(), remote, shard_bytes, s.copies);
-    wait_stream(s.main, s.copies);
+    copy_bytes(shard(src).data_ptr(), remote, shard_bytes, copies);
+    wait_stream(main, copies, use.joined());
     if (step == world - 1) place_own_shard();
     consume(src, shard(src), /*first=*/false);
   }
-  wait_stream(s.main, s.copies);
+  wait_stream(main, copies, use.joined());
+  use.completed();
   // Nobody reads our workspace any more.
-  meet(comm, s.main);
+  meet(comm, main);
   return {gathered, outs};
+}
+
+// What the caller gets of the slots that the ranks' chunks landed in: their
+// sum or mean (reduce-scatter), or a copy (all-to-all). Never the workspace
+// itself, which the group's next fused op overwrites.
+at::Tensor combine(const at::Tensor& stacked, const std::string& how) {
+  if (how == "sum") return at::sum(stacked, 0);
+  if (how == "avg") return at::mean(stacked, 0);
+  return stacked.clone();
 }
 
 // Every rank's chunk for rank d is produced by a matmul: rows d of A times B
 // (split 0) or A times B's column block d (split 1). Each chunk for a peer
 // is made in a staging buffer and pushed into the peer's workspace slot by
 // the copy engines while the next one is made; ours goes last, straight into
-// our slot. Returns this rank's workspace as [world, chunk rows, chunk
-// columns], slot s holding rank s's chunk for us (valid until the next op
-// on the workspace).
+// our slot. Returns the slots [world, chunk rows, chunk columns] (slot s from
+// rank s) combined as `how` says: "sum", "avg" (over the slots) or "none" (a copy).
 at::Tensor produce_and_all_to_all(const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& A,
-                                  const at::Tensor& B, std::int64_t split, const at::Tensor& workspace,
-                                  std::int64_t copy_stream) {
+                                  const at::Tensor& B, std::int64_t split, FusedWorkspace& workspace,
+                                  const std::string& how) {
   check_matrix(A, "A");
   check_matrix(B, "B");
   TORCH_CHECK(split == 0 || split == 1,
               "symmpool fused ops: split must be 0 (rows of A) or 1 (columns of B)");
+  TORCH_CHECK(how == "sum" || how == "avg" || how == "none",
+              "symmpool fused ops: combine the slots by 'sum', 'avg' or 'none', got '", how, "'");
   const c10::DeviceIndex device = A.device().index();
   c10::cuda::CUDAGuard guard(device);
   Communicator& comm = peer_memory_communicator(backend, device);
   const int world = comm.world(), rank = comm.rank();
-  const Streams s = streams_of(copy_stream, device);
   TORCH_CHECK((split == 0 ? A.size(0) : B.size(1)) % world == 0,
               "symmpool fused ops: the split dim does not divide by the group size ", world);
+  WorkspaceUse use(workspace, device);
+  const CUDAStream &main = use.main(), &copies = use.copies();
   const std::int64_t rows = split == 0 ? A.size(0) / world : A.size(0);
   const std::int64_t cols = split == 0 ? B.size(1) : B.size(1) / world;
   auto produce = [&](int dst, const at::Tensor& out) {
@@ -181,53 +259,71 @@ at::Tensor produce_and_all_to_all(const c10::intrusive_ptr<c10d::Backend>& backe
     else
       mm_into(out, A, B.narrow(1, dst * cols, cols));
   };
-  const at::Tensor stacked = staging(workspace, {world, rows, cols}, A.scalar_type());
+  const at::Tensor stacked = staging(use.buffer(), {world, rows, cols}, A.scalar_type());
   const std::size_t chunk_bytes = static_cast<std::size_t>(rows * cols) * A.element_size();
 
   // Every peer is done with its workspace's last use: pushes (on the copy
   // stream, behind the meeting) may write into it; the first chunk's matmul
   // does not wait for the meeting.
-  wait_stream(s.copies, s.main);
-  meet(comm, s.copies);
+  wait_stream(copies, main, use.joined());
+  meet(comm, copies);
   const int slots = world - 1 < 2 ? world - 1 : 2;
   std::vector<at::Tensor> buffers;
   for (int i = 0; i < slots; ++i) buffers.push_back(at::empty({rows, cols}, A.options()));
-  std::array<at::cuda::CUDAEvent, 2> pushed;
   std::array<bool, 2> in_flight{false, false};
   void* my_slot = stacked[rank].data_ptr();
   for (int step = 1; step < world; ++step) {
     const int dst = (rank + step) % world, slot = step % slots;
-    if (in_flight[slot]) pushed[slot].block(s.main);  // the copy engines are done with this buffer
+    if (in_flight[slot]) workspace.pushed[slot].block(main);  // the copy engines are done with this buffer
     produce(dst, buffers[slot]);
-    wait_stream(s.copies, s.main);
+    wait_stream(copies, main, use.joined());
     void* remote = call_translating_errors([&] { return comm.peer_address(my_slot, chunk_bytes, dst); });
-    copy_bytes(remote, buffers[slot].data_ptr(), chunk_bytes, s.copies);
-    pushed[slot].record(s.copies);
+    copy_bytes(remote, buffers[slot].data_ptr(), chunk_bytes, copies);
+    workspace.pushed[slot].record(copies);
     in_flight[slot] = true;
   }
   produce(rank, stacked[rank]);
-  wait_stream(s.main, s.copies);
+  wait_stream(main, copies, use.joined());
+  use.completed();
   // Every push has landed, everywhere.
-  meet(comm, s.main);
-  return stacked;
+  meet(comm, main);
+  return combine(stacked, how);
 }
 
 }  // namespace
 
 void define_fused_pipelines(py::module& m) {
-  m.def(
-      "_all_gather_matmul", &all_gather_matmul, py::arg("backend"), py::arg("x"), py::arg("Bs"),
-      py::arg("gather_dim"), py::arg("workspace"), py::arg("copy_stream"),
-      py::call_guard<py::gil_scoped_release>(),
-      "Enqueues a fused all-gather of x [m, k] along gather_dim through the workspace, each shard multiplied "
-      "as it arrives; returns (A [world * m, k] for dim 0, or the shards [world, m, k] for dim 1; "
-      "[A @ B for B in Bs]).");
-  m.def(
-      "_produce_and_all_to_all", &produce_and_all_to_all, py::arg("backend"), py::arg("A"), py::arg("B"),
-      py::arg("split"), py::arg("workspace"), py::arg("copy_stream"),
-      py::call_guard<py::gil_scoped_release>(),
-      "Enqueues rank d's chunk (rows d of A @ B for split 0, A @ B's column block d for split 1) pushed into "
-      "rank d's workspace slot; returns the workspace as [world, rows, cols], slot s from rank s.");
+  py::class_<FusedWorkspace, std::shared_ptr<FusedWorkspace>>(
+      m, "FusedWorkspace",
+      "A group's fused-op workspace on one device: its buffer, its copy stream, and where the last op "
+      "left it (symmpool/fused_ops.py grows it; the pipelines order themselves on it).")
+      .def(py::init<c10::DeviceIndex>(), py::arg("device"))
+      .def(
+          "set_buffer",
+          [](FusedWorkspace& ws, const at::Tensor& buffer) {
+            // It comes in stream order on the current stream: the next op,
+            // on whatever stream, waits for that.
+            ws.buffer = buffer;
+            ws.captured = false;
+            record_use(ws, c10::cuda::getCurrentCUDAStream(buffer.device().index()));
+          },
+          py::arg("buffer"), "Takes `buffer` (rendezvoused, uint8) as the workspace from now on.")
+      .def_readonly("captured", &FusedWorkspace::captured,
+                    "Whether a CUDA graph captured an op on the current buffer (it must outlive the graph).")
+      .def_property_readonly(
+          "copy_stream",
+          [](const FusedWorkspace& ws) { return reinterpret_cast<std::int64_t>(ws.copies.stream()); },
+          "The group's copy stream (cudaStream_t).");
+  m.def("_all_gather_matmul", &all_gather_matmul, py::arg("backend"), py::arg("x"), py::arg("Bs"),
+        py::arg("gather_dim"), py::arg("workspace"), py::call_guard<py::gil_scoped_release>(),
+        "Enqueues a fused all-gather of x [m, k] along gather_dim through the workspace, each shard "
+        "multiplied as it arrives; returns (A [world * m, k] for dim 0, or the shards [world, m, k] for "
+        "dim 1; [A @ B for B in Bs]).");
+  m.def("_produce_and_all_to_all", &produce_and_all_to_all, py::arg("backend"), py::arg("A"), py::arg("B"),
+        py::arg("split"), py::arg("workspace"), py::arg("combine"), py::call_guard<py::gil_scoped_release>(),
+        "Enqueues rank d's chunk (rows d of A @ B for split 0, A @ B's column block d for split 1) pushed "
+        "into rank d's workspace slot; returns the slots [world, rows, cols] (slot s from rank s) summed "
+        "('sum'), averaged ('avg') or copied ('none').");
 }
 
 }  // namespace symmpool::torch_ext

@@ -102,6 +102,22 @@ def test_traces_under_torch_compile(group_name):
 
 
 @pytest.mark.parametrize("op, args", [
+    ("all_reduce", ("sum",)),
+    ("fused_matmul_reduce_scatter", (torch.randn(3, 5), "sum", 0, 1)),
+])
+def test_backward_through_an_op_raises(group_name, op, args):
+    # No op has an autograd formula: a backward through one must fail
+    # loudly, never hand back silently missing gradients. (Registered with
+    # torch.library.define and impl since custom_op's layers cost ~100 us a
+    # fused call; the Autograd kernel symmpool._C registers keeps this.)
+    x = torch.randn(4, 3, requires_grad=True)
+    out = getattr(torch.ops.symmpool, op)(x, *args, group_name)
+    assert out.requires_grad
+    with pytest.raises(RuntimeError, match="not implemented"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("op, args", [
     ("all_gather", (1,)),
     ("reduce_scatter", ("sum", 1)),
     ("all_reduce", ("sum",)),

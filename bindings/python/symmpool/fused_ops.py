@@ -24,40 +24,39 @@ depend on it, and torch.compile's caches key on the op's arguments.
 
 from __future__ import annotations
 
+import math
 import warnings
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from . import _C
+from ._library import define
 from .peer_memory import _counts, symm_backend
 
 _WORKSPACE_GRANULE = 2 << 20  # bytes: workspaces grow in whole granules of the heap
 
 
-# -- the group's workspace and copy stream ---------------------------------------------------
+# -- the group's workspace ---------------------------------------------------------------------------
 
 
 class _Workspace:
-    """One group's symmetric staging buffer on one device."""
+    """One group's symmetric staging buffer on one device. The C++ half
+    (``cpp``: the buffer, the group's copy stream, where the last op left the
+    buffer) is what the pipelines order themselves on; this half decides how
+    it grows."""
 
     def __init__(self, backend, device: int) -> None:
         # A new group under an old name gets a new workspace. Not a (weak)
         # reference to `backend`: each lookup may give a new Python wrapper of
         # the same backend, which replaced the workspace at every call.
         self.backend_serial = backend.serial
-        self.tensor: Optional[torch.Tensor] = None  # uint8, rendezvoused
+        self.cpp = _C.FusedWorkspace(device)
+        self.tensor: Optional[torch.Tensor] = None  # uint8, rendezvoused (the C++ half holds it too)
         self.not_symmetric = ""  # why the last growth was refused (same text on every rank)
         self.refused_bytes = 0  # up to this size, larger than `tensor`, calls go to NCCL
-        self.last_use: Optional[torch.cuda.Event] = None  # the stream's position after the last op read it
-        self.captured = False  # a CUDA graph holds `tensor`'s addresses
-        # The group's own copy stream: it carries the group's first barrier,
-        # and one shared by groups could order two groups' barriers
-        # differently on two ranks (a cycle), as NCCL gives each
-        # communicator its own internal streams.
-        self.copies = torch.cuda.Stream(device)
         self.kept_for_graphs: list[torch.Tensor] = []  # outgrown but captured: never freed
 
     def holds(self, nbytes: int) -> bool:
@@ -67,11 +66,11 @@ class _Workspace:
 _workspaces: dict[tuple[str, int], _Workspace] = {}
 
 
-def _workspace(group: dist.ProcessGroup, device: int, nbytes: int) -> _Workspace:
-    """The workspace of ``group`` on ``device``, grown to ``nbytes`` where it
-    can be (collective then); ``holds(nbytes)`` is False, on every rank,
-    when the larger one came out asymmetric."""
-    backend = symm_backend(group, device)
+def _workspace(group: dist.ProcessGroup, backend, device: int, nbytes: int) -> _Workspace:
+    """The workspace of ``group`` (whose "symm" backend is ``backend``) on
+    ``device``, grown to ``nbytes`` where it can be (collective then);
+    ``holds(nbytes)`` is False, on every rank, when the larger one came out
+    asymmetric."""
     key = (group.group_name, device)
     ws = _workspaces.get(key)
     if ws is None or ws.backend_serial != backend.serial:
@@ -100,11 +99,13 @@ def _workspace(group: dist.ProcessGroup, device: int, nbytes: int) -> _Workspace
         return ws
     if ws.tensor is not None:
         torch.cuda.synchronize(device)  # our streams are done with it; end barriers: the peers are too
-        if ws.captured:
+        if ws.cpp.captured:
             ws.kept_for_graphs.append(ws.tensor)  # graphs replay on its addresses
-    # The block comes in stream order on this stream: an op on another stream
-    # waits for it (its previous owner's work may still be queued here).
-    ws.tensor, ws.last_use, ws.captured = tensor, torch.cuda.current_stream(device).record_event(), False
+    # The block comes in stream order on the current stream: set_buffer
+    # records that, and an op on another stream waits for it (its previous
+    # owner's work may still be queued here).
+    ws.tensor = tensor
+    ws.cpp.set_buffer(tensor)
     ws.not_symmetric, ws.refused_bytes = "", 0
     return ws
 
@@ -121,7 +122,7 @@ def reserve_workspace(nbytes: int, group: Optional[dist.ProcessGroup] = None, de
         raise TypeError("symmpool.reserve_workspace needs a \"symm\" process group")
     if not _C._peer_memory_available(backend, device):
         return False
-    return _workspace(group, device, nbytes).holds(nbytes)
+    return _workspace(group, backend, device, nbytes).holds(nbytes)
 
 
 def _check_group_size(group_size: int, op: str) -> None:
@@ -136,57 +137,32 @@ def _group_of(group_name: str, group_size: int, op: str) -> dist.ProcessGroup:
     return group
 
 
-def _why_not_fused(group: dist.ProcessGroup, tensors: list[torch.Tensor]) -> str:
-    """'' when symmpool serves the call, else why not (the same on every rank)."""
+def _fusing(op: str, group: dist.ProcessGroup, tensors: list[torch.Tensor], nbytes: int):
+    """(backend, workspace holding ``nbytes``) when symmpool serves the call,
+    else (None, None); the same decision on every rank, counted."""
+    why_not, backend, ws = "", None, None
     if not all(t.is_cuda for t in tensors):
-        return "CPU tensors"
-    if any(t.numel() == 0 for t in tensors):
-        return "empty tensors"
-    if group.size() == 1:
-        return "one rank"
-    device = tensors[0].device.index
-    backend = symm_backend(group, device)
-    if backend is None:
-        return "not a symm group"
-    if not _C._peer_memory_available(backend, device):
-        return "ranks span nodes"
-    return ""
-
-
-def _count(op: str, why_not: str) -> None:
+        why_not = "CPU tensors"
+    elif any(t.numel() == 0 for t in tensors):
+        why_not = "empty tensors"
+    elif group.size() == 1:
+        why_not = "one rank"
+    else:
+        device = tensors[0].device.index
+        backend = symm_backend(group, device)
+        if backend is None:
+            why_not = "not a symm group"
+        elif not _C._peer_memory_available(backend, device):
+            why_not = "ranks span nodes"
+        else:
+            ws = _workspace(group, backend, device, nbytes)
+            why_not = "" if ws.holds(nbytes) else "workspace not symmetric"
     if why_not:
         _counts[f"{op}.fallback"] += 1
         _counts[f"{op}.fallback: {why_not}"] += 1
-    else:
-        _counts[f"{op}.fused"] += 1
-
-
-class _Pipeline:
-    """One fused call's streams and workspace around the C++ pipeline: enter
-    after the workspace was sized; on exit the copy stream has joined the
-    caller's and the workspace records where the caller's stream last used it."""
-
-    def __init__(self, group: dist.ProcessGroup, ws: _Workspace, device: int) -> None:
-        self.group, self.ws = group, ws
-        self.backend = symm_backend(group, device)
-        self.rank, self.world = group.rank(), group.size()
-        self.main = torch.cuda.current_stream(device)
-        self.copies = ws.copies
-        self.capturing = torch.cuda.is_current_stream_capturing()
-        ws.captured = ws.captured or self.capturing
-
-    def __enter__(self) -> "_Pipeline":
-        # Graph replays are not tracked: replaying a graph with fused ops on
-        # one stream while fused ops run on another is the caller's to order.
-        if self.ws.last_use is not None and not self.capturing:
-            self.main.wait_event(self.ws.last_use)  # the previous op read it, maybe on another stream
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if exc[0] is not None:  # the C++ pipeline joins the copy stream itself when it completes
-            self.main.wait_stream(self.copies)
-        if not self.capturing:
-            self.ws.last_use = self.main.record_event()
+        return None, None
+    _counts[f"{op}.fused"] += 1
+    return backend, ws.cpp
 
 
 # -- all-gather, then matmul ----------------------------------------------------------------------
@@ -224,78 +200,52 @@ def _all_gather_matmul_unfused(A_shard, Bs, gather_dim: int, group) -> tuple:
     return A, [A @ B for B in Bs]
 
 
-def _all_gather_matmul_rows(p: _Pipeline, x: torch.Tensor, Bs, shape_out: Callable) -> tuple:
-    """A gathered along rows of ``x`` [m, k]: A_flat [world * m, k], each
-    rank's rows multiplied by every B as they arrive (one C++ call enqueues
-    the pipeline: as Python loops its host time exceeded the GPU's)."""
-    A_flat, outs = _C._all_gather_matmul(p.backend, x, list(Bs), 0, p.ws.tensor, p.copies.cuda_stream)
-    return shape_out(A_flat), [shape_out(out) for out in outs]
-
-
-def _all_gather_matmul_columns(p: _Pipeline, x: torch.Tensor, Bs) -> tuple:
-    """A gathered along columns of ``x`` [m, k]: A @ B is the sum over ranks
-    of shard @ (that rank's rows of B), accumulated as shards arrive."""
-    m, k = x.shape
-    shards, outs = _C._all_gather_matmul(p.backend, x, list(Bs), 1, p.ws.tensor, p.copies.cuda_stream)
-    return shards.permute(1, 0, 2).reshape(m, p.world * k), outs
-
-
-@torch.library.custom_op(
-    "symmpool::fused_all_gather_matmul", mutates_args=(),
-    schema="(Tensor A_shard, Tensor[] Bs, int gather_dim, int group_size, str group_name) -> (Tensor, Tensor[])")
-def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: list[torch.Tensor], gather_dim: int, group_size: int,
-                            group_name: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(all_gather(A_shard, gather_dim), [that @ B for B in Bs])."""
+def _fused_all_gather_matmul(A_shard: torch.Tensor, Bs: list[torch.Tensor], gather_dim: int, group_size: int,
+                             group_name: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(all_gather(A_shard, gather_dim), [that @ B for B in Bs]): each
+    rank's shard multiplied as soon as it has arrived, one C++ call enqueuing
+    the pipeline (as Python loops its host time exceeded the GPU's)."""
     op = "fused_all_gather_matmul"
     gather_dim = _check_all_gather_matmul(A_shard, Bs, gather_dim, group_size)
     group = _group_of(group_name, group_size, op)
     # From A_shard alone: each rank's Bs are its own (an uneven column split
     # may leave one rank's empty), and a decision that differed between
     # ranks would leave one in a collective the others never enter.
-    why_not = _why_not_fused(group, [A_shard])
-    ws = None
-    if not why_not:
-        device = A_shard.device.index
-        nbytes = A_shard.numel() * A_shard.element_size()
-        ws = _workspace(group, device, nbytes)
-        why_not = "" if ws.holds(nbytes) else "workspace not symmetric"
-    _count(op, why_not)
-    if why_not:
+    backend, ws = _fusing(op, group, [A_shard], A_shard.numel() * A_shard.element_size())
+    if backend is None:
         return _all_gather_matmul_unfused(A_shard, Bs, gather_dim, group)
-    with _Pipeline(group, ws, A_shard.device.index) as p:
-        if gather_dim == A_shard.dim() - 1:
-            lead = A_shard.shape[:-1]
-            A, outs = _all_gather_matmul_columns(p, A_shard.reshape(-1, A_shard.shape[-1]), Bs)
-            return A.view(*lead, -1), [out.view(*lead, -1) for out in outs]
-        x = A_shard.movedim(gather_dim, 0)
-        lead = (group_size * x.shape[0], *x.shape[1:-1])
+    last = A_shard.dim() - 1
+    if gather_dim == last:  # along K: A @ B sums each shard @ (its rank's rows of B), accumulated as they arrive
+        x = A_shard.reshape(-1, A_shard.shape[-1])
+        shards, outs = _C._all_gather_matmul(backend, x, Bs, 1, ws)
+        lead = A_shard.shape[:-1]
+        A = shards.permute(1, 0, 2).reshape(x.shape[0], group_size * x.shape[1])
+        return A.view(*lead, -1), [out.view(*lead, -1) for out in outs]
+    x = A_shard.movedim(gather_dim, 0)
+    A_flat, outs = _C._all_gather_matmul(backend, x.reshape(-1, x.shape[-1]), Bs, 0, ws)
+    if A_shard.dim() == 2:  # [M, K] along rows, the common case: nothing to lay out
+        return A_flat, outs
+    lead = (group_size * x.shape[0], *x.shape[1:-1])
 
-        def shape_out(flat: torch.Tensor) -> torch.Tensor:
-            return flat.view(*lead, flat.shape[-1]).movedim(0, gather_dim).contiguous()
+    def shape_out(flat: torch.Tensor) -> torch.Tensor:
+        return flat.view(*lead, flat.shape[-1]).movedim(0, gather_dim).contiguous()
 
-        return _all_gather_matmul_rows(p, x.reshape(-1, x.shape[-1]), Bs, shape_out)
+    return shape_out(A_flat), [shape_out(out) for out in outs]
 
 
-@fused_all_gather_matmul.register_fake
-def _(A_shard, Bs, gather_dim, group_size, group_name):
+def _fused_all_gather_matmul_fake(A_shard, Bs, gather_dim, group_size, group_name):
     gather_dim = _check_all_gather_matmul(A_shard, Bs, gather_dim, group_size)
     shape = _gathered_shape(A_shard, gather_dim, group_size)
     A = A_shard.new_empty(shape)
     return A, [A_shard.new_empty((*shape[:-1], B.shape[1])) for B in Bs]
 
 
+fused_all_gather_matmul = define(
+    "fused_all_gather_matmul(Tensor A_shard, Tensor[] Bs, int gather_dim, int group_size, str group_name) "
+    "-> (Tensor, Tensor[])", _fused_all_gather_matmul, _fused_all_gather_matmul_fake)
+
+
 # -- matmul, then all-to-all or reduce-scatter --------------------------------------------------------
-
-
-def _produce_and_all_to_all(p: _Pipeline, A: torch.Tensor, B: torch.Tensor, split: int) -> torch.Tensor:
-    """Every rank's chunk for rank ``d`` is rows ``d`` of ``A`` times ``B``
-    (``split`` 0) or ``A`` times column block ``d`` of ``B`` (``split`` 1);
-    returns this rank's workspace as [world, rows, columns], slot ``s``
-    holding rank ``s``'s chunk for us (valid until the pipeline exits). Each
-    chunk for a peer is made in a staging buffer and pushed into the peer's
-    slot by the copy engines while the next one is made; ours goes last,
-    straight into our slot. One C++ call enqueues it all."""
-    return _C._produce_and_all_to_all(p.backend, A, B, split, p.ws.tensor, p.copies.cuda_stream)
 
 
 def _check_matmul(A, B, op: str) -> None:
@@ -334,44 +284,38 @@ def _matmul_reduce_scatter_unfused(A, B, reduce_op: str, scatter_dim: int, group
     return out.movedim(0, scatter_dim).contiguous()
 
 
-@torch.library.custom_op(
-    "symmpool::fused_matmul_reduce_scatter", mutates_args=(),
-    schema="(Tensor A, Tensor B, str reduce_op, int scatter_dim, int group_size, str group_name) -> Tensor")
-def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
-                                group_size: int, group_name: str) -> torch.Tensor:
-    """reduce_scatter(A @ B, reduce_op, scatter_dim) over the group."""
+def _fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
+                                 group_size: int, group_name: str) -> torch.Tensor:
+    """reduce_scatter(A @ B, reduce_op, scatter_dim) over the group: every
+    rank's part for rank ``d`` (rows ``d`` of A times B, or A times column
+    block ``d`` of B) made in a staging buffer and pushed into rank ``d``'s
+    workspace slot by the copy engines while the next one is made, then the
+    slots reduced; one C++ call enqueues it all."""
     op = "fused_matmul_reduce_scatter"
     scatter_dim = _check_reduce_scatter(A, B, reduce_op, scatter_dim, group_size)
     group = _group_of(group_name, group_size, op)
     shape = _reduce_scatter_shape(A, B, scatter_dim, group_size)
-    chunk_numel = 1
-    for s in shape:
-        chunk_numel *= s
-    why_not = _why_not_fused(group, [A, B])
-    ws = None
-    if not why_not:
-        nbytes = group_size * chunk_numel * A.element_size()
-        ws = _workspace(group, A.device.index, nbytes)
-        why_not = "" if ws.holds(nbytes) else "workspace not symmetric"
-    _count(op, why_not)
-    if why_not:
+    backend, ws = _fusing(op, group, [A, B], group_size * math.prod(shape) * A.element_size())
+    if backend is None:
         return _matmul_reduce_scatter_unfused(A, B, reduce_op, scatter_dim, group)
-    reduce = torch.sum if reduce_op == "sum" else torch.mean
-    with _Pipeline(group, ws, A.device.index) as p:
-        if scatter_dim == A.dim() - 1:  # each rank owns a block of B's columns
-            stacked = _produce_and_all_to_all(p, A.reshape(-1, A.shape[-1]), B, 1)
-            return reduce(stacked, dim=0).view(shape)
-        x = A.movedim(scatter_dim, 0)
-        stacked = _produce_and_all_to_all(p, x.reshape(-1, x.shape[-1]), B, 0)
-        flat = reduce(stacked, dim=0)
-        moved = [shape[scatter_dim], *(s for i, s in enumerate(shape) if i != scatter_dim)]
-        return flat.view(moved).movedim(0, scatter_dim).contiguous()
+    if scatter_dim == A.dim() - 1:  # each rank owns a block of B's columns
+        return _C._produce_and_all_to_all(backend, A.reshape(-1, A.shape[-1]), B, 1, ws, reduce_op).view(shape)
+    x = A.movedim(scatter_dim, 0)
+    flat = _C._produce_and_all_to_all(backend, x.reshape(-1, x.shape[-1]), B, 0, ws, reduce_op)
+    if A.dim() == 2:  # [M, N] along rows, the common case: nothing to lay out
+        return flat
+    moved = [shape[scatter_dim], *(s for i, s in enumerate(shape) if i != scatter_dim)]
+    return flat.view(moved).movedim(0, scatter_dim).contiguous()
 
 
-@fused_matmul_reduce_scatter.register_fake
-def _(A, B, reduce_op, scatter_dim, group_size, group_name):
+def _fused_matmul_reduce_scatter_fake(A, B, reduce_op, scatter_dim, group_size, group_name):
     scatter_dim = _check_reduce_scatter(A, B, reduce_op, scatter_dim, group_size)
     return A.new_empty(_reduce_scatter_shape(A, B, scatter_dim, group_size))
+
+
+fused_matmul_reduce_scatter = define(
+    "fused_matmul_reduce_scatter(Tensor A, Tensor B, str reduce_op, int scatter_dim, int group_size, "
+    "str group_name) -> Tensor", _fused_matmul_reduce_scatter, _fused_matmul_reduce_scatter_fake)
 
 
 def _check_all_to_all(A, B, group_size: int) -> None:
@@ -383,34 +327,27 @@ def _check_all_to_all(A, B, group_size: int) -> None:
                          f"group size {group_size}, got {tuple(A.shape)}")
 
 
-@torch.library.custom_op(
-    "symmpool::pipelined_produce_and_all_to_all", mutates_args=(),
-    schema="(Tensor A, Tensor B, int group_size, str group_name) -> Tensor")
-def pipelined_produce_and_all_to_all(A: torch.Tensor, B: torch.Tensor, group_size: int,
-                                     group_name: str) -> torch.Tensor:
+def _pipelined_produce_and_all_to_all(A: torch.Tensor, B: torch.Tensor, group_size: int,
+                                      group_name: str) -> torch.Tensor:
     """all_to_all_single(A @ B) with equal chunks along dim 0: rows chunk
     ``s`` of the result is rank ``s``'s product's chunk for this rank."""
     op = "pipelined_produce_and_all_to_all"
     _check_all_to_all(A, B, group_size)
     group = _group_of(group_name, group_size, op)
     n = B.shape[1]
-    why_not = _why_not_fused(group, [A, B])
-    ws = None
-    if not why_not:
-        nbytes = A.shape[0] * n * A.element_size()
-        ws = _workspace(group, A.device.index, nbytes)
-        why_not = "" if ws.holds(nbytes) else "workspace not symmetric"
-    _count(op, why_not)
-    if why_not:
+    backend, ws = _fusing(op, group, [A, B], A.shape[0] * n * A.element_size())
+    if backend is None:
         out = A.new_empty(A.shape[0], n)
         dist.all_to_all_single(out, (A @ B).contiguous(), group=group)
         return out
-    with _Pipeline(group, ws, A.device.index) as p:
-        stacked = _produce_and_all_to_all(p, A, B, 0)
-        return stacked.reshape(A.shape[0], n).clone()
+    return _C._produce_and_all_to_all(backend, A, B, 0, ws, "none").view(A.shape[0], n)
 
 
-@pipelined_produce_and_all_to_all.register_fake
-def _(A, B, group_size, group_name):
+def _pipelined_produce_and_all_to_all_fake(A, B, group_size, group_name):
     _check_all_to_all(A, B, group_size)
     return A.new_empty(A.shape[0], B.shape[1])
+
+
+pipelined_produce_and_all_to_all = define(
+    "pipelined_produce_and_all_to_all(Tensor A, Tensor B, int group_size, str group_name) -> Tensor",
+    _pipelined_produce_and_all_to_all, _pipelined_produce_and_all_to_all_fake)

@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
+from ._library import define
+
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG}
 
 
@@ -56,9 +58,7 @@ def _scattered_rows(rows, group_size: int):
 
 # Explicit schemas: `int group_size` (inferred, it would be SymInt), a
 # constant of the graph as in _c10d_functional.
-@torch.library.custom_op("symmpool::all_gather", mutates_args=(),
-                         schema="(Tensor input, int group_size, str group_name) -> Tensor")
-def all_gather(input: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+def _all_gather(input: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
     """Concatenation along dim 0 of every rank's ``input``."""
     group = _group("all_gather", group_size, group_name)
     out = input.new_empty((group_size * input.shape[0], *input.shape[1:]))
@@ -66,15 +66,16 @@ def all_gather(input: torch.Tensor, group_size: int, group_name: str) -> torch.T
     return out
 
 
-@all_gather.register_fake
-def _(input, group_size, group_name):
+def _all_gather_fake(input, group_size, group_name):
     _check_group_size("all_gather", group_size)
     return input.new_empty((group_size * input.shape[0], *input.shape[1:]))
 
 
-@torch.library.custom_op("symmpool::reduce_scatter", mutates_args=(),
-                         schema="(Tensor input, str op, int group_size, str group_name) -> Tensor")
-def reduce_scatter(input: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
+all_gather = define("all_gather(Tensor input, int group_size, str group_name) -> Tensor", _all_gather,
+                    _all_gather_fake)
+
+
+def _reduce_scatter(input: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
     """This rank's dim-0 shard of the reduction of every rank's ``input``."""
     reduce = _reduce_op(op)
     group = _group("reduce_scatter", group_size, group_name)
@@ -83,24 +84,28 @@ def reduce_scatter(input: torch.Tensor, op: str, group_size: int, group_name: st
     return out
 
 
-@reduce_scatter.register_fake
-def _(input, op, group_size, group_name):
+def _reduce_scatter_fake(input, op, group_size, group_name):
     _reduce_op(op)
     _check_group_size("reduce_scatter", group_size)
     return input.new_empty((_scattered_rows(input.shape[0], group_size), *input.shape[1:]))
 
 
+reduce_scatter = define("reduce_scatter(Tensor input, str op, int group_size, str group_name) -> Tensor",
+                        _reduce_scatter, _reduce_scatter_fake)
+
+
 # No group_size: the output has the input's shape whatever the group's size,
 # so a graph compiled for one size is right for any other.
-@torch.library.custom_op("symmpool::all_reduce", mutates_args=())
-def all_reduce(input: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
+def _all_reduce(input: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
     """The reduction of every rank's ``input``, as a new tensor."""
     out = input.clone(memory_format=torch.contiguous_format)
     dist.all_reduce(out, op=_reduce_op(op), group=_resolve_process_group(group_name))
     return out
 
 
-@all_reduce.register_fake
-def _(input, op, group_name):
+def _all_reduce_fake(input, op, group_name):
     _reduce_op(op)
     return torch.empty_like(input, memory_format=torch.contiguous_format)
+
+
+all_reduce = define("all_reduce(Tensor input, str op, str group_name) -> Tensor", _all_reduce, _all_reduce_fake)

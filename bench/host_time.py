@@ -1,0 +1,236 @@
+"""Where a call's host time goes: the host's time per call of symmpool's
+eager collectives and fused tensor-parallel ops, each through every layer
+a user may call it from, beside the floors it stands on (the matmuls
+alone, torch's own symm_mem ops where they run).
+
+    torchrun --standalone --nproc-per-node=2 bench/host_time.py \\
+        --out bench/results/host_time_<gpu>x<N>_<date>.json
+
+`--share-gpu` puts every rank on GPU 0 (SYMMPOOL_TEST_RANKS_SHARE_GPU=1):
+on a machine with one GPU it still measures the host's side of a 2-rank
+call, which does not depend on where the peer's GPU is; the GPU's times do
+not stand there and are not reported. NCCL refuses such a group, so the
+process group is "cpu:gloo,cuda:symm" without a bound device and every
+collective runs on symmpool (SYMMPOOL_COLLECTIVES=always).
+
+Each case runs --warmup calls; then, in each of --reps repetitions, every
+case in turn (the order rotates) runs --calls calls: host time per call from
+the first call to the last one's return, the device synchronized and the
+ranks met (over gloo) before each.
+Rank 0 prints a table and writes the JSON (median, p10, p90 over
+repetitions of the slowest rank's time). `--only CASE --seconds S` loops one
+case, for a sampling profiler (py-spy) to attach to.
+"""
+
+from __future__ import annotations
+
+import os
+
+# NVLink multicast stays off on the lent machines, set before torch reads it.
+os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
+                  SYMMPOOL_DISABLE_MULTICAST="1", SYMMPOOL_COLLECTIVES="always")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Callable  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, ReduceScatterOptions  # noqa: E402
+
+import symmpool  # noqa: E402
+from symmpool import fused_ops  # noqa: E402
+import timing  # noqa: E402  (bench/peers)
+
+DTYPE = torch.bfloat16
+MODELS = {"8b": (4096, 14336), "70b": (8192, 28672)}  # Llama-3 (hidden, MLP width)
+
+
+def share_gpu() -> bool:
+    return os.environ.get("SYMMPOOL_TEST_RANKS_SHARE_GPU", "") == "1"
+
+
+class Setup:
+    """The group, its backend and the inputs every case reads."""
+
+    def __init__(self, args) -> None:
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        index = 0 if share_gpu() else local_rank
+        torch.cuda.set_device(index)
+        self.device = torch.device("cuda", index)
+        # No bound device where ranks share a GPU: it would connect NCCL at once.
+        dist.init_process_group("cpu:gloo,cuda:symm", **({} if share_gpu() else {"device_id": self.device}))
+        self.group = dist.group.WORLD
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.name = self.group.group_name
+        self.backend = self.group._get_backend(self.device)
+        self.args = args
+
+    def symm(self, n: int) -> torch.Tensor:
+        t = self.backend.allocate_tensor(n, dtype=DTYPE, device=self.device)
+        return t.normal_()
+
+    def meet(self) -> None:
+        torch.cuda.synchronize()
+        dist.all_reduce(torch.zeros(1))  # gloo: the host-side meeting
+
+
+def collective_cases(s: Setup) -> dict[str, Callable[[], object]]:
+    """Small eager collectives on symmpool tensors, from each layer."""
+    n = s.args.bytes // 2
+    ar = s.symm(n)
+    ag_out = s.symm(n * s.world)
+    ag_in = ag_out.narrow(0, s.rank * n, n)  # in place, as FSDP2 gathers
+    rs_in, rs_out = s.symm(n * s.world), s.symm(n)
+    rs_opts = ReduceScatterOptions()
+    rs_opts.reduceOp = dist.ReduceOp.SUM
+    cases = {
+        "all_reduce dist": lambda: dist.all_reduce(ar),
+        "all_reduce dist async": lambda: dist.all_reduce(ar, async_op=True),
+        "all_reduce backend": lambda: s.backend.allreduce([ar], AllreduceOptions()),
+        "all_gather dist": lambda: dist.all_gather_into_tensor(ag_out, ag_in),
+        "all_gather backend": lambda: s.backend._allgather_base(ag_out, ag_in, AllgatherOptions()),
+        "reduce_scatter dist": lambda: dist.reduce_scatter_tensor(rs_out, rs_in),
+        "reduce_scatter backend": lambda: s.backend._reduce_scatter_base(rs_out, rs_in, rs_opts),
+    }
+    cases.update(torch_symm_mem_cases(s, n))
+    return cases
+
+
+def torch_symm_mem_cases(s: Setup, n: int) -> dict[str, Callable[[], object]]:
+    """torch's own one-shot and two-shot all-reduce, where they set up here."""
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+        t = symm_mem.empty(n, dtype=DTYPE, device=s.device).normal_()
+        symm_mem.rendezvous(t, s.name)
+        return {"all_reduce torch one_shot": lambda: torch.ops.symm_mem.one_shot_all_reduce(t, "sum", s.name),
+                "all_reduce torch two_shot": lambda: torch.ops.symm_mem.two_shot_all_reduce_(t, "sum", s.name)}
+    except Exception as e:  # noqa: BLE001  (a peer that cannot set up is recorded, not fatal)
+        print(f"[rank {s.rank}] torch symm_mem ops unavailable: {type(e).__name__}: {e}", file=sys.stderr)
+        return {}
+
+
+def fused_cases(s: Setup) -> dict[str, Callable[[], object]]:
+    """The fused TP ops at one Llama shape (column- and row-parallel MLP
+    layers), from the op down to its C++ pipeline, and the matmuls alone."""
+    hidden, mlp = MODELS[s.args.model]
+    m, w = s.args.tokens, s.world
+    a_shard = torch.randn(m // w, hidden, dtype=DTYPE, device=s.device)
+    b_col = torch.randn(hidden, mlp // w, dtype=DTYPE, device=s.device)
+    a_row = torch.randn(m, mlp // w, dtype=DTYPE, device=s.device)
+    b_row = torch.randn(mlp // w, hidden, dtype=DTYPE, device=s.device)
+    a_full = torch.randn(m, hidden, dtype=DTYPE, device=s.device)
+    c_full = torch.empty(m, mlp // w, dtype=DTYPE, device=s.device)
+    c_row = torch.empty(m, hidden, dtype=DTYPE, device=s.device)
+    ag_op, rs_op = torch.ops.symmpool.fused_all_gather_matmul, torch.ops.symmpool.fused_matmul_reduce_scatter
+    shard_rows = c_full.narrow(0, 0, m // w)
+    cases = {
+        "fused_all_gather_matmul op": lambda: ag_op(a_shard, [b_col], 0, w, s.name),
+        "matmul whole A (column-parallel)": lambda: torch.mm(a_full, b_col, out=c_full),
+        "matmul one shard (column-parallel)": lambda: torch.mm(a_shard, b_col, out=shard_rows),
+        "fused_matmul_reduce_scatter op": lambda: rs_op(a_row, b_row, "sum", 0, w, s.name),
+        "matmul whole A (row-parallel)": lambda: torch.mm(a_row, b_row, out=c_row),
+    }
+    if hasattr(fused_ops, "_fused_all_gather_matmul"):  # older symmpools (A/B runs) named their layers otherwise
+        ws = fused_ops._workspace(s.group, s.backend, s.device.index, m * max(hidden, mlp // w) * 2).cpp
+        cases.update({
+            "fused_all_gather_matmul python": lambda: fused_ops._fused_all_gather_matmul(
+                a_shard, [b_col], 0, w, s.name),
+            "fused_all_gather_matmul pipeline": lambda: symmpool._C._all_gather_matmul(
+                s.backend, a_shard, [b_col], 0, ws),
+            "fused_matmul_reduce_scatter python": lambda: fused_ops._fused_matmul_reduce_scatter(
+                a_row, b_row, "sum", 0, w, s.name),
+            "fused_matmul_reduce_scatter pipeline": lambda: symmpool._C._produce_and_all_to_all(
+                s.backend, a_row, b_row, 0, ws, "sum"),
+        })
+    return cases
+
+
+def time_cases(cases: dict[str, Callable[[], object]], s: Setup) -> dict[str, list[float]]:
+    """Host microseconds per call of each case in each repetition. Every
+    repetition times every case, in an order that rotates, so that the
+    host's drift (these machines are shared) spreads over all of them."""
+    for run in cases.values():
+        for _ in range(s.args.warmup):
+            run()
+    names, samples = list(cases), {name: [] for name in cases}
+    for rep in range(s.args.reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            run = cases[name]
+            s.meet()
+            began = time.perf_counter()
+            for _ in range(s.args.calls):
+                run()
+            samples[name].append((time.perf_counter() - began) * 1e6 / s.args.calls)
+    s.meet()
+    return samples
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bytes", type=int, default=1024, help="bytes per rank of the small collectives")
+    p.add_argument("--model", choices=sorted(MODELS), default="8b")
+    p.add_argument("--tokens", type=int, default=2048, help="M = batch x seq of the fused ops")
+    p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--only", help="loop this one case for --seconds (for a profiler), then stop")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--share-gpu", action="store_true", help="every rank on GPU 0 (one-GPU machines)")
+    p.add_argument("--out", help="JSON written by rank 0")
+    args = p.parse_args()
+    if args.share_gpu:
+        os.environ["SYMMPOOL_TEST_RANKS_SHARE_GPU"] = "1"
+
+    s = Setup(args)
+    cases = {**collective_cases(s), **fused_cases(s)}
+    if args.only:
+        if args.only not in cases:
+            p.error(f"unknown case {args.only!r}; known: {', '.join(cases)}")
+        run, deadline = cases[args.only], time.monotonic() + args.seconds
+        while time.monotonic() < deadline:  # ranks stop together: a call count every rank shares
+            for _ in range(args.calls):
+                run()
+            torch.cuda.synchronize()
+            stop = torch.tensor([float(time.monotonic() >= deadline)])
+            dist.all_reduce(stop)
+            if stop.item():
+                break
+        dist.destroy_process_group()
+        return 0
+
+    per_case = time_cases(cases, s)
+    gathered = [None] * s.world
+    dist.all_gather_object(gathered, per_case)
+    rows = []
+    for name in per_case:
+        stats = timing.summarize([rank[name] for rank in gathered])
+        rows.append({"case": name, "host_us_median": stats["time_us_median"], "host_us_p10": stats["time_us_p10"],
+                     "host_us_p90": stats["time_us_p90"]})
+    if s.rank == 0:
+        print(f"{'case':<40} {'host us/call':>12} {'p10':>8} {'p90':>8}")
+        for r in rows:
+            print(f"{r['case']:<40} {r['host_us_median']:>12.1f} {r['host_us_p10']:>8.1f} {r['host_us_p90']:>8.1f}")
+        if args.out:
+            context = {
+                "what": "host time per call (first call to last return), slowest rank per repetition",
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "gpu": torch.cuda.get_device_name(), "ranks": s.world, "ranks_share_gpu": share_gpu(),
+                "torch": torch.__version__, "cuda": torch.version.cuda,
+                "symmpool_commit": os.environ.get("SYMMPOOL_COMMIT"),
+                "collective_bytes_per_rank": args.bytes, "model": args.model, "tokens": args.tokens,
+                "calls_per_rep": args.calls, "reps": args.reps, "warmup": args.warmup,
+            }
+            with open(args.out, "w") as f:
+                json.dump({"context": context, "results": rows}, f, indent=1)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""How symmpool registers its torch operators: ``torch.library`` define and
+impl, a fake (meta) implementation for tracing, and an Autograd kernel in C++
+that passes calls through and makes a backward through the outputs raise.
+
+Not ``torch.library.custom_op``: its Python layers around the same
+implementation (autograd wrapper, redispatch, aliasing checks) took 96 us
+of a fused all-gather + matmul's 330 us of host time on an H200 host
+(``bench/results/host_time_h200x1_2026-11-24_custom-op-layers.json``). With
+them gone and the workspace's stream bookkeeping in C++, a fused call's host
+time fell from 254-348 us to 149-188 us on one machine
+(``bench/results/host_time_h200x1_2026-11-24_fused-ops-define-impl-ab.json``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import _C
+
+_lib = torch.library.Library("symmpool", "FRAGMENT")
+
+
+def define(schema: str, impl: Callable, fake: Callable):
+    """Defines ``symmpool::<schema>`` with ``impl`` for every device (the ops
+    fall back to unfused collectives on CPU groups) and ``fake`` for
+    torch.compile; returns the op (an OpOverloadPacket)."""
+    name = schema.split("(", 1)[0]
+    _lib.define(schema)
+    _lib.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"symmpool::{name}", fake, lib=_lib)
+    _C._autograd_not_implemented(name)
+    return getattr(torch.ops.symmpool, name)
