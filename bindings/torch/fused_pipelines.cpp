@@ -37,14 +37,34 @@ using c10::cuda::CUDAStream;
 // stream, where the last op left the buffer, and the events each call
 // reuses (making and destroying one per stream join, and a Python event per
 // call, was host time on every call).
+// A stream of the workspace's own, made on `device` (non-blocking, as
+// torch's pool streams are) and destroyed with it.
+class OwnStream {
+ public:
+  explicit OwnStream(c10::DeviceIndex device) : device_(device) {
+    c10::cuda::CUDAGuard guard(device);
+    C10_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
+  ~OwnStream() { cudaStreamDestroy(stream_); }  // pending work still runs; at exit CUDA may be gone: ignored
+
+  CUDAStream get() const { return c10::cuda::getStreamFromExternal(stream_, device_); }
+
+ private:
+  c10::DeviceIndex device_;
+  cudaStream_t stream_ = nullptr;
+};
+
 struct FusedWorkspace {
-  explicit FusedWorkspace(c10::DeviceIndex device)
-      // The group's copy stream, from torch's pool as torch.cuda.Stream(device)
-      // gives: it carries the group's first meeting, and one shared by groups
-      // could order two groups' meetings differently on two ranks (a cycle).
-      : copies(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device)) {}
+  // The group's copy stream is its own: it carries the group's first
+  // meeting, and a stream shared with another group (torch's pool hands its
+  // 32 streams out in turn) could order two groups' meetings differently on
+  // two ranks (a cycle).
+  explicit FusedWorkspace(c10::DeviceIndex device) : own_copies(device), copies(own_copies.get()) {}
 
   at::Tensor buffer;  // uint8, rendezvoused; undefined until the first growth
+  OwnStream own_copies;
   CUDAStream copies;
   at::cuda::CUDAEvent last_use;               // on the stream that last used `buffer`, after that use
   cudaStream_t last_use_stream = nullptr;     // that stream: an op on it again needs no wait
@@ -74,11 +94,13 @@ bool is_capturing(const CUDAStream& stream) {
 }
 
 // One call's use of the workspace, on the caller's stream `main`: it starts
-// after the previous op's use (which may have been on another stream) and,
-// when it ends, even by a throw, the caller's stream has joined the copy
-// stream and the workspace records where it was left. Graph replays are not
-// tracked: replaying a graph with fused ops on one stream while fused ops
-// run on another is the caller's to order.
+// after the previous op's use (which may have been on another stream);
+// finish() records where it left the workspace. A call that throws before
+// finish() still has the caller's stream join whatever it gave the copy
+// stream (under a capture only once the copy stream was forked from it: a
+// wait on work outside the capture would end the capture) and records its
+// use. Graph replays are not tracked: replaying a graph with fused ops on
+// one stream while fused ops run on another is the caller's to order.
 class WorkspaceUse {
  public:
   WorkspaceUse(FusedWorkspace& ws, c10::DeviceIndex device)
@@ -94,11 +116,18 @@ class WorkspaceUse {
   WorkspaceUse& operator=(const WorkspaceUse&) = delete;
 
   ~WorkspaceUse() {
+    if (finished_) return;
     try {
-      if (!completed_) wait_stream(main_, ws_.copies, ws_.joined);  // the pipeline joins it when it completes
+      if (forked_ || !capturing_) wait_stream(main_, ws_.copies, ws_.joined);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "symmpool fused ops: joining the copy stream after a failed call failed: %s\n",
+                   e.what());
+    }
+    try {
       if (!capturing_) record_use(ws_, main_);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "symmpool fused ops: ordering the workspace after a failed call failed: %s\n",
+      std::fprintf(stderr,
+                   "symmpool fused ops: recording the workspace's use after a failed call failed: %s\n",
                    e.what());
     }
   }
@@ -107,13 +136,26 @@ class WorkspaceUse {
   const CUDAStream& copies() const { return ws_.copies; }
   at::cuda::CUDAEvent& joined() { return ws_.joined; }
   const at::Tensor& buffer() const { return ws_.buffer; }
-  void completed() { completed_ = true; }
+
+  // The copy stream starts after what the caller's stream has so far.
+  void fork() {
+    wait_stream(ws_.copies, main_, ws_.joined);
+    forked_ = true;
+  }
+
+  // Everything is enqueued and the caller's stream has joined the copy
+  // stream: record where the workspace was left (a failure raises).
+  void finish() {
+    finished_ = true;
+    if (!capturing_) record_use(ws_, main_);
+  }
 
  private:
   FusedWorkspace& ws_;
   CUDAStream main_;
   bool capturing_;
-  bool completed_ = false;
+  bool forked_ = false;
+  bool finished_ = false;
 };
 
 // A stream-memory-op barrier of the group on `stream` (a kernel under capture).
@@ -196,7 +238,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(
   // and every pull waited behind it). The meeting, after which every
   // workspace is ready, and the pulls (copy engines) go on the copy stream.
   copy_bytes(mine.data_ptr(), x.data_ptr(), shard_bytes, main);
-  wait_stream(copies, main, use.joined());
+  use.fork();
   meet(comm, copies);
   // Our shard's place in the gathered A: on the copy stream once the pulls
   // are enqueued, so it waits for SMs beside the last matmuls, not ahead of a pull.
@@ -213,9 +255,9 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(
     consume(src, shard(src), /*first=*/false);
   }
   wait_stream(main, copies, use.joined());
-  use.completed();
   // Nobody reads our workspace any more.
   meet(comm, main);
+  use.finish();
   return {gathered, outs};
 }
 
@@ -232,8 +274,9 @@ at::Tensor combine(const at::Tensor& stacked, const std::string& how) {
 // (split 0) or A times B's column block d (split 1). Each chunk for a peer
 // is made in a staging buffer and pushed into the peer's workspace slot by
 // the copy engines while the next one is made; ours goes last, straight into
-// our slot. Returns the slots [world, chunk rows, chunk columns] (slot s from
-// rank s) combined as `how` says: "sum", "avg" (over the slots) or "none" (a copy).
+// our slot. The slots [world, chunk rows, chunk columns] (slot s from rank
+// s) are then combined as `how` says: summed or averaged over the slots
+// ("sum", "avg": [chunk rows, chunk columns]) or copied ("none": all of them).
 at::Tensor produce_and_all_to_all(const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& A,
                                   const at::Tensor& B, std::int64_t split, FusedWorkspace& workspace,
                                   const std::string& how) {
@@ -265,7 +308,7 @@ at::Tensor produce_and_all_to_all(const c10::intrusive_ptr<c10d::Backend>& backe
   // Every peer is done with its workspace's last use: pushes (on the copy
   // stream, behind the meeting) may write into it; the first chunk's matmul
   // does not wait for the meeting.
-  wait_stream(copies, main, use.joined());
+  use.fork();
   meet(comm, copies);
   const int slots = world - 1 < 2 ? world - 1 : 2;
   std::vector<at::Tensor> buffers;
@@ -284,10 +327,11 @@ at::Tensor produce_and_all_to_all(const c10::intrusive_ptr<c10d::Backend>& backe
   }
   produce(rank, stacked[rank]);
   wait_stream(main, copies, use.joined());
-  use.completed();
   // Every push has landed, everywhere.
   meet(comm, main);
-  return combine(stacked, how);
+  at::Tensor out = combine(stacked, how);
+  use.finish();
+  return out;
 }
 
 }  // namespace
@@ -322,8 +366,8 @@ void define_fused_pipelines(py::module& m) {
   m.def("_produce_and_all_to_all", &produce_and_all_to_all, py::arg("backend"), py::arg("A"), py::arg("B"),
         py::arg("split"), py::arg("workspace"), py::arg("combine"), py::call_guard<py::gil_scoped_release>(),
         "Enqueues rank d's chunk (rows d of A @ B for split 0, A @ B's column block d for split 1) pushed "
-        "into rank d's workspace slot; returns the slots [world, rows, cols] (slot s from rank s) summed "
-        "('sum'), averaged ('avg') or copied ('none').");
+        "into rank d's workspace slot; returns the slots (slot s from rank s) summed ('sum') or averaged "
+        "('avg') into [rows, cols], or all of them copied ('none', [world, rows, cols]).");
 }
 
 }  // namespace symmpool::torch_ext

@@ -101,6 +101,21 @@ def test_traces_under_torch_compile(group_name):
     torch.testing.assert_close(compiled(x), step(x))
 
 
+def test_ops_trace_where_only_pt2_compliant_ops_may(group_name):
+    # custom_op tagged its ops pt2_compliant; the define/impl registration
+    # must too, or Dynamo breaks the graph at them under this setting (and
+    # fullgraph=True fails).
+    def step(x, w):
+        full, (h,) = torch.ops.symmpool.fused_all_gather_matmul(x, [w], 0, 1, group_name)
+        return torch.ops.symmpool.all_reduce(full + h.sum(), "sum", group_name)
+
+    x, w = torch.randn(4, 3), torch.randn(3, 2)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(only_allow_pt2_compliant_ops=True):
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+        torch.testing.assert_close(compiled(x, w), step(x, w))
+
+
 @pytest.mark.parametrize("op, args", [
     ("all_reduce", ("sum",)),
     ("fused_matmul_reduce_scatter", (torch.randn(3, 5), "sum", 0, 1)),

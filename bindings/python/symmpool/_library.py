@@ -1,6 +1,7 @@
 """How symmpool registers its torch operators: ``torch.library`` define and
-impl, a fake (meta) implementation for tracing, and an Autograd kernel in C++
-that passes calls through and makes a backward through the outputs raise.
+impl, tagged pt2-compliant, a fake (meta) implementation for tracing, and an
+Autograd kernel in C++ that passes calls through and makes a backward
+through the outputs raise.
 
 Not ``torch.library.custom_op``: its Python layers around the same
 implementation (autograd wrapper, redispatch, aliasing checks) took 96 us
@@ -27,7 +28,7 @@ def define(schema: str, impl: Callable, fake: Callable):
     fall back to unfused collectives on CPU groups) and ``fake`` for
     torch.compile; returns the op (an OpOverloadPacket)."""
     name = schema.split("(", 1)[0]
-    _lib.define(schema)
+    _lib.define(schema, tags=(torch.Tag.pt2_compliant_tag,))  # as custom_op tags its ops: fullgraph traces them
     _lib.impl(name, impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"symmpool::{name}", fake, lib=_lib)
     _C._autograd_not_implemented(name)
