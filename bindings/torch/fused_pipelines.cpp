@@ -32,11 +32,6 @@ namespace symmpool::torch_ext {
 
 using c10::cuda::CUDAStream;
 
-// One group's fused-op workspace on one device, as the pipelines use it:
-// the rendezvoused buffer (symmpool/fused_ops.py grows it), the group's copy
-// stream, where the last op left the buffer, and the events each call
-// reuses (making and destroying one per stream join, and a Python event per
-// call, was host time on every call).
 // A stream of the workspace's own, made on `device` (non-blocking, as
 // torch's pool streams are) and destroyed with it.
 class OwnStream {
@@ -56,6 +51,11 @@ class OwnStream {
   cudaStream_t stream_ = nullptr;
 };
 
+// One group's fused-op workspace on one device, as the pipelines use it:
+// the rendezvoused buffer (symmpool/fused_ops.py grows it), the group's copy
+// stream, where the last op left the buffer, and the events each call
+// reuses (making and destroying one per stream join, and a Python event per
+// call, was host time on every call).
 struct FusedWorkspace {
   // The group's copy stream is its own: it carries the group's first
   // meeting, and a stream shared with another group (torch's pool hands its
@@ -353,11 +353,7 @@ void define_fused_pipelines(py::module& m) {
           },
           py::arg("buffer"), "Takes `buffer` (rendezvoused, uint8) as the workspace from now on.")
       .def_readonly("captured", &FusedWorkspace::captured,
-                    "Whether a CUDA graph captured an op on the current buffer (it must outlive the graph).")
-      .def_property_readonly(
-          "copy_stream",
-          [](const FusedWorkspace& ws) { return reinterpret_cast<std::int64_t>(ws.copies.stream()); },
-          "The group's copy stream (cudaStream_t).");
+                    "Whether a CUDA graph captured an op on the current buffer (it must outlive the graph).");
   m.def("_all_gather_matmul", &all_gather_matmul, py::arg("backend"), py::arg("x"), py::arg("Bs"),
         py::arg("gather_dim"), py::arg("workspace"), py::call_guard<py::gil_scoped_release>(),
         "Enqueues a fused all-gather of x [m, k] along gather_dim through the workspace, each shard "
