@@ -18,8 +18,10 @@ case in turn (the order rotates) runs --calls calls: host time per call from
 the first call to the last one's return, the device synchronized and the
 ranks met (over gloo) before each.
 Rank 0 prints a table and writes the JSON (median, p10, p90 over
-repetitions of the slowest rank's time). `--only CASE --seconds S` loops one
-case, for a sampling profiler (py-spy) to attach to.
+repetitions of the slowest rank's time). `--cases REGEX` keeps the cases it
+matches (short runs, alternated between two builds for an A/B);
+`--only CASE --seconds S` loops one case, for a sampling profiler (py-spy)
+to attach to.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NV
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from typing import Callable  # noqa: E402
@@ -97,6 +100,9 @@ def collective_cases(s: Setup) -> dict[str, Callable[[], object]]:
         "all_gather backend": lambda: s.backend._allgather_base(ag_out, ag_in, AllgatherOptions()),
         "reduce_scatter dist": lambda: dist.reduce_scatter_tensor(rs_out, rs_in),
         "reduce_scatter backend": lambda: s.backend._reduce_scatter_base(rs_out, rs_in, rs_opts),
+        # The floor of any eager call: one small kernel through torch's
+        # dispatcher. It also shows the host's drift between runs.
+        "one small kernel (add_)": lambda: ar.add_(0),
     }
     cases.update(torch_symm_mem_cases(s, n))
     return cases
@@ -179,6 +185,7 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--cases", help="time only the cases whose name matches this regular expression")
     p.add_argument("--only", help="loop this one case for --seconds (for a profiler), then stop")
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--share-gpu", action="store_true", help="every rank on GPU 0 (one-GPU machines)")
@@ -189,6 +196,10 @@ def main() -> int:
 
     s = Setup(args)
     cases = {**collective_cases(s), **fused_cases(s)}
+    if args.cases:
+        cases = {name: run for name, run in cases.items() if re.search(args.cases, name)}
+        if not cases:
+            p.error(f"no case matches {args.cases!r}")
     if args.only:
         if args.only not in cases:
             p.error(f"unknown case {args.only!r}; known: {', '.join(cases)}")
@@ -224,7 +235,7 @@ def main() -> int:
                 "torch": torch.__version__, "cuda": torch.version.cuda,
                 "symmpool_commit": os.environ.get("SYMMPOOL_COMMIT"),
                 "collective_bytes_per_rank": args.bytes, "model": args.model, "tokens": args.tokens,
-                "calls_per_rep": args.calls, "reps": args.reps, "warmup": args.warmup,
+                "calls_per_rep": args.calls, "reps": args.reps, "warmup": args.warmup, "cases": args.cases,
             }
             with open(args.out, "w") as f:
                 json.dump({"context": context, "results": rows}, f, indent=1)

@@ -336,9 +336,10 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::on_symmpool(CollectiveKind kind, at:
                                                         at::Tensor& input, c10d::ReduceOp::RedOpType op,
                                                         c10d::OpType type) {
   if (router_.route(kind, output, input, op).engine == Engine::kNccl) return nullptr;
-  return c10::make_intrusive<SymmWork>(std::vector<at::Tensor>{output}, type, group_->communicator().issued(),
-                                       c10::cuda::getCurrentCUDAStream(output.device().index()), failure_,
-                                       blocking_wait_);
+  Communicator& comm = group_->communicator();
+  return c10::make_intrusive<SymmWork>(std::vector<at::Tensor>{output}, type, comm.issued(),
+                                       c10::cuda::getCurrentCUDAStream(output.device().index()),
+                                       comm.take_end_of_last_call(), failure_, blocking_wait_);
 }
 
 }  // namespace symmpool::torch_ext

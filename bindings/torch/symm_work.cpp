@@ -12,19 +12,32 @@
 namespace symmpool::torch_ext {
 
 SymmWork::SymmWork(std::vector<at::Tensor> outputs, c10d::OpType type, std::uint64_t sequence,
-                   c10::cuda::CUDAStream stream, std::shared_ptr<const detail::FailureRecord> failure,
-                   bool blocking_wait)
+                   c10::cuda::CUDAStream stream, detail::SharedEvent done,
+                   std::shared_ptr<const detail::FailureRecord> failure, bool blocking_wait)
     : Work(-1, type),
       outputs_(std::move(outputs)),
       sequence_(sequence),
       stream_(stream),
+      done_(std::move(done)),
       failure_(std::move(failure)),
       blocking_wait_(blocking_wait) {
+  if (done_) return;
   // Reused events: SymmWork's constructor and destructor, which made and
   // destroyed one per collective, were 11% of an eager all-reduce's host
   // time, the record included (py-spy, H100).
-  done_ = c10d::CUDAEventCache::get(stream.device_index())->create(/*timing=*/false);
-  done_->record(stream);
+  own_done_ = c10d::CUDAEventCache::get(stream.device_index())->create(/*timing=*/false);
+  own_done_->record(stream);
+}
+
+bool SymmWork::done_query() const {
+  if (!done_) return own_done_->query();
+  const cudaError_t status = cudaEventQuery(done_.get());
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error to keep
+    return false;
+  }
+  C10_CUDA_CHECK(status);
+  return true;
 }
 
 // Made on first use: most callers (FSDP2) only wait(), and making it costs
@@ -50,7 +63,7 @@ void SymmWork::raise_if_failed() const {
   if (failure_ && failure_->failed()) C10_THROW_ERROR(DistBackendError, failure_->message());
 }
 
-bool SymmWork::isCompleted() { return (failure_ && failure_->failed()) || done_->query(); }
+bool SymmWork::isCompleted() { return (failure_ && failure_->failed()) || done_query(); }
 
 bool SymmWork::isSuccess() const { return !(failure_ && failure_->failed()); }
 
@@ -60,8 +73,13 @@ std::exception_ptr SymmWork::exception() const {
 }
 
 void SymmWork::blockCurrentStream() {
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(stream_.device_index());
+  // The collective was enqueued on this stream: what comes next on it runs
+  // after it already (FSDP2 and dist's synchronous calls wait here).
+  if (current == stream_) return;
   c10::cuda::CUDAGuard guard(stream_.device());
-  done_->block(c10::cuda::getCurrentCUDAStream(stream_.device_index()));
+  if (!done_) return own_done_->block(current);
+  C10_CUDA_CHECK(cudaStreamWaitEvent(current.stream(), done_.get(), 0));
 }
 
 bool SymmWork::wait(std::chrono::milliseconds timeout) {
@@ -71,7 +89,7 @@ bool SymmWork::wait(std::chrono::milliseconds timeout) {
     // blocking wait does; the communicator's own timeout bounds it too.
     // Saturated: a huge timeout (timedelta.max) must not wrap into the past.
     const auto deadline = detail::deadline_after(timeout);
-    while (!done_->query() && !(failure_ && failure_->failed())) {
+    while (!done_query() && !(failure_ && failure_->failed())) {
       if (timeout != ::kNoTimeout && std::chrono::steady_clock::now() > deadline)
         C10_THROW_ERROR(DistBackendError, c10::str("symm: work #", sequence_, " did not finish within ",
                                                    timeout.count(), " ms"));

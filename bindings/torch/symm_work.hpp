@@ -8,6 +8,7 @@
 // so callbacks (DDP comm hooks) run after the collective on their own streams.
 
 #include <symmpool/detail/failure_record.hpp>
+#include <symmpool/detail/shared_event.hpp>
 
 #include <ATen/core/ivalue.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -21,10 +22,11 @@ namespace symmpool::torch_ext {
 
 class SymmWork final : public c10d::Work {
  public:
-  // Right after the collective was enqueued on `stream`.
+  // Right after the collective was enqueued on `stream`; `done` is its end
+  // as the communicator recorded it (null: the Work records its own).
   SymmWork(std::vector<at::Tensor> outputs, c10d::OpType type, std::uint64_t sequence,
-           c10::cuda::CUDAStream stream, std::shared_ptr<const detail::FailureRecord> failure,
-           bool blocking_wait);
+           c10::cuda::CUDAStream stream, detail::SharedEvent done,
+           std::shared_ptr<const detail::FailureRecord> failure, bool blocking_wait);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -38,11 +40,13 @@ class SymmWork final : public c10d::Work {
 
  private:
   void raise_if_failed() const;
+  bool done_query() const;  // whether the GPU passed the collective's end
 
   std::vector<at::Tensor> outputs_;
   std::uint64_t sequence_;
-  c10::cuda::CUDAStream stream_;               // the collective's
-  std::shared_ptr<at::cuda::CUDAEvent> done_;  // from torch's event cache, as ProcessGroupNCCL's
+  c10::cuda::CUDAStream stream_;                   // the collective's
+  detail::SharedEvent done_;                       // the communicator's, or:
+  std::shared_ptr<at::cuda::CUDAEvent> own_done_;  // from torch's event cache, as ProcessGroupNCCL's
   std::shared_ptr<const detail::FailureRecord> failure_;
   bool blocking_wait_;
   std::once_flag future_made_;

@@ -6,6 +6,7 @@
 // peer_memory.cpp serves patterns users write themselves.
 
 #include "copy_streams.hpp"
+#include "event_pool.hpp"
 #include "failure_monitor.hpp"
 #include "issue_order.hpp"
 #include "relaxed_capture.hpp"
@@ -53,6 +54,7 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   heap_.sync();  // also a barrier: no peer signals before every pad is zeroed
   map_signal_pads();
   copies_ = std::make_unique<detail::CopyStreams>(options.copy_streams);
+  events_ = detail::EventPool::make();
   order_ = std::make_unique<detail::IssueOrder>();
   if (!on_failure)
     on_failure = [](const std::string& message) { std::fprintf(stderr, "%s\n", message.c_str()); };
@@ -111,8 +113,12 @@ void Communicator::in_order(cudaStream_t stream, const char* op, std::size_t byt
     monitor_->fail(std::string(op) + " of " + std::to_string(bytes) + " bytes: " + e.what());
     throw collective_error(monitor_->record_of_failure()->message());
   }
-  order_->end(stream, capture);
-  monitor_->record(op, bytes, stream, capture != 0);
+  // One event marks the end for the next collective, the flight record and
+  // the caller's Work.
+  detail::SharedEvent done = events_->record(stream);
+  order_->end(stream, capture, done);
+  monitor_->record(op, bytes, done, capture != 0);
+  end_of_last_call_ = std::move(done);
 }
 
 bool Communicator::in_heap(const void* ptr, std::size_t bytes) const {
@@ -129,6 +135,7 @@ void Communicator::count_call_run_elsewhere() {
 }
 
 void Communicator::begin_call(const char* op) {
+  end_of_last_call_.reset();  // a call that enqueues nothing has no end
   call_op_ = op;
   ++calls_;
 }

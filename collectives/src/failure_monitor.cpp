@@ -16,7 +16,7 @@ constexpr std::chrono::milliseconds kPollInterval{20};
 // this many are outstanding (the GPU is far behind the host).
 constexpr std::size_t kMaxEntries = 4096;
 
-// Finished entries are retired (their events queried and reused) once this
+// Finished entries are retired (their events queried and let go) once this
 // many more are in flight than after the last retiring, not on every record:
 // a query on each collective was about a tenth of its host time (py-spy,
 // 2x H200). Counted from the last retiring, not from zero: with the GPU
@@ -64,45 +64,26 @@ FailureMonitor::~FailureMonitor() {
   }
   wake_.notify_all();
   thread_.join();
-  for (const Entry& e : entries_)
-    if (e.done) cudaEventDestroy(e.done);
-  for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
 }
 
-void FailureMonitor::record(const char* op, std::size_t bytes, cudaStream_t stream, bool captured) {
+void FailureMonitor::record(const char* op, std::size_t bytes, SharedEvent done, bool captured) {
   std::lock_guard<std::mutex> lock(mutex_);
-  push({next_seq_++, op, bytes, -1, nullptr}, stream, captured);
+  push({next_seq_++, op, bytes, -1, std::move(done)}, captured);
 }
 
-void FailureMonitor::record_point_to_point(const char* op, int peer, cudaStream_t stream, bool captured) {
+void FailureMonitor::record_point_to_point(const char* op, int peer, SharedEvent done, bool captured) {
   std::lock_guard<std::mutex> lock(mutex_);
-  push({++point_to_point_calls_[{op, peer}], op, 0, peer, nullptr}, stream, captured);
+  push({++point_to_point_calls_[{op, peer}], op, 0, peer, std::move(done)}, captured);
 }
 
-void FailureMonitor::push(Entry entry, cudaStream_t stream, bool captured) {
+void FailureMonitor::push(Entry entry, bool captured) {
   if (captured) return;  // graph replays are not tracked; the sequence still counts
   if (entries_.size() >= retire_at_) {
     retire_finished();
     retire_at_ = entries_.size() + kRetireBatch;
   }
-  if (entries_.size() >= kMaxEntries) {
-    cudaEventDestroy(entries_.front().done);
-    entries_.pop_front();
-  }
-  cudaEvent_t done = nullptr;
-  if (!spare_events_.empty()) {
-    done = spare_events_.back();
-    spare_events_.pop_back();
-  } else {
-    SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  }
-  const cudaError_t status = cudaEventRecord(done, stream);
-  if (status != cudaSuccess) {
-    cudaEventDestroy(done);
-    SYMMPOOL_CUDA_TRY(status);
-  }
-  entry.done = done;
-  entries_.push_back(entry);
+  if (entries_.size() >= kMaxEntries) entries_.pop_front();
+  entries_.push_back(std::move(entry));
 }
 
 std::uint64_t FailureMonitor::issued() const {
@@ -111,10 +92,9 @@ std::uint64_t FailureMonitor::issued() const {
 }
 
 void FailureMonitor::retire_finished() {
-  while (!entries_.empty() && entries_.front().done && cudaEventQuery(entries_.front().done) == cudaSuccess) {
-    spare_events_.push_back(entries_.front().done);
-    entries_.pop_front();
-  }
+  while (!entries_.empty() && entries_.front().done &&
+         cudaEventQuery(entries_.front().done.get()) == cudaSuccess)
+    entries_.pop_front();    // its event goes back to the pool once no Work holds it either
   (void)cudaGetLastError();  // cudaErrorNotReady is not an error to keep
 }
 

@@ -12,6 +12,7 @@
 //   failed collective before the failure is on record.
 
 #include <symmpool/detail/failure_record.hpp>
+#include <symmpool/detail/shared_event.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -27,7 +28,6 @@
 #include <string>
 #include <thread>
 #include <utility>
-#include <vector>
 
 namespace symmpool::detail {
 
@@ -49,14 +49,14 @@ class FailureMonitor {
   FailureMonitor(const FailureMonitor&) = delete;
   FailureMonitor& operator=(const FailureMonitor&) = delete;
 
-  // After collective `op` of `bytes` was enqueued on `stream` (eager) or
-  // captured into a graph (no event: replays are not tracked).
-  void record(const char* op, std::size_t bytes, cudaStream_t stream, bool captured);
+  // After collective `op` of `bytes` was enqueued (eager: it ends at `done`)
+  // or captured into a graph (`done` is ignored: replays are not tracked).
+  void record(const char* op, std::size_t bytes, SharedEvent done, bool captured);
   // The same for a point-to-point `op` ("signal" or "wait") with `peer`.
   // Numbered per op and peer, apart from the collectives: ranks signal and
   // wait different numbers of times, and the collectives' numbers must stay
   // the same on every rank to be compared.
-  void record_point_to_point(const char* op, int peer, cudaStream_t stream, bool captured);
+  void record_point_to_point(const char* op, int peer, SharedEvent done, bool captured);
 
   // Fails the communicator: `missing_rank` never arrived (kernels, stream-op
   // watchdog), or `reason` says what broke on the host. Idempotent.
@@ -75,9 +75,9 @@ class FailureMonitor {
     const char* op;
     std::size_t bytes;
     int peer;          // -1 for collectives
-    cudaEvent_t done;  // null for captured collectives
+    SharedEvent done;  // its end
   };
-  void push(Entry entry, cudaStream_t stream, bool captured);  // under mutex_
+  void push(Entry entry, bool captured);  // under mutex_
   void watch();
   void retire_finished();  // under mutex_
   std::string describe_unfinished();
@@ -89,10 +89,9 @@ class FailureMonitor {
   const Handler handler_;
   std::shared_ptr<FailureRecord> failure_ = std::make_shared<FailureRecord>();
 
-  mutable std::mutex mutex_;  // entries_, spare_events_, next_seq_
+  mutable std::mutex mutex_;  // entries_, next_seq_
   std::deque<Entry> entries_;
   std::size_t retire_at_ = 0;  // entries_ size at which record retires finished ones next
-  std::vector<cudaEvent_t> spare_events_;
   std::uint64_t next_seq_ = 1;
   std::map<std::pair<std::string, int>, std::uint64_t> point_to_point_calls_;  // (op, peer) -> calls so far
 

@@ -2,6 +2,8 @@
 
 #include <symmpool/error.hpp>
 
+#include <utility>
+
 namespace symmpool::detail {
 
 namespace {
@@ -16,34 +18,23 @@ unsigned long long capture_of(cudaStream_t stream) {
 
 }  // namespace
 
-IssueOrder::IssueOrder() {
-  SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&eager_, cudaEventDisableTiming));
-  SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&captured_, cudaEventDisableTiming));
-}
-
-IssueOrder::~IssueOrder() {
-  cudaEventDestroy(eager_);
-  cudaEventDestroy(captured_);
-}
-
 unsigned long long IssueOrder::begin(cudaStream_t stream) {
   const unsigned long long capture = capture_of(stream);
   // A stream runs its own work in order: only a change of stream needs the
   // wait (cudaStreamPerThread names a different stream in each thread).
   const bool same_stream = stream == eager_stream_ && stream != cudaStreamPerThread;
-  if (capture == 0 && eager_recorded_ && !same_stream)
-    SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, eager_, 0));
-  if (capture != 0 && capture == capture_id_) SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, captured_, 0));
+  if (capture == 0 && eager_ && !same_stream) SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, eager_.get(), 0));
+  if (capture != 0 && capture == capture_id_)
+    SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, captured_.get(), 0));
   return capture;
 }
 
-void IssueOrder::end(cudaStream_t stream, unsigned long long capture) {
+void IssueOrder::end(cudaStream_t stream, unsigned long long capture, SharedEvent done) {
   if (capture == 0) {
-    SYMMPOOL_CUDA_TRY(cudaEventRecord(eager_, stream));
-    eager_recorded_ = true;
+    eager_ = std::move(done);
     eager_stream_ = stream;
   } else {
-    SYMMPOOL_CUDA_TRY(cudaEventRecord(captured_, stream));
+    captured_ = std::move(done);
     capture_id_ = capture;
   }
 }

@@ -10,28 +10,24 @@
 // same capture; ordering a graph against eager work is the caller's, as it
 // is with NCCL.
 
+#include <symmpool/detail/shared_event.hpp>
+
 #include <cuda_runtime_api.h>
 
 namespace symmpool::detail {
 
 class IssueOrder {
  public:
-  IssueOrder();  // events on the current device
-  ~IssueOrder();
-  IssueOrder(const IssueOrder&) = delete;
-  IssueOrder& operator=(const IssueOrder&) = delete;
-
   // Makes `stream` wait for the collective issued before; returns the
   // capture `stream` is in (0: none), for end().
   unsigned long long begin(cudaStream_t stream);
-  // Marks the end of the collective just enqueued on `stream`.
-  void end(cudaStream_t stream, unsigned long long capture);
+  // The collective just enqueued on `stream` ends at `done`, recorded there.
+  void end(cudaStream_t stream, unsigned long long capture, SharedEvent done);
 
  private:
-  cudaEvent_t eager_ = nullptr;  // end of the last collective issued outside captures
-  bool eager_recorded_ = false;
+  SharedEvent eager_;                    // end of the last collective issued outside captures
   cudaStream_t eager_stream_ = nullptr;  // the stream eager_ was recorded on
-  cudaEvent_t captured_ = nullptr;       // end of the last collective issued in capture `capture_id_`
+  SharedEvent captured_;                 // end of the last collective issued in capture `capture_id_`
   unsigned long long capture_id_ = 0;
 };
 

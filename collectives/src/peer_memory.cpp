@@ -3,6 +3,7 @@
 // point-to-point signals on the signal pads (stream memops eagerly, kernels
 // in CUDA graphs).
 
+#include "event_pool.hpp"
 #include "failure_monitor.hpp"
 #include "kernels.hpp"
 #include "relaxed_capture.hpp"
@@ -97,12 +98,12 @@ void Communicator::point_to_point(const char* op, int peer, cudaStream_t stream,
   const bool captured = capture != cudaStreamCaptureStatusNone;
   if (captured) {  // a kernel that was not captured changed no count, here or at the peer
     SYMMPOOL_CUDA_TRY(kernel());
-    monitor_->record_point_to_point(op, peer, stream, captured);
+    monitor_->record_point_to_point(op, peer, nullptr, captured);
     return;
   }
   try {
     stream_ops();
-    monitor_->record_point_to_point(op, peer, stream, captured);
+    monitor_->record_point_to_point(op, peer, events_->record(stream), captured);
   } catch (const std::exception& e) {
     monitor_->fail(std::string(op) + (std::string(op) == "wait" ? " from" : " to") + " rank " +
                    std::to_string(peer) + ": " + e.what());

@@ -28,6 +28,7 @@
 #include <symmpool/collective_options.hpp>
 #include <symmpool/collective_types.hpp>
 #include <symmpool/detail/peer_pointers.hpp>
+#include <symmpool/detail/shared_event.hpp>
 #include <symmpool/rendezvous_registry.hpp>
 #include <symmpool/symmetric_heap.hpp>
 
@@ -46,6 +47,7 @@ namespace symmpool {
 
 namespace detail {
 class CopyStreams;
+class EventPool;
 class FailureMonitor;
 class FailureRecord;
 class IssueOrder;
@@ -130,6 +132,10 @@ class Communicator {
   void abort(const std::string& reason);
   // Collectives issued so far (their sequence numbers run from 1).
   std::uint64_t issued() const;
+  // The end of the collective this thread just issued, recorded on its
+  // stream (a c10d Work waits on it); null when that call enqueued nothing.
+  // Taken once: a second call gets null.
+  detail::SharedEvent take_end_of_last_call() { return std::move(end_of_last_call_); }
 
   // Whether [ptr, ptr + bytes) lies in this rank's heap: local, no exchange.
   // A buffer outside is never symmetric, decided without asking the peers,
@@ -215,6 +221,8 @@ class Communicator {
   long long timeout_cycles_ = 0;                        // the same in clock cycles, for the kernels
   int max_blocks_ = 0;                                  // grid cap of unsynchronised reductions
   std::unique_ptr<detail::CopyStreams> copies_;         // where copy-engine copies are issued
+  std::shared_ptr<detail::EventPool> events_;           // the ends of calls: one event each, shared
+  detail::SharedEvent end_of_last_call_;                // until the caller takes it
   std::unique_ptr<detail::IssueOrder> order_;           // collectives run in the order issued
   std::unique_ptr<detail::StreamOpWatchdog> watchdog_;  // times out stream-op waits
   void* internal_ = nullptr;                            // our internal heap slot: pads and epochs

@@ -1,0 +1,50 @@
+#include "event_pool.hpp"
+
+#include <symmpool/error.hpp>
+
+namespace symmpool::detail {
+
+EventPool::~EventPool() {
+  for (cudaEvent_t e : spare_) cudaEventDestroy(e);
+}
+
+cudaEvent_t EventPool::take() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!spare_.empty()) {
+      cudaEvent_t e = spare_.back();
+      spare_.pop_back();
+      return e;
+    }
+  }
+  cudaEvent_t e = nullptr;
+  SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void EventPool::give_back(cudaEvent_t event) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    spare_.push_back(event);
+  } catch (...) {
+    cudaEventDestroy(event);  // no room to keep it
+  }
+}
+
+SharedEvent EventPool::record(cudaStream_t stream) {
+  cudaEvent_t e = take();
+  const cudaError_t status = cudaEventRecord(e, stream);
+  if (status != cudaSuccess) {
+    give_back(e);
+    SYMMPOOL_CUDA_TRY(status);
+  }
+  // The deleter runs even when making the handle throws.
+  return SharedEvent(e, [pool = shared_from_this()](cudaEvent_t done) { pool->give_back(done); });
+}
+
+std::size_t EventPool::spare() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return spare_.size();
+}
+
+}  // namespace symmpool::detail
