@@ -47,7 +47,6 @@ import torch.distributed as dist  # noqa: E402
 from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, ReduceScatterOptions  # noqa: E402
 
 import symmpool  # noqa: E402
-from symmpool import fused_ops  # noqa: E402
 import timing  # noqa: E402  (bench/peers)
 
 DTYPE = torch.bfloat16
@@ -142,15 +141,12 @@ def fused_cases(s: Setup) -> dict[str, Callable[[], object]]:
         "fused_matmul_reduce_scatter op": lambda: rs_op(a_row, b_row, "sum", 0, w, s.name),
         "matmul whole A (row-parallel)": lambda: torch.mm(a_row, b_row, out=c_row),
     }
-    if hasattr(fused_ops, "_fused_all_gather_matmul"):  # older symmpools (A/B runs) named their layers otherwise
-        ws = fused_ops._workspace(s.group, s.backend, s.device.index, m * max(hidden, mlp // w) * 2).cpp
+    if hasattr(symmpool._C, "_fused_workspace"):  # the pipelines alone, on the op's own workspace
+        symmpool._C._reserve_workspace(s.name, s.device.index, m * max(hidden, mlp // w) * 2)
+        ws = symmpool._C._fused_workspace(s.name, s.device.index)
         cases.update({
-            "fused_all_gather_matmul python": lambda: fused_ops._fused_all_gather_matmul(
-                a_shard, [b_col], 0, w, s.name),
             "fused_all_gather_matmul pipeline": lambda: symmpool._C._all_gather_matmul(
                 s.backend, a_shard, [b_col], 0, ws),
-            "fused_matmul_reduce_scatter python": lambda: fused_ops._fused_matmul_reduce_scatter(
-                a_row, b_row, "sum", 0, w, s.name),
             "fused_matmul_reduce_scatter pipeline": lambda: symmpool._C._produce_and_all_to_all(
                 s.backend, a_row, b_row, 0, ws, "sum"),
         })

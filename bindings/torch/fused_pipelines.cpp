@@ -1,7 +1,7 @@
-// The fused tensor-parallel ops' pipelines, one C++ call each:
-// symmpool/fused_ops.py decides whether to fuse and sizes the workspace;
-// these order the call after the workspace's last use and enqueue its
-// copies, matmuls and barriers. Written as Python loops they took ~640 us of
+// The fused tensor-parallel ops' pipelines, one C++ call each: fused_ops.cpp
+// decides whether to fuse and sizes the workspace; these order the call
+// after the workspace's last use and enqueue its copies, matmuls and
+// barriers. Written as Python loops they took ~640 us of
 // host time per call at Llama-3-8B M=2048 for ~200 us of GPU work
 // (bench/results/tp_ops_h200x2_2026-11-23_host-time-8b.json).
 
@@ -32,65 +32,12 @@ namespace symmpool::torch_ext {
 
 using c10::cuda::CUDAStream;
 
-// A stream of the workspace's own, made on `device` (non-blocking, as
-// torch's pool streams are) and destroyed with it.
-class OwnStream {
- public:
-  explicit OwnStream(c10::DeviceIndex device) : device_(device) {
-    c10::cuda::CUDAGuard guard(device);
-    C10_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  }
-  OwnStream(const OwnStream&) = delete;
-  OwnStream& operator=(const OwnStream&) = delete;
-  ~OwnStream() { cudaStreamDestroy(stream_); }  // pending work still runs; at exit CUDA may be gone: ignored
-
-  CUDAStream get() const { return c10::cuda::getStreamFromExternal(stream_, device_); }
-
- private:
-  c10::DeviceIndex device_;
-  cudaStream_t stream_ = nullptr;
-};
-
-// One group's fused-op workspace on one device, as the pipelines use it:
-// the rendezvoused buffer (symmpool/fused_ops.py grows it), the group's copy
-// stream, where the last op left the buffer, and the events each call
-// reuses (making and destroying one per stream join, and a Python event per
-// call, was host time on every call).
-struct FusedWorkspace {
-  // The group's copy stream is its own: it carries the group's first
-  // meeting, and a stream shared with another group (torch's pool hands its
-  // 32 streams out in turn) could order two groups' meetings differently on
-  // two ranks (a cycle).
-  explicit FusedWorkspace(c10::DeviceIndex device) : own_copies(device), copies(own_copies.get()) {}
-
-  at::Tensor buffer;  // uint8, rendezvoused; undefined until the first growth
-  OwnStream own_copies;
-  CUDAStream copies;
-  at::cuda::CUDAEvent last_use;               // on the stream that last used `buffer`, after that use
-  cudaStream_t last_use_stream = nullptr;     // that stream: an op on it again needs no wait
-  at::cuda::CUDAEvent joined;                 // one stream's work so far, for another to wait on
-  std::array<at::cuda::CUDAEvent, 2> pushed;  // a staging buffer's push has landed
-  bool captured = false;                      // a CUDA graph replays on `buffer`'s addresses
-};
-
 namespace {
 
 // `to`'s later work starts after `from`'s earlier work.
 void wait_stream(const CUDAStream& to, const CUDAStream& from, at::cuda::CUDAEvent& event) {
   event.record(from);
   event.block(to);
-}
-
-// `stream` is where the workspace was last used, as of now.
-void record_use(FusedWorkspace& ws, const CUDAStream& stream) {
-  ws.last_use.record(stream);
-  ws.last_use_stream = stream.stream();
-}
-
-bool is_capturing(const CUDAStream& stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
-  return status != cudaStreamCaptureStatusNone;
 }
 
 // One call's use of the workspace, on the caller's stream `main`: it starts
@@ -124,7 +71,7 @@ class WorkspaceUse {
                    e.what());
     }
     try {
-      if (!capturing_) record_use(ws_, main_);
+      if (!capturing_) ws_.record_use(main_);
     } catch (const std::exception& e) {
       std::fprintf(stderr,
                    "symmpool fused ops: recording the workspace's use after a failed call failed: %s\n",
@@ -147,7 +94,7 @@ class WorkspaceUse {
   // stream: record where the workspace was left (a failure raises).
   void finish() {
     finished_ = true;
-    if (!capturing_) record_use(ws_, main_);
+    if (!capturing_) ws_.record_use(main_);
   }
 
  private:
@@ -190,6 +137,8 @@ void check_matrix(const at::Tensor& t, const char* name) {
               t.sizes());
 }
 
+}  // namespace
+
 // all-gather of x [m, k] through the workspace, each rank's shard consumed
 // by the matmuls as soon as it has arrived. Along rows (dim 0): returns
 // (A [world * m, k], [A @ B for B in Bs]), shard r's rows of each product
@@ -197,8 +146,8 @@ void check_matrix(const at::Tensor& t, const char* name) {
 // stacked [world, m, k]; Python lays them side by side, [A @ B]), where
 // A @ B sums shard r @ (B's rows r) over the ranks, accumulated as shards arrive.
 std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(
-    const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& x_in,
-    const std::vector<at::Tensor>& Bs, std::int64_t gather_dim, FusedWorkspace& workspace) {
+    const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& x_in, at::TensorList Bs,
+    std::int64_t gather_dim, FusedWorkspace& workspace) {
   check_matrix(x_in, "A_shard (as a matrix)");
   TORCH_CHECK(gather_dim == 0 || gather_dim == 1, "symmpool fused ops: gather_dim must be 0 or 1, got ",
               gather_dim);
@@ -261,6 +210,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(
   return {gathered, outs};
 }
 
+namespace {
+
 // What the caller gets of the slots that the ranks' chunks landed in: their
 // sum or mean (reduce-scatter), or a copy (all-to-all). Never the workspace
 // itself, which the group's next fused op overwrites.
@@ -269,6 +220,8 @@ at::Tensor combine(const at::Tensor& stacked, const std::string& how) {
   if (how == "avg") return at::mean(stacked, 0);
   return stacked.clone();
 }
+
+}  // namespace
 
 // Every rank's chunk for rank d is produced by a matmul: rows d of A times B
 // (split 0) or A times B's column block d (split 1). Each chunk for a peer
@@ -334,31 +287,26 @@ at::Tensor produce_and_all_to_all(const c10::intrusive_ptr<c10d::Backend>& backe
   return out;
 }
 
-}  // namespace
-
 void define_fused_pipelines(py::module& m) {
-  py::class_<FusedWorkspace, std::shared_ptr<FusedWorkspace>>(
-      m, "FusedWorkspace",
-      "A group's fused-op workspace on one device: its buffer, its copy stream, and where the last op "
-      "left it (symmpool/fused_ops.py grows it; the pipelines order themselves on it).")
-      .def(py::init<c10::DeviceIndex>(), py::arg("device"))
-      .def(
-          "set_buffer",
-          [](FusedWorkspace& ws, const at::Tensor& buffer) {
-            // It comes in stream order on the current stream: the next op,
-            // on whatever stream, waits for that.
-            ws.buffer = buffer;
-            ws.captured = false;
-            record_use(ws, c10::cuda::getCurrentCUDAStream(buffer.device().index()));
-          },
-          py::arg("buffer"), "Takes `buffer` (rendezvoused, uint8) as the workspace from now on.")
+  py::class_<FusedWorkspace>(m, "FusedWorkspace",
+                             "A group's fused-op workspace on one device: its buffer, its copy stream, and "
+                             "where the last op left it.")
+      .def_property_readonly(
+          "buffer",
+          [](const FusedWorkspace& ws) { return ws.buffer.defined() ? py::cast(ws.buffer) : py::none(); },
+          "The rendezvoused uint8 buffer, or None before the first growth.")
       .def_readonly("captured", &FusedWorkspace::captured,
                     "Whether a CUDA graph captured an op on the current buffer (it must outlive the graph).");
-  m.def("_all_gather_matmul", &all_gather_matmul, py::arg("backend"), py::arg("x"), py::arg("Bs"),
-        py::arg("gather_dim"), py::arg("workspace"), py::call_guard<py::gil_scoped_release>(),
-        "Enqueues a fused all-gather of x [m, k] along gather_dim through the workspace, each shard "
-        "multiplied as it arrives; returns (A [world * m, k] for dim 0, or the shards [world, m, k] for "
-        "dim 1; [A @ B for B in Bs]).");
+  m.def(
+      "_all_gather_matmul",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& x,
+         const std::vector<at::Tensor>& Bs, std::int64_t gather_dim,
+         FusedWorkspace& workspace) { return all_gather_matmul(backend, x, Bs, gather_dim, workspace); },
+      py::arg("backend"), py::arg("x"), py::arg("Bs"), py::arg("gather_dim"), py::arg("workspace"),
+      py::call_guard<py::gil_scoped_release>(),
+      "Enqueues a fused all-gather of x [m, k] along gather_dim through the workspace, each shard "
+      "multiplied as it arrives; returns (A [world * m, k] for dim 0, or the shards [world, m, k] for "
+      "dim 1; [A @ B for B in Bs]).");
   m.def("_produce_and_all_to_all", &produce_and_all_to_all, py::arg("backend"), py::arg("A"), py::arg("B"),
         py::arg("split"), py::arg("workspace"), py::arg("combine"), py::call_guard<py::gil_scoped_release>(),
         "Enqueues rank d's chunk (rows d of A @ B for split 0, A @ B's column block d for split 1) pushed "

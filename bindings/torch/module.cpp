@@ -1,6 +1,7 @@
 // symmpool._C: the "symm" backend factory, allocator and routing statistics.
 
 #include "c10d_store.hpp"
+#include "fused_ops.hpp"
 #include "fused_pipelines.hpp"
 #include "peer_memory.hpp"
 #include "symm_backend.hpp"
@@ -157,6 +158,7 @@ PYBIND11_MODULE(_C, m) {
       "96 of a fused call's 330 us of host time on an H200 host).");
   symmpool::torch_ext::define_peer_memory(m);
   symmpool::torch_ext::define_fused_pipelines(m);
+  symmpool::torch_ext::define_fused_ops(m);
   m.def(
       "table_world_sizes",
       [] {

@@ -53,6 +53,23 @@ Communicator& peer_memory_communicator(const c10::intrusive_ptr<c10d::Backend>& 
   return *comm;
 }
 
+std::string rendezvous_or_why_not(const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& t) {
+  const c10::DeviceIndex device = cuda_device_of(t, "rendezvous");
+  const std::size_t bytes = span_bytes(t);
+  TORCH_CHECK(bytes > 0, "symmpool rendezvous: the tensor is empty");
+  Communicator& comm = peer_memory_communicator(backend, device);
+  c10::cuda::CUDAGuard guard(device);
+  return call_translating_errors([&]() -> std::string {
+    try {
+      comm.rendezvous(t.data_ptr(), bytes);
+      symm_backend(backend).rendezvoused_storages().add(t);
+      return {};
+    } catch (const not_symmetric_error& e) {
+      return e.what();  // the same verdict on every rank
+    }
+  });
+}
+
 void define_peer_memory(py::module& m) {
   m.def(
       "_peer_memory_available",
@@ -69,27 +86,10 @@ void define_peer_memory(py::module& m) {
       },
       py::arg("backend"), py::arg("bytes"), py::arg("device"), py::call_guard<py::gil_scoped_release>(),
       "`bytes` of symmpool memory on `device` (uint8), straight from symmpool's cache.");
-  m.def(
-      "_rendezvous",
-      [](const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& t) -> std::string {
-        const c10::DeviceIndex device = cuda_device_of(t, "rendezvous");
-        const std::size_t bytes = span_bytes(t);
-        TORCH_CHECK(bytes > 0, "symmpool rendezvous: the tensor is empty");
-        Communicator& comm = peer_memory_communicator(backend, device);
-        c10::cuda::CUDAGuard guard(device);
-        return call_translating_errors([&]() -> std::string {
-          try {
-            comm.rendezvous(t.data_ptr(), bytes);
-            symm_backend(backend).rendezvoused_storages().add(t);
-            return {};
-          } catch (const not_symmetric_error& e) {
-            return e.what();  // the same verdict on every rank
-          }
-        });
-      },
-      py::arg("backend"), py::arg("tensor"), py::call_guard<py::gil_scoped_release>(),
-      "Collective: '' when the tensor's bytes sit at the same offset in every rank's heap (peer_tensor "
-      "may then view them), otherwise why not (the same text on every rank).");
+  m.def("_rendezvous", &rendezvous_or_why_not, py::arg("backend"), py::arg("tensor"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Collective: '' when the tensor's bytes sit at the same offset in every rank's heap (peer_tensor "
+        "may then view them), otherwise why not (the same text on every rank).");
   m.def(
       "_peer_tensor",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& t, int peer) {

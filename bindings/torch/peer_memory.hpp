@@ -9,6 +9,8 @@
 #include <pybind11/pybind11.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <string>
+
 namespace symmpool::torch_ext {
 
 void define_peer_memory(pybind11::module& m);
@@ -18,5 +20,10 @@ void define_peer_memory(pybind11::module& m);
 // spans nodes.
 Communicator& peer_memory_communicator(const c10::intrusive_ptr<c10d::Backend>& backend,
                                        c10::DeviceIndex device);
+
+// Collective: '' when `t`'s bytes sit at the same offset in every rank's heap
+// (peer_tensor may then view them), otherwise why not (the same text on
+// every rank).
+std::string rendezvous_or_why_not(const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& t);
 
 }  // namespace symmpool::torch_ext

@@ -2,10 +2,11 @@
 // Events for the ends of collectives, recorded once per eager call and
 // shared (SharedEvent) by the issue order, the flight record and the caller's
 // Work: one cudaEventRecord per call where each kept its own. Once a kernel
-// is queued, every record costs: on an H100 host a launch then three records
-// and a wait took 7.8 us, a launch then one record 3.6 us
-// (bench/cuda_call_cost_bench.cu). Events are reused once nobody holds them,
-// so none is created or destroyed per call.
+// is queued a record costs more than on an idle stream: on an H100 host a
+// launch then three records and a wait took 4.5 us against 3.9 us for a
+// launch then one record, and 7.8 against 3.6 us with 2000 calls queued
+// (bench/results/cuda_call_cost_h100x1_2026-11-24.json). Events are reused
+// once nobody holds them, so none is created or destroyed per call.
 
 #include <symmpool/detail/shared_event.hpp>
 

@@ -2,9 +2,8 @@
 // holders, reused only once none holds it (a Work that waits later must
 // not find its event recorded again for a later collective).
 
-#include "gpu_skip.hpp"
-
 #include "event_pool.hpp"
+#include "gpu_skip.hpp"
 
 #include <cuda_runtime_api.h>
 

@@ -180,11 +180,12 @@ def fused_ops_match_unfused(rank: int, world: int, on_gpu: bool, dtypes: list, s
 def _poison_workspace(group_name, device):
     """NaN bytes everywhere in the workspace: a result that reads a byte no
     copy wrote shows."""
-    from symmpool import fused_ops
+    import symmpool
 
-    ws = fused_ops._workspaces.get((group_name, getattr(device, "index", None)))
-    if ws is not None and ws.tensor is not None:
-        ws.tensor.fill_(0xFF)
+    index = getattr(device, "index", None)
+    ws = symmpool._C._fused_workspace(group_name, index) if index is not None else None
+    if ws is not None and ws.buffer is not None:
+        ws.buffer.fill_(0xFF)
 
 
 def fused_ops_replay_in_cuda_graphs_and_compile(rank: int, world: int) -> None:
@@ -235,16 +236,14 @@ def a_reserved_workspace_is_kept(rank: int, world: int) -> None:
     import gc
 
     import symmpool
-    from symmpool import fused_ops
 
     device = init_group(rank, world, "cpu:gloo,cuda:symm")
     key = (dist.group.WORLD.group_name, device.index)
     assert symmpool.reserve_workspace(4 << 20), "the workspace came out asymmetric"
-    ws = fused_ops._workspaces[key]
-    address = ws.tensor.data_ptr()
+    address = symmpool._C._fused_workspace(*key).buffer.data_ptr()
     gc.collect()  # no Python wrapper of the backend is left
     assert symmpool.reserve_workspace(1 << 20) and symmpool.reserve_workspace(4 << 20)
-    assert fused_ops._workspaces[key] is ws and ws.tensor.data_ptr() == address, "the workspace was replaced"
+    assert symmpool._C._fused_workspace(*key).buffer.data_ptr() == address, "the workspace was replaced"
     print(f"[rank {rank}] the reserved workspace was kept", flush=True)
     dist.destroy_process_group()
 

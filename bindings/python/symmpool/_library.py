@@ -10,11 +10,12 @@ of a fused all-gather + matmul's 330 us of host time on an H200 host
 them gone and the workspace's stream bookkeeping in C++, a fused call's host
 time fell from 254-348 us to 149-188 us on one machine
 (``bench/results/host_time_h200x1_2026-11-24_fused-ops-define-impl-ab.json``).
+The fused ops' kernels then moved to C++ as well (``bindings/torch/fused_ops.cpp``).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -23,13 +24,15 @@ from . import _C
 _lib = torch.library.Library("symmpool", "FRAGMENT")
 
 
-def define(schema: str, impl: Callable, fake: Callable):
+def define(schema: str, impl: Optional[Callable], fake: Callable):
     """Defines ``symmpool::<schema>`` with ``impl`` for every device (the ops
-    fall back to unfused collectives on CPU groups) and ``fake`` for
-    torch.compile; returns the op (an OpOverloadPacket)."""
+    fall back to unfused collectives on CPU groups; None: its kernel is in
+    C++, registered by ``_C`` once defined) and ``fake`` for torch.compile;
+    returns the op (an OpOverloadPacket)."""
     name = schema.split("(", 1)[0]
     _lib.define(schema, tags=(torch.Tag.pt2_compliant_tag,))  # as custom_op tags its ops: fullgraph traces them
-    _lib.impl(name, impl, "CompositeExplicitAutograd")
+    if impl is not None:
+        _lib.impl(name, impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"symmpool::{name}", fake, lib=_lib)
     _C._autograd_not_implemented(name)
     return getattr(torch.ops.symmpool, name)

@@ -129,9 +129,11 @@ def wait(peer: int, group: Optional[dist.ProcessGroup] = None,
 
 def peer_memory_counts() -> dict:
     """Calls of this module's functions, and of the fused ops by where they
-    ran (``<op>.fused``, ``<op>.fallback``), in this process."""
-    return dict(_counts)
+    ran (``<op>.fused``, ``<op>.fallback``, ``<op>.fallback: <why>``), in
+    this process."""
+    return {**_counts, **_C._fused_op_counts()}
 
 
 def reset_peer_memory_counts() -> None:
     _counts.clear()
+    _C._reset_fused_op_counts()

@@ -1,0 +1,351 @@
+// The fused tensor-parallel ops' kernels (torch.ops.symmpool.*; schemas and
+// fake kernels in symmpool/fused_ops.py): argument checks, whether symmpool
+// serves the call (the same decision on every rank, counted), the pipeline
+// or the unfused fallback, and the result's layout. In C++ so that a call's
+// host time is the pipeline's: as a Python body, the same steps took ~40 us
+// of a ~160-us call on an H200 host and ~75 of ~230 on an H100 host
+// (bench/results/host_time_h200x1_2026-11-24_own-copy-stream.json).
+
+#include "fused_ops.hpp"
+
+#include "fused_pipelines.hpp"
+#include "fused_workspace.hpp"
+#include "symm_backend.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/accumulate.h>
+#include <c10/util/Exception.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace symmpool::torch_ext {
+
+namespace {
+
+// -- counts -------------------------------------------------------------------------------------
+
+constexpr std::array<const char*, 3> kOps = {"fused_all_gather_matmul", "fused_matmul_reduce_scatter",
+                                             "pipelined_produce_and_all_to_all"};
+enum Op { kAllGatherMatmul, kMatmulReduceScatter, kProduceAndAllToAll };
+
+std::array<std::atomic<std::uint64_t>, 3> fused_calls{};
+std::mutex fallbacks_mutex;
+std::map<std::string, std::uint64_t> fallbacks;  // "<op>.fallback" and "<op>.fallback: <why>"
+
+void count_fallback(Op op, const char* why) {
+  std::lock_guard<std::mutex> lock(fallbacks_mutex);
+  ++fallbacks[std::string(kOps[op]) + ".fallback"];
+  ++fallbacks[std::string(kOps[op]) + ".fallback: " + why];
+}
+
+// -- messages as Python writes them -------------------------------------------------------------
+
+std::string py_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kByte: return "torch.uint8";
+    case at::kChar: return "torch.int8";
+    case at::kShort: return "torch.int16";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kBool: return "torch.bool";
+    default: return std::string("torch.") + c10::toString(t);
+  }
+}
+
+std::string py_shape(at::IntArrayRef sizes) {
+  std::ostringstream s;
+  s << "(";
+  for (std::size_t i = 0; i < sizes.size(); ++i) s << (i ? ", " : "") << sizes[i];
+  s << (sizes.size() == 1 ? ",)" : ")");
+  return s.str();
+}
+
+// -- arguments ----------------------------------------------------------------------------------
+
+void check_group_size(std::int64_t group_size, Op op) {
+  TORCH_CHECK_VALUE(group_size >= 1, kOps[op], ": group_size must be >= 1, got ", group_size);
+}
+
+// `dim` in [-dims, dims), made non-negative.
+std::int64_t wrap_dim(std::int64_t dim, std::int64_t dims, const char* what, Op op) {
+  TORCH_CHECK_VALUE(-dims <= dim && dim < dims, kOps[op], ": ", what, " ", dim, " is out of range for ", dims,
+                    " dims");
+  return dim < 0 ? dim + dims : dim;
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> group_of(c10::string_view group_name, std::int64_t group_size, Op op) {
+  auto group = c10d::resolve_process_group(std::string(group_name));
+  TORCH_CHECK_VALUE(group->getSize() == group_size, kOps[op], ": group_size is ", group_size, " but group '",
+                    group_name, "' has ", group->getSize(), " ranks");
+  return group;
+}
+
+void check_matmul(const at::Tensor& A, const at::Tensor& B, Op op) {
+  TORCH_CHECK_VALUE(A.dim() >= 2 && B.dim() == 2 && A.size(-1) == B.size(0) && A.scalar_type() == B.scalar_type(),
+                    kOps[op], ": need A [..., k] and B [k, n] of one dtype, got ", py_dtype(A.scalar_type()), " ",
+                    py_shape(A.sizes()), " and ", py_dtype(B.scalar_type()), " ", py_shape(B.sizes()));
+}
+
+// -- fused or not -------------------------------------------------------------------------------
+
+// The group's "symm" backend for CUDA, or null.
+c10::intrusive_ptr<c10d::Backend> symm_backend_of(c10d::ProcessGroup& group) {
+  const auto types = group.getDeviceTypes();
+  if (std::find(types.begin(), types.end(), c10::Device(c10::DeviceType::CUDA)) == types.end()) return {};
+  auto backend = group.getBackend(c10::DeviceType::CUDA);
+  return dynamic_cast<SymmBackend*>(backend.get()) ? backend : c10::intrusive_ptr<c10d::Backend>();
+}
+
+struct Fusing {
+  c10::intrusive_ptr<c10d::Backend> backend;  // null: run unfused
+  FusedWorkspace* workspace = nullptr;
+};
+
+// Whether symmpool serves the call, with a workspace of `nbytes`: the same
+// answer on every rank (it looks only at what every rank shares: the
+// group, `tensors`' devices and emptiness, the workspace's verdict), counted.
+Fusing fusing(Op op, c10d::ProcessGroup& group, c10::string_view group_name,
+              std::initializer_list<const at::Tensor*> tensors, std::int64_t nbytes) {
+  const char* why_not = nullptr;
+  Fusing f;
+  const at::Tensor& first = **tensors.begin();
+  if (!std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor* t) { return t->is_cuda(); })) {
+    why_not = "CPU tensors";
+  } else if (std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor* t) { return t->numel() == 0; })) {
+    why_not = "empty tensors";
+  } else if (group.getSize() == 1) {
+    why_not = "one rank";
+  } else {
+    const c10::DeviceIndex device = first.device().index();
+    f.backend = symm_backend_of(group);
+    if (!f.backend) {
+      why_not = "not a symm group";
+    } else if (static_cast<SymmBackend&>(*f.backend).peer_memory(device) == nullptr) {
+      why_not = "ranks span nodes";
+    } else {
+      f.workspace = &fused_workspace(f.backend, std::string(group_name), device, nbytes);
+      if (!f.workspace->holds(nbytes)) why_not = "workspace not symmetric";
+    }
+  }
+  if (why_not) {
+    count_fallback(op, why_not);
+    return {};
+  }
+  fused_calls[op].fetch_add(1, std::memory_order_relaxed);
+  return f;
+}
+
+// -- all-gather, then matmul --------------------------------------------------------------------
+
+std::int64_t check_all_gather_matmul(const at::Tensor& A_shard, at::TensorList Bs, std::int64_t gather_dim,
+                                     std::int64_t group_size) {
+  const Op op = kAllGatherMatmul;
+  check_group_size(group_size, op);
+  TORCH_CHECK_VALUE(A_shard.dim() >= 2, kOps[op], ": A_shard must have at least 2 dims, got ", A_shard.dim());
+  gather_dim = wrap_dim(gather_dim, A_shard.dim(), "gather_dim", op);
+  const std::int64_t k = A_shard.size(-1) * (gather_dim == A_shard.dim() - 1 ? group_size : 1);
+  TORCH_CHECK_VALUE(!Bs.empty(), kOps[op], ": Bs is empty");
+  for (const at::Tensor& B : Bs)
+    TORCH_CHECK_VALUE(B.dim() == 2 && B.size(0) == k && B.scalar_type() == A_shard.scalar_type() &&
+                          B.device() == A_shard.device(),
+                      kOps[op], ": every B must be a ", py_dtype(A_shard.scalar_type()), " matrix of ", k,
+                      " rows on ", A_shard.device(), ", got ", py_dtype(B.scalar_type()), " ", py_shape(B.sizes()),
+                      " on ", B.device());
+  return gather_dim;
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul_unfused(const at::Tensor& A_shard,
+                                                                          at::TensorList Bs,
+                                                                          std::int64_t gather_dim,
+                                                                          c10d::ProcessGroup& group) {
+  at::Tensor x = A_shard.movedim(gather_dim, 0).contiguous();
+  std::vector<std::int64_t> shape = x.sizes().vec();
+  shape[0] *= group.getSize();
+  at::Tensor gathered = x.new_empty(shape);
+  group._allgather_base(gathered, x)->wait();
+  at::Tensor A = gathered.movedim(0, gather_dim).contiguous();
+  std::vector<at::Tensor> outs;
+  for (const at::Tensor& B : Bs) outs.push_back(at::matmul(A, B));
+  return {A, outs};
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> fused_all_gather_matmul(const at::Tensor& A_shard,
+                                                                        at::TensorList Bs, std::int64_t gather_dim,
+                                                                        std::int64_t group_size,
+                                                                        c10::string_view group_name) {
+  gather_dim = check_all_gather_matmul(A_shard, Bs, gather_dim, group_size);
+  auto group = group_of(group_name, group_size, kAllGatherMatmul);
+  // From A_shard alone: each rank's Bs are its own (an uneven column split
+  // may leave one rank's empty), and a decision that differed between ranks
+  // would leave one in a collective the others never enter.
+  Fusing f = fusing(kAllGatherMatmul, *group, group_name, {&A_shard}, A_shard.numel() * A_shard.element_size());
+  if (!f.backend) return all_gather_matmul_unfused(A_shard, Bs, gather_dim, *group);
+  const std::int64_t last = A_shard.dim() - 1;
+  if (gather_dim == last) {  // along K: A @ B sums each shard @ (its rank's rows of B), accumulated as they arrive
+    const at::Tensor x = A_shard.reshape({-1, A_shard.size(-1)});
+    auto [shards, outs] = all_gather_matmul(f.backend, x, Bs, 1, *f.workspace);
+    std::vector<std::int64_t> lead = A_shard.sizes().slice(0, last).vec();
+    lead.push_back(-1);
+    at::Tensor A = shards.permute({1, 0, 2}).reshape({x.size(0), group_size * x.size(1)}).view(lead);
+    for (at::Tensor& out : outs) out = out.view(lead);
+    return {A, outs};
+  }
+  const at::Tensor x = A_shard.movedim(gather_dim, 0);
+  auto [A_flat, outs] = all_gather_matmul(f.backend, x.reshape({-1, x.size(-1)}), Bs, 0, *f.workspace);
+  if (A_shard.dim() == 2) return {A_flat, outs};  // [M, K] along rows, the common case: nothing to lay out
+  std::vector<std::int64_t> lead = x.sizes().slice(0, last).vec();
+  lead[0] *= group_size;
+  auto shape_out = [&](const at::Tensor& flat) {
+    std::vector<std::int64_t> shape = lead;
+    shape.push_back(flat.size(-1));
+    return flat.view(shape).movedim(0, gather_dim).contiguous();
+  };
+  for (at::Tensor& out : outs) out = shape_out(out);
+  return {shape_out(A_flat), outs};
+}
+
+// -- matmul, then reduce-scatter or all-to-all --------------------------------------------------
+
+std::int64_t check_reduce_scatter(const at::Tensor& A, const at::Tensor& B, c10::string_view reduce_op,
+                                  std::int64_t scatter_dim, std::int64_t group_size) {
+  const Op op = kMatmulReduceScatter;
+  check_group_size(group_size, op);
+  check_matmul(A, B, op);
+  TORCH_CHECK_VALUE(reduce_op == "sum" || reduce_op == "avg", kOps[op], ": reduce_op must be 'sum' or 'avg', got '",
+                    reduce_op, "'");
+  scatter_dim = wrap_dim(scatter_dim, A.dim(), "scatter_dim", op);
+  const std::int64_t extent = scatter_dim == A.dim() - 1 ? B.size(1) : A.size(scatter_dim);
+  TORCH_CHECK_VALUE(extent % group_size == 0, kOps[op], ": dim ", scatter_dim, " of A @ B (", extent,
+                    ") is not divisible by the group size ", group_size);
+  return scatter_dim;
+}
+
+at::Tensor matmul_reduce_scatter_unfused(const at::Tensor& A, const at::Tensor& B, c10::string_view reduce_op,
+                                         std::int64_t scatter_dim, c10d::ProcessGroup& group) {
+  at::Tensor product = at::matmul(A, B).movedim(scatter_dim, 0).contiguous();
+  std::vector<std::int64_t> shape = product.sizes().vec();
+  shape[0] /= group.getSize();
+  at::Tensor out = product.new_empty(shape);
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = reduce_op == "sum" ? c10d::ReduceOp::SUM : c10d::ReduceOp::AVG;
+  group._reduce_scatter_base(out, product, opts)->wait();
+  return out.movedim(0, scatter_dim).contiguous();
+}
+
+at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B, c10::string_view reduce_op,
+                                       std::int64_t scatter_dim, std::int64_t group_size,
+                                       c10::string_view group_name) {
+  scatter_dim = check_reduce_scatter(A, B, reduce_op, scatter_dim, group_size);
+  auto group = group_of(group_name, group_size, kMatmulReduceScatter);
+  std::vector<std::int64_t> shape = A.sizes().vec();
+  shape.back() = B.size(1);
+  shape[scatter_dim] /= group_size;
+  const std::int64_t elements = c10::multiply_integers(shape);
+  Fusing f =
+      fusing(kMatmulReduceScatter, *group, group_name, {&A, &B}, group_size * elements * A.element_size());
+  if (!f.backend) return matmul_reduce_scatter_unfused(A, B, reduce_op, scatter_dim, *group);
+  const std::string how(reduce_op);
+  if (scatter_dim == A.dim() - 1)  // each rank owns a block of B's columns
+    return produce_and_all_to_all(f.backend, A.reshape({-1, A.size(-1)}), B, 1, *f.workspace, how).view(shape);
+  const at::Tensor x = A.movedim(scatter_dim, 0);
+  at::Tensor flat = produce_and_all_to_all(f.backend, x.reshape({-1, x.size(-1)}), B, 0, *f.workspace, how);
+  if (A.dim() == 2) return flat;  // [M, N] along rows, the common case: nothing to lay out
+  std::vector<std::int64_t> moved = {shape[scatter_dim]};
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    if (static_cast<std::int64_t>(i) != scatter_dim) moved.push_back(shape[i]);
+  return flat.view(moved).movedim(0, scatter_dim).contiguous();
+}
+
+at::Tensor pipelined_produce_and_all_to_all(const at::Tensor& A, const at::Tensor& B, std::int64_t group_size,
+                                            c10::string_view group_name) {
+  const Op op = kProduceAndAllToAll;
+  check_group_size(group_size, op);
+  check_matmul(A, B, op);
+  TORCH_CHECK_VALUE(A.dim() == 2 && A.size(0) % group_size == 0, kOps[op], ": A must be a matrix whose rows (",
+                    A.dim() ? A.size(0) : 0, ") divide by the group size ", group_size, ", got ",
+                    py_shape(A.sizes()));
+  auto group = group_of(group_name, group_size, op);
+  const std::int64_t n = B.size(1);
+  Fusing f = fusing(op, *group, group_name, {&A, &B}, A.size(0) * n * A.element_size());
+  if (!f.backend) {
+    at::Tensor out = A.new_empty({A.size(0), n});
+    at::Tensor product = at::matmul(A, B).contiguous();
+    std::vector<std::int64_t> even;  // equal chunks
+    group->alltoall_base(out, product, even, even)->wait();
+    return out;
+  }
+  return produce_and_all_to_all(f.backend, A, B, 0, *f.workspace, "none").view({A.size(0), n});
+}
+
+}  // namespace
+
+void define_fused_ops(py::module& m) {
+  m.def(
+      "_impl_fused_ops",
+      [] {
+        // One library for the process's life, as torch.library's are.
+        static auto* impl = new torch::Library(torch::Library::IMPL, "symmpool",
+                                               c10::DispatchKey::CompositeExplicitAutograd, __FILE__, __LINE__);
+        impl->impl("fused_all_gather_matmul", TORCH_FN(fused_all_gather_matmul));
+        impl->impl("fused_matmul_reduce_scatter", TORCH_FN(fused_matmul_reduce_scatter));
+        impl->impl("pipelined_produce_and_all_to_all", TORCH_FN(pipelined_produce_and_all_to_all));
+      },
+      "Registers the fused ops' C++ kernels, once symmpool/fused_ops.py has defined their schemas.");
+  m.def(
+      "_fused_op_counts",
+      [] {
+        std::map<std::string, std::uint64_t> counts;
+        for (std::size_t op = 0; op < kOps.size(); ++op)
+          if (std::uint64_t n = fused_calls[op].load(std::memory_order_relaxed))
+            counts[std::string(kOps[op]) + ".fused"] = n;
+        std::lock_guard<std::mutex> lock(fallbacks_mutex);
+        for (const auto& [key, n] : fallbacks) counts[key] = n;
+        return counts;
+      },
+      "Fused-op calls of this process by where they ran: '<op>.fused', '<op>.fallback' and "
+      "'<op>.fallback: <why>'.");
+  m.def("_reset_fused_op_counts", [] {
+    for (auto& n : fused_calls) n.store(0, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(fallbacks_mutex);
+    fallbacks.clear();
+  });
+  m.def(
+      "_reserve_workspace",
+      [](const std::string& group_name, c10::DeviceIndex device, std::int64_t nbytes) {
+        auto group = c10d::resolve_process_group(group_name);
+        auto backend = symm_backend_of(*group);
+        TORCH_CHECK_TYPE(backend, "symmpool.reserve_workspace needs a \"symm\" process group");
+        if (static_cast<SymmBackend&>(*backend).peer_memory(device) == nullptr) return false;
+        return fused_workspace(backend, group_name, device, nbytes).holds(nbytes);
+      },
+      py::arg("group_name"), py::arg("device"), py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
+      "Collective: grows the group's fused-op workspace to nbytes now; whether the fused ops will run on it.");
+  m.def(
+      "_fused_workspace",
+      [](const std::string& group_name, c10::DeviceIndex device) { return existing_fused_workspace(group_name, device); },
+      py::arg("group_name"), py::arg("device"), py::return_value_policy::reference,
+      "The group's workspace on device, or None before its first fused call (tests, benches).");
+}
+
+}  // namespace symmpool::torch_ext
