@@ -103,6 +103,22 @@ def collective_cases(s: Setup) -> dict[str, Callable[[], object]]:
         # dispatcher. It also shows the host's drift between runs.
         "one small kernel (add_)": lambda: ar.add_(0),
     }
+    # The functional ops, their new outputs in symmpool's pool (symmetric on
+    # every rank, as symmpool runs them; plain ones would go to NCCL).
+    pool = symmpool.mem_pool()
+
+    def in_pool(call: Callable[[], object]) -> Callable[[], object]:
+        def run():
+            with torch.cuda.use_mem_pool(pool):
+                return call()
+        return run
+
+    cases.update({
+        "all_reduce op (in symmpool's pool)": in_pool(lambda: torch.ops.symmpool.all_reduce(ar, "sum", s.name)),
+        "all_gather op (in symmpool's pool)": in_pool(
+            lambda: torch.ops.symmpool.all_gather(ag_in, s.world, s.name)),
+        "use_mem_pool alone": in_pool(lambda: None),
+    })
     cases.update(torch_symm_mem_cases(s, n))
     return cases
 

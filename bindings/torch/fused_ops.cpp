@@ -14,8 +14,8 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/ScalarType.h>
-#include <c10/util/accumulate.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -59,17 +59,28 @@ void count_fallback(Op op, const char* why) {
 
 std::string py_dtype(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "torch.float32";
-    case at::kDouble: return "torch.float64";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kByte: return "torch.uint8";
-    case at::kChar: return "torch.int8";
-    case at::kShort: return "torch.int16";
-    case at::kInt: return "torch.int32";
-    case at::kLong: return "torch.int64";
-    case at::kBool: return "torch.bool";
-    default: return std::string("torch.") + c10::toString(t);
+    case at::kFloat:
+      return "torch.float32";
+    case at::kDouble:
+      return "torch.float64";
+    case at::kHalf:
+      return "torch.float16";
+    case at::kBFloat16:
+      return "torch.bfloat16";
+    case at::kByte:
+      return "torch.uint8";
+    case at::kChar:
+      return "torch.int8";
+    case at::kShort:
+      return "torch.int16";
+    case at::kInt:
+      return "torch.int32";
+    case at::kLong:
+      return "torch.int64";
+    case at::kBool:
+      return "torch.bool";
+    default:
+      return std::string("torch.") + c10::toString(t);
   }
 }
 
@@ -102,9 +113,10 @@ c10::intrusive_ptr<c10d::ProcessGroup> group_of(c10::string_view group_name, std
 }
 
 void check_matmul(const at::Tensor& A, const at::Tensor& B, Op op) {
-  TORCH_CHECK_VALUE(A.dim() >= 2 && B.dim() == 2 && A.size(-1) == B.size(0) && A.scalar_type() == B.scalar_type(),
-                    kOps[op], ": need A [..., k] and B [k, n] of one dtype, got ", py_dtype(A.scalar_type()), " ",
-                    py_shape(A.sizes()), " and ", py_dtype(B.scalar_type()), " ", py_shape(B.sizes()));
+  TORCH_CHECK_VALUE(
+      A.dim() >= 2 && B.dim() == 2 && A.size(-1) == B.size(0) && A.scalar_type() == B.scalar_type(), kOps[op],
+      ": need A [..., k] and B [k, n] of one dtype, got ", py_dtype(A.scalar_type()), " ",
+      py_shape(A.sizes()), " and ", py_dtype(B.scalar_type()), " ", py_shape(B.sizes()));
 }
 
 // -- fused or not -------------------------------------------------------------------------------
@@ -132,7 +144,8 @@ Fusing fusing(Op op, c10d::ProcessGroup& group, c10::string_view group_name,
   const at::Tensor& first = **tensors.begin();
   if (!std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor* t) { return t->is_cuda(); })) {
     why_not = "CPU tensors";
-  } else if (std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor* t) { return t->numel() == 0; })) {
+  } else if (std::any_of(tensors.begin(), tensors.end(),
+                         [](const at::Tensor* t) { return t->numel() == 0; })) {
     why_not = "empty tensors";
   } else if (group.getSize() == 1) {
     why_not = "one rank";
@@ -170,8 +183,8 @@ std::int64_t check_all_gather_matmul(const at::Tensor& A_shard, at::TensorList B
     TORCH_CHECK_VALUE(B.dim() == 2 && B.size(0) == k && B.scalar_type() == A_shard.scalar_type() &&
                           B.device() == A_shard.device(),
                       kOps[op], ": every B must be a ", py_dtype(A_shard.scalar_type()), " matrix of ", k,
-                      " rows on ", A_shard.device(), ", got ", py_dtype(B.scalar_type()), " ", py_shape(B.sizes()),
-                      " on ", B.device());
+                      " rows on ", A_shard.device(), ", got ", py_dtype(B.scalar_type()), " ",
+                      py_shape(B.sizes()), " on ", B.device());
   return gather_dim;
 }
 
@@ -191,7 +204,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul_unfused(const 
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> fused_all_gather_matmul(const at::Tensor& A_shard,
-                                                                        at::TensorList Bs, std::int64_t gather_dim,
+                                                                        at::TensorList Bs,
+                                                                        std::int64_t gather_dim,
                                                                         std::int64_t group_size,
                                                                         c10::string_view group_name) {
   gather_dim = check_all_gather_matmul(A_shard, Bs, gather_dim, group_size);
@@ -199,10 +213,12 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> fused_all_gather_matmul(const at
   // From A_shard alone: each rank's Bs are its own (an uneven column split
   // may leave one rank's empty), and a decision that differed between ranks
   // would leave one in a collective the others never enter.
-  Fusing f = fusing(kAllGatherMatmul, *group, group_name, {&A_shard}, A_shard.numel() * A_shard.element_size());
+  Fusing f =
+      fusing(kAllGatherMatmul, *group, group_name, {&A_shard}, A_shard.numel() * A_shard.element_size());
   if (!f.backend) return all_gather_matmul_unfused(A_shard, Bs, gather_dim, *group);
   const std::int64_t last = A_shard.dim() - 1;
-  if (gather_dim == last) {  // along K: A @ B sums each shard @ (its rank's rows of B), accumulated as they arrive
+  if (gather_dim ==
+      last) {  // along K: A @ B sums each shard @ (its rank's rows of B), accumulated as they arrive
     const at::Tensor x = A_shard.reshape({-1, A_shard.size(-1)});
     auto [shards, outs] = all_gather_matmul(f.backend, x, Bs, 1, *f.workspace);
     std::vector<std::int64_t> lead = A_shard.sizes().slice(0, last).vec();
@@ -232,8 +248,8 @@ std::int64_t check_reduce_scatter(const at::Tensor& A, const at::Tensor& B, c10:
   const Op op = kMatmulReduceScatter;
   check_group_size(group_size, op);
   check_matmul(A, B, op);
-  TORCH_CHECK_VALUE(reduce_op == "sum" || reduce_op == "avg", kOps[op], ": reduce_op must be 'sum' or 'avg', got '",
-                    reduce_op, "'");
+  TORCH_CHECK_VALUE(reduce_op == "sum" || reduce_op == "avg", kOps[op],
+                    ": reduce_op must be 'sum' or 'avg', got '", reduce_op, "'");
   scatter_dim = wrap_dim(scatter_dim, A.dim(), "scatter_dim", op);
   const std::int64_t extent = scatter_dim == A.dim() - 1 ? B.size(1) : A.size(scatter_dim);
   TORCH_CHECK_VALUE(extent % group_size == 0, kOps[op], ": dim ", scatter_dim, " of A @ B (", extent,
@@ -267,7 +283,8 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   if (!f.backend) return matmul_reduce_scatter_unfused(A, B, reduce_op, scatter_dim, *group);
   const std::string how(reduce_op);
   if (scatter_dim == A.dim() - 1)  // each rank owns a block of B's columns
-    return produce_and_all_to_all(f.backend, A.reshape({-1, A.size(-1)}), B, 1, *f.workspace, how).view(shape);
+    return produce_and_all_to_all(f.backend, A.reshape({-1, A.size(-1)}), B, 1, *f.workspace, how)
+        .view(shape);
   const at::Tensor x = A.movedim(scatter_dim, 0);
   at::Tensor flat = produce_and_all_to_all(f.backend, x.reshape({-1, x.size(-1)}), B, 0, *f.workspace, how);
   if (A.dim() == 2) return flat;  // [M, N] along rows, the common case: nothing to lay out
@@ -282,9 +299,9 @@ at::Tensor pipelined_produce_and_all_to_all(const at::Tensor& A, const at::Tenso
   const Op op = kProduceAndAllToAll;
   check_group_size(group_size, op);
   check_matmul(A, B, op);
-  TORCH_CHECK_VALUE(A.dim() == 2 && A.size(0) % group_size == 0, kOps[op], ": A must be a matrix whose rows (",
-                    A.dim() ? A.size(0) : 0, ") divide by the group size ", group_size, ", got ",
-                    py_shape(A.sizes()));
+  TORCH_CHECK_VALUE(A.dim() == 2 && A.size(0) % group_size == 0, kOps[op],
+                    ": A must be a matrix whose rows (", A.dim() ? A.size(0) : 0,
+                    ") divide by the group size ", group_size, ", got ", py_shape(A.sizes()));
   auto group = group_of(group_name, group_size, op);
   const std::int64_t n = B.size(1);
   Fusing f = fusing(op, *group, group_name, {&A, &B}, A.size(0) * n * A.element_size());
@@ -305,8 +322,9 @@ void define_fused_ops(py::module& m) {
       "_impl_fused_ops",
       [] {
         // One library for the process's life, as torch.library's are.
-        static auto* impl = new torch::Library(torch::Library::IMPL, "symmpool",
-                                               c10::DispatchKey::CompositeExplicitAutograd, __FILE__, __LINE__);
+        static auto* impl =
+            new torch::Library(torch::Library::IMPL, "symmpool", c10::DispatchKey::CompositeExplicitAutograd,
+                               __FILE__, __LINE__);
         impl->impl("fused_all_gather_matmul", TORCH_FN(fused_all_gather_matmul));
         impl->impl("fused_matmul_reduce_scatter", TORCH_FN(fused_matmul_reduce_scatter));
         impl->impl("pipelined_produce_and_all_to_all", TORCH_FN(pipelined_produce_and_all_to_all));
@@ -340,10 +358,13 @@ void define_fused_ops(py::module& m) {
         return fused_workspace(backend, group_name, device, nbytes).holds(nbytes);
       },
       py::arg("group_name"), py::arg("device"), py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
-      "Collective: grows the group's fused-op workspace to nbytes now; whether the fused ops will run on it.");
+      "Collective: grows the group's fused-op workspace to nbytes now; whether the fused ops will run on "
+      "it.");
   m.def(
       "_fused_workspace",
-      [](const std::string& group_name, c10::DeviceIndex device) { return existing_fused_workspace(group_name, device); },
+      [](const std::string& group_name, c10::DeviceIndex device) {
+        return existing_fused_workspace(group_name, device);
+      },
       py::arg("group_name"), py::arg("device"), py::return_value_policy::reference,
       "The group's workspace on device, or None before its first fused call (tests, benches).");
 }

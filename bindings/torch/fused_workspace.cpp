@@ -64,8 +64,8 @@ FusedWorkspace* existing_fused_workspace(const std::string& group_name, c10::Dev
   return it == r.workspaces.end() ? nullptr : it->second.get();
 }
 
-FusedWorkspace& fused_workspace(const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& group_name,
-                                c10::DeviceIndex device, std::int64_t nbytes) {
+FusedWorkspace& fused_workspace(const c10::intrusive_ptr<c10d::Backend>& backend,
+                                const std::string& group_name, c10::DeviceIndex device, std::int64_t nbytes) {
   auto& symm = dynamic_cast<SymmBackend&>(*backend);
   FusedWorkspace* ws = nullptr;
   {
@@ -79,7 +79,8 @@ FusedWorkspace& fused_workspace(const c10::intrusive_ptr<c10d::Backend>& backend
   if (ws->holds(nbytes) || nbytes <= ws->refused_bytes) return *ws;
   const std::int64_t have = ws->buffer.defined() ? ws->buffer.numel() : 0;
   TORCH_CHECK(!is_capturing(c10::cuda::getCurrentCUDAStream(device)),
-              "symmpool fused ops: the workspace of group '", group_name, "' holds ", have, " bytes, ", nbytes,
+              "symmpool fused ops: the workspace of group '", group_name, "' holds ", have, " bytes, ",
+              nbytes,
               " are needed, and it cannot grow during a CUDA graph capture; call symmpool.reserve_workspace(",
               nbytes, ", group) on every rank before capturing");
   const std::int64_t size = (nbytes + kGranule - 1) / kGranule * kGranule;

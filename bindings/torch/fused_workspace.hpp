@@ -57,9 +57,9 @@ struct FusedWorkspace {
   std::array<at::cuda::CUDAEvent, 2> pushed;  // a staging buffer's push has landed
   bool captured = false;                      // a CUDA graph replays on `buffer`'s addresses
 
-  const std::uint64_t backend_serial;  // a new group under an old name gets a new workspace
-  std::string not_symmetric;           // why the last growth was refused (same text on every rank)
-  std::int64_t refused_bytes = 0;      // up to this size, larger than `buffer`, calls go unfused
+  const std::uint64_t backend_serial;       // a new group under an old name gets a new workspace
+  std::string not_symmetric;                // why the last growth was refused (same text on every rank)
+  std::int64_t refused_bytes = 0;           // up to this size, larger than `buffer`, calls go unfused
   std::vector<at::Tensor> kept_for_graphs;  // outgrown but captured: never freed
 };
 
@@ -68,8 +68,8 @@ struct FusedWorkspace {
 // every rank must ask for the same size. holds(nbytes) is false, on every
 // rank, when the larger buffer came out asymmetric (or did not fit in
 // memory on some rank). Raises when it would grow during a graph capture.
-FusedWorkspace& fused_workspace(const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& group_name,
-                                c10::DeviceIndex device, std::int64_t nbytes);
+FusedWorkspace& fused_workspace(const c10::intrusive_ptr<c10d::Backend>& backend,
+                                const std::string& group_name, c10::DeviceIndex device, std::int64_t nbytes);
 
 // The workspace of `group_name` on `device` if one was made (tests), else null.
 FusedWorkspace* existing_fused_workspace(const std::string& group_name, c10::DeviceIndex device);

@@ -1,6 +1,7 @@
 // symmpool._C: the "symm" backend factory, allocator and routing statistics.
 
 #include "c10d_store.hpp"
+#include "functional_ops.hpp"
 #include "fused_ops.hpp"
 #include "fused_pipelines.hpp"
 #include "peer_memory.hpp"
@@ -159,6 +160,7 @@ PYBIND11_MODULE(_C, m) {
   symmpool::torch_ext::define_peer_memory(m);
   symmpool::torch_ext::define_fused_pipelines(m);
   symmpool::torch_ext::define_fused_ops(m);
+  symmpool::torch_ext::define_functional_ops(m);
   m.def(
       "table_world_sizes",
       [] {

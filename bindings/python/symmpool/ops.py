@@ -14,39 +14,27 @@ size is an argument in the traced graph and in the keys of the compile caches
 ValueError when ``group_size`` is not the group's size, then goes through the
 group's backend: on a "symm" group, symmetric buffers run symmpool's
 collectives and the rest NCCL.
+
+The kernels are C++ (``bindings/torch/functional_ops.cpp``): a call costs the
+backend's host time, without torch.distributed's Python wrapper.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-from torch.distributed.distributed_c10d import _resolve_process_group
 
+from . import _C
 from ._library import define
 
-_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG}
 
-
-def _reduce_op(op: str) -> dist.ReduceOp:
-    try:
-        return _REDUCE_OPS[op]
-    except KeyError:
-        raise ValueError(f"symmpool ops reduce with 'sum' or 'avg', got {op!r}") from None
+def _reduce_op(op: str) -> None:
+    if op not in ("sum", "avg"):
+        raise ValueError(f"symmpool ops reduce with 'sum' or 'avg', got {op!r}")
 
 
 def _check_group_size(op_name: str, group_size: int) -> None:
     if group_size < 1:
         raise ValueError(f"symmpool::{op_name}: group_size must be >= 1, got {group_size}")
-
-
-def _group(op_name: str, group_size: int, group_name: str) -> dist.ProcessGroup:
-    """The group, once `group_size` is known to be its size."""
-    _check_group_size(op_name, group_size)
-    group = _resolve_process_group(group_name)
-    if group.size() != group_size:
-        raise ValueError(f"symmpool::{op_name}: group_size={group_size} but group {group_name!r} "
-                         f"has {group.size()} ranks")
-    return group
 
 
 def _scattered_rows(rows, group_size: int):
@@ -56,32 +44,15 @@ def _scattered_rows(rows, group_size: int):
     return rows // group_size
 
 
+# Fake kernels: the C++ kernels' checks and shapes, from the arguments alone.
 # Explicit schemas: `int group_size` (inferred, it would be SymInt), a
 # constant of the graph as in _c10d_functional.
-def _all_gather(input: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
-    """Concatenation along dim 0 of every rank's ``input``."""
-    group = _group("all_gather", group_size, group_name)
-    out = input.new_empty((group_size * input.shape[0], *input.shape[1:]))
-    dist.all_gather_into_tensor(out, input.contiguous(), group=group)
-    return out
-
-
 def _all_gather_fake(input, group_size, group_name):
     _check_group_size("all_gather", group_size)
     return input.new_empty((group_size * input.shape[0], *input.shape[1:]))
 
 
-all_gather = define("all_gather(Tensor input, int group_size, str group_name) -> Tensor", _all_gather,
-                    _all_gather_fake)
-
-
-def _reduce_scatter(input: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
-    """This rank's dim-0 shard of the reduction of every rank's ``input``."""
-    reduce = _reduce_op(op)
-    group = _group("reduce_scatter", group_size, group_name)
-    out = input.new_empty((_scattered_rows(input.shape[0], group_size), *input.shape[1:]))
-    dist.reduce_scatter_tensor(out, input.contiguous(), op=reduce, group=group)
-    return out
+all_gather = define("all_gather(Tensor input, int group_size, str group_name) -> Tensor", None, _all_gather_fake)
 
 
 def _reduce_scatter_fake(input, op, group_size, group_name):
@@ -90,22 +61,16 @@ def _reduce_scatter_fake(input, op, group_size, group_name):
     return input.new_empty((_scattered_rows(input.shape[0], group_size), *input.shape[1:]))
 
 
-reduce_scatter = define("reduce_scatter(Tensor input, str op, int group_size, str group_name) -> Tensor",
-                        _reduce_scatter, _reduce_scatter_fake)
+reduce_scatter = define("reduce_scatter(Tensor input, str op, int group_size, str group_name) -> Tensor", None,
+                        _reduce_scatter_fake)
 
 
 # No group_size: the output has the input's shape whatever the group's size,
 # so a graph compiled for one size is right for any other.
-def _all_reduce(input: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
-    """The reduction of every rank's ``input``, as a new tensor."""
-    out = input.clone(memory_format=torch.contiguous_format)
-    dist.all_reduce(out, op=_reduce_op(op), group=_resolve_process_group(group_name))
-    return out
-
-
 def _all_reduce_fake(input, op, group_name):
     _reduce_op(op)
     return torch.empty_like(input, memory_format=torch.contiguous_format)
 
 
-all_reduce = define("all_reduce(Tensor input, str op, str group_name) -> Tensor", _all_reduce, _all_reduce_fake)
+all_reduce = define("all_reduce(Tensor input, str op, str group_name) -> Tensor", None, _all_reduce_fake)
+_C._impl_functional_ops()

@@ -1,0 +1,103 @@
+// The functional collectives' kernels (torch.ops.symmpool.all_gather,
+// reduce_scatter, all_reduce; schemas and fake kernels in symmpool/ops.py):
+// check the group size, resolve the group by name, run the group's
+// collective into a new tensor and wait for it, as a synchronous
+// torch.distributed call does. In C++ so that a call costs the backend's
+// host time without torch.distributed's Python wrapper around it (about
+// 10 us per call on the lent hosts: bench/results/host_time_*).
+
+#include "functional_ops.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace symmpool::torch_ext {
+
+namespace {
+
+c10::intrusive_ptr<c10d::ProcessGroup> group_of(const char* op, std::int64_t group_size,
+                                                c10::string_view group_name) {
+  TORCH_CHECK_VALUE(group_size >= 1, "symmpool::", op, ": group_size must be >= 1, got ", group_size);
+  auto group = c10d::resolve_process_group(std::string(group_name));
+  TORCH_CHECK_VALUE(group->getSize() == group_size, "symmpool::", op, ": group_size=", group_size,
+                    " but group '", group_name, "' has ", group->getSize(), " ranks");
+  return group;
+}
+
+c10d::ReduceOp reduce_op(c10::string_view op) {
+  if (op == "sum") return c10d::ReduceOp::SUM;
+  TORCH_CHECK_VALUE(op == "avg", "symmpool ops reduce with 'sum' or 'avg', got '", op, "'");
+  return c10d::ReduceOp::AVG;
+}
+
+// Complex tensors travel as pairs of reals, as torch.distributed sends them
+// (sum and mean act on each part alone).
+at::Tensor as_real(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
+
+std::vector<std::int64_t> rows_times(const at::Tensor& t, const char* op, std::int64_t factor) {
+  TORCH_CHECK_VALUE(t.dim() >= 1, "symmpool::", op, ": the input needs at least one dim, got a scalar");
+  std::vector<std::int64_t> shape = t.sizes().vec();
+  shape[0] *= factor;
+  return shape;
+}
+
+at::Tensor all_gather(const at::Tensor& input, std::int64_t group_size, c10::string_view group_name) {
+  auto group = group_of("all_gather", group_size, group_name);
+  at::Tensor out = input.new_empty(rows_times(input, "all_gather", group_size));
+  at::Tensor out_real = as_real(out), in_real = as_real(input.contiguous());
+  group->_allgather_base(out_real, in_real)->wait();
+  return out;
+}
+
+at::Tensor reduce_scatter(const at::Tensor& input, c10::string_view op, std::int64_t group_size,
+                          c10::string_view group_name) {
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = reduce_op(op);
+  auto group = group_of("reduce_scatter", group_size, group_name);
+  std::vector<std::int64_t> shape = rows_times(input, "reduce_scatter", 1);
+  TORCH_CHECK_VALUE(shape[0] % group_size == 0, "symmpool::reduce_scatter: dim 0 (", shape[0],
+                    ") is not divisible by group_size ", group_size);
+  shape[0] /= group_size;
+  at::Tensor out = input.new_empty(shape);
+  at::Tensor out_real = as_real(out), in_real = as_real(input.contiguous());
+  group->_reduce_scatter_base(out_real, in_real, opts)->wait();
+  return out;
+}
+
+at::Tensor all_reduce(const at::Tensor& input, c10::string_view op, c10::string_view group_name) {
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = reduce_op(op);
+  auto group = c10d::resolve_process_group(std::string(group_name));
+  at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
+  std::vector<at::Tensor> tensors{as_real(out)};
+  group->allreduce(tensors, opts)->wait();
+  return out;
+}
+
+}  // namespace
+
+void define_functional_ops(py::module& m) {
+  m.def(
+      "_impl_functional_ops",
+      [] {
+        // One library for the process's life, as torch.library's are.
+        static auto* impl =
+            new torch::Library(torch::Library::IMPL, "symmpool", c10::DispatchKey::CompositeExplicitAutograd,
+                               __FILE__, __LINE__);
+        impl->impl("all_gather", TORCH_FN(all_gather));
+        impl->impl("reduce_scatter", TORCH_FN(reduce_scatter));
+        impl->impl("all_reduce", TORCH_FN(all_reduce));
+      },
+      "Registers the functional collectives' C++ kernels, once symmpool/ops.py has defined their schemas.");
+}
+
+}  // namespace symmpool::torch_ext
