@@ -106,6 +106,7 @@ def collective_cases(s: Setup) -> dict[str, Callable[[], object]]:
     # The functional ops, their new outputs in symmpool's pool (symmetric on
     # every rank, as symmpool runs them; plain ones would go to NCCL).
     pool = symmpool.mem_pool()
+    ag_src = s.symm(n)  # at the same place on every rank, unlike the in-place slice above
 
     def in_pool(call: Callable[[], object]) -> Callable[[], object]:
         def run():
@@ -116,7 +117,7 @@ def collective_cases(s: Setup) -> dict[str, Callable[[], object]]:
     cases.update({
         "all_reduce op (in symmpool's pool)": in_pool(lambda: torch.ops.symmpool.all_reduce(ar, "sum", s.name)),
         "all_gather op (in symmpool's pool)": in_pool(
-            lambda: torch.ops.symmpool.all_gather(ag_in, s.world, s.name)),
+            lambda: torch.ops.symmpool.all_gather(ag_src, s.world, s.name)),
         "use_mem_pool alone": in_pool(lambda: None),
     })
     cases.update(torch_symm_mem_cases(s, n))
