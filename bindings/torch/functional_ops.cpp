@@ -39,10 +39,6 @@ c10d::ReduceOp reduce_op(c10::string_view op) {
   return c10d::ReduceOp::AVG;
 }
 
-// Complex tensors travel as pairs of reals, as torch.distributed sends them
-// (sum and mean act on each part alone).
-at::Tensor as_real(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
-
 std::vector<std::int64_t> rows_times(const at::Tensor& t, const char* op, std::int64_t factor) {
   TORCH_CHECK_VALUE(t.dim() >= 1, "symmpool::", op, ": the input needs at least one dim, got a scalar");
   std::vector<std::int64_t> shape = t.sizes().vec();
@@ -50,11 +46,20 @@ std::vector<std::int64_t> rows_times(const at::Tensor& t, const char* op, std::i
   return shape;
 }
 
+}  // namespace
+
+// Complex tensors travel as pairs of reals, as torch.distributed sends them
+// for all-gather, all-reduce and all-to-all (sum and mean act on each part
+// alone, so reduce-scatter takes them too).
+at::Tensor as_real(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
+
 at::Tensor all_gather(const at::Tensor& input, std::int64_t group_size, c10::string_view group_name) {
   auto group = group_of("all_gather", group_size, group_name);
   at::Tensor out = input.new_empty(rows_times(input, "all_gather", group_size));
   at::Tensor out_real = as_real(out), in_real = as_real(input.contiguous());
-  group->_allgather_base(out_real, in_real)->wait();
+  c10d::AllgatherOptions opts;
+  opts.asyncOp = false;  // on the caller's stream, as a synchronous dist call
+  group->_allgather_base(out_real, in_real, opts)->wait();
   return out;
 }
 
@@ -62,6 +67,7 @@ at::Tensor reduce_scatter(const at::Tensor& input, c10::string_view op, std::int
                           c10::string_view group_name) {
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = reduce_op(op);
+  opts.asyncOp = false;
   auto group = group_of("reduce_scatter", group_size, group_name);
   std::vector<std::int64_t> shape = rows_times(input, "reduce_scatter", 1);
   TORCH_CHECK_VALUE(shape[0] % group_size == 0, "symmpool::reduce_scatter: dim 0 (", shape[0],
@@ -76,14 +82,13 @@ at::Tensor reduce_scatter(const at::Tensor& input, c10::string_view op, std::int
 at::Tensor all_reduce(const at::Tensor& input, c10::string_view op, c10::string_view group_name) {
   c10d::AllreduceOptions opts;
   opts.reduceOp = reduce_op(op);
+  opts.asyncOp = false;
   auto group = c10d::resolve_process_group(std::string(group_name));
   at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
   std::vector<at::Tensor> tensors{as_real(out)};
   group->allreduce(tensors, opts)->wait();
   return out;
 }
-
-}  // namespace
 
 void define_functional_ops(py::module& m) {
   m.def(

@@ -8,15 +8,18 @@
 
 #include "fused_ops.hpp"
 
+#include "functional_ops.hpp"
 #include "fused_pipelines.hpp"
 #include "fused_workspace.hpp"
 #include "symm_backend.hpp"
+#include "torch_errors.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
@@ -57,32 +60,7 @@ void count_fallback(Op op, const char* why) {
 
 // -- messages as Python writes them -------------------------------------------------------------
 
-std::string py_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return "torch.float32";
-    case at::kDouble:
-      return "torch.float64";
-    case at::kHalf:
-      return "torch.float16";
-    case at::kBFloat16:
-      return "torch.bfloat16";
-    case at::kByte:
-      return "torch.uint8";
-    case at::kChar:
-      return "torch.int8";
-    case at::kShort:
-      return "torch.int16";
-    case at::kInt:
-      return "torch.int32";
-    case at::kLong:
-      return "torch.int64";
-    case at::kBool:
-      return "torch.bool";
-    default:
-      return std::string("torch.") + c10::toString(t);
-  }
-}
+std::string py_dtype(at::ScalarType t) { return "torch." + c10::getDtypeNames(t).first; }
 
 std::string py_shape(at::IntArrayRef sizes) {
   std::ostringstream s;
@@ -121,6 +99,12 @@ void check_matmul(const at::Tensor& A, const at::Tensor& B, Op op) {
 
 // -- fused or not -------------------------------------------------------------------------------
 
+// Collective the first time (the group's heap forms): whether its ranks share a node.
+bool peer_memory_available(c10d::Backend& backend, c10::DeviceIndex device) {
+  return call_translating_errors(
+      [&] { return static_cast<SymmBackend&>(backend).peer_memory(device) != nullptr; });
+}
+
 // The group's "symm" backend for CUDA, or null.
 c10::intrusive_ptr<c10d::Backend> symm_backend_of(c10d::ProcessGroup& group) {
   const auto types = group.getDeviceTypes();
@@ -131,7 +115,7 @@ c10::intrusive_ptr<c10d::Backend> symm_backend_of(c10d::ProcessGroup& group) {
 
 struct Fusing {
   c10::intrusive_ptr<c10d::Backend> backend;  // null: run unfused
-  FusedWorkspace* workspace = nullptr;
+  std::shared_ptr<FusedWorkspace> workspace;
 };
 
 // Whether symmpool serves the call, with a workspace of `nbytes`: the same
@@ -154,10 +138,10 @@ Fusing fusing(Op op, c10d::ProcessGroup& group, c10::string_view group_name,
     f.backend = symm_backend_of(group);
     if (!f.backend) {
       why_not = "not a symm group";
-    } else if (static_cast<SymmBackend&>(*f.backend).peer_memory(device) == nullptr) {
+    } else if (!peer_memory_available(*f.backend, device)) {
       why_not = "ranks span nodes";
     } else {
-      f.workspace = &fused_workspace(f.backend, std::string(group_name), device, nbytes);
+      f.workspace = fused_workspace(f.backend, std::string(group_name), device, nbytes);
       if (!f.workspace->holds(nbytes)) why_not = "workspace not symmetric";
     }
   }
@@ -188,15 +172,14 @@ std::int64_t check_all_gather_matmul(const at::Tensor& A_shard, at::TensorList B
   return gather_dim;
 }
 
+// The unfused fallbacks run the functional collectives' kernels (complex
+// tensors as pairs of reals, waited as synchronous torch.distributed calls).
 std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul_unfused(const at::Tensor& A_shard,
                                                                           at::TensorList Bs,
                                                                           std::int64_t gather_dim,
-                                                                          c10d::ProcessGroup& group) {
-  at::Tensor x = A_shard.movedim(gather_dim, 0).contiguous();
-  std::vector<std::int64_t> shape = x.sizes().vec();
-  shape[0] *= group.getSize();
-  at::Tensor gathered = x.new_empty(shape);
-  group._allgather_base(gathered, x)->wait();
+                                                                          std::int64_t group_size,
+                                                                          c10::string_view group_name) {
+  const at::Tensor gathered = all_gather(A_shard.movedim(gather_dim, 0), group_size, group_name);
   at::Tensor A = gathered.movedim(0, gather_dim).contiguous();
   std::vector<at::Tensor> outs;
   for (const at::Tensor& B : Bs) outs.push_back(at::matmul(A, B));
@@ -215,7 +198,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> fused_all_gather_matmul(const at
   // would leave one in a collective the others never enter.
   Fusing f =
       fusing(kAllGatherMatmul, *group, group_name, {&A_shard}, A_shard.numel() * A_shard.element_size());
-  if (!f.backend) return all_gather_matmul_unfused(A_shard, Bs, gather_dim, *group);
+  if (!f.backend) return all_gather_matmul_unfused(A_shard, Bs, gather_dim, group_size, group_name);
   const std::int64_t last = A_shard.dim() - 1;
   if (gather_dim ==
       last) {  // along K: A @ B sums each shard @ (its rank's rows of B), accumulated as they arrive
@@ -258,15 +241,10 @@ std::int64_t check_reduce_scatter(const at::Tensor& A, const at::Tensor& B, c10:
 }
 
 at::Tensor matmul_reduce_scatter_unfused(const at::Tensor& A, const at::Tensor& B, c10::string_view reduce_op,
-                                         std::int64_t scatter_dim, c10d::ProcessGroup& group) {
-  at::Tensor product = at::matmul(A, B).movedim(scatter_dim, 0).contiguous();
-  std::vector<std::int64_t> shape = product.sizes().vec();
-  shape[0] /= group.getSize();
-  at::Tensor out = product.new_empty(shape);
-  c10d::ReduceScatterOptions opts;
-  opts.reduceOp = reduce_op == "sum" ? c10d::ReduceOp::SUM : c10d::ReduceOp::AVG;
-  group._reduce_scatter_base(out, product, opts)->wait();
-  return out.movedim(0, scatter_dim).contiguous();
+                                         std::int64_t scatter_dim, std::int64_t group_size,
+                                         c10::string_view group_name) {
+  const at::Tensor product = at::matmul(A, B).movedim(scatter_dim, 0);
+  return reduce_scatter(product, reduce_op, group_size, group_name).movedim(0, scatter_dim).contiguous();
 }
 
 at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B, c10::string_view reduce_op,
@@ -280,7 +258,7 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   const std::int64_t elements = c10::multiply_integers(shape);
   Fusing f =
       fusing(kMatmulReduceScatter, *group, group_name, {&A, &B}, group_size * elements * A.element_size());
-  if (!f.backend) return matmul_reduce_scatter_unfused(A, B, reduce_op, scatter_dim, *group);
+  if (!f.backend) return matmul_reduce_scatter_unfused(A, B, reduce_op, scatter_dim, group_size, group_name);
   const std::string how(reduce_op);
   if (scatter_dim == A.dim() - 1)  // each rank owns a block of B's columns
     return produce_and_all_to_all(f.backend, A.reshape({-1, A.size(-1)}), B, 1, *f.workspace, how)
@@ -307,9 +285,11 @@ at::Tensor pipelined_produce_and_all_to_all(const at::Tensor& A, const at::Tenso
   Fusing f = fusing(op, *group, group_name, {&A, &B}, A.size(0) * n * A.element_size());
   if (!f.backend) {
     at::Tensor out = A.new_empty({A.size(0), n});
-    at::Tensor product = at::matmul(A, B).contiguous();
+    at::Tensor out_real = as_real(out), product = as_real(at::matmul(A, B).contiguous());
     std::vector<std::int64_t> even;  // equal chunks
-    group->alltoall_base(out, product, even, even)->wait();
+    c10d::AllToAllOptions opts;
+    opts.asyncOp = false;  // on the caller's stream, as a synchronous dist call
+    group->alltoall_base(out_real, product, even, even, opts)->wait();
     return out;
   }
   return produce_and_all_to_all(f.backend, A, B, 0, *f.workspace, "none").view({A.size(0), n});
@@ -350,23 +330,21 @@ void define_fused_ops(py::module& m) {
   });
   m.def(
       "_reserve_workspace",
-      [](const std::string& group_name, c10::DeviceIndex device, std::int64_t nbytes) {
+      [](const std::string& group_name, c10::DeviceIndex device, std::int64_t nbytes) -> bool {
+        HANDLE_TH_ERRORS  // a TORCH_WARN (no memory to grow) reaches Python's warnings
+            py::gil_scoped_release no_gil;
         auto group = c10d::resolve_process_group(group_name);
         auto backend = symm_backend_of(*group);
         TORCH_CHECK_TYPE(backend, "symmpool.reserve_workspace needs a \"symm\" process group");
-        if (static_cast<SymmBackend&>(*backend).peer_memory(device) == nullptr) return false;
-        return fused_workspace(backend, group_name, device, nbytes).holds(nbytes);
+        if (!peer_memory_available(*backend, device)) return false;
+        return fused_workspace(backend, group_name, device, nbytes)->holds(nbytes);
+        END_HANDLE_TH_ERRORS_PYBIND
       },
-      py::arg("group_name"), py::arg("device"), py::arg("nbytes"), py::call_guard<py::gil_scoped_release>(),
+      py::arg("group_name"), py::arg("device"), py::arg("nbytes"),
       "Collective: grows the group's fused-op workspace to nbytes now; whether the fused ops will run on "
       "it.");
-  m.def(
-      "_fused_workspace",
-      [](const std::string& group_name, c10::DeviceIndex device) {
-        return existing_fused_workspace(group_name, device);
-      },
-      py::arg("group_name"), py::arg("device"), py::return_value_policy::reference,
-      "The group's workspace on device, or None before its first fused call (tests, benches).");
+  m.def("_fused_workspace", &existing_fused_workspace, py::arg("group_name"), py::arg("device"),
+        "The group's workspace on device, or None before its first fused call (tests, benches).");
 }
 
 }  // namespace symmpool::torch_ext

@@ -288,13 +288,15 @@ at::Tensor produce_and_all_to_all(const c10::intrusive_ptr<c10d::Backend>& backe
 }
 
 void define_fused_pipelines(py::module& m) {
-  py::class_<FusedWorkspace>(m, "FusedWorkspace",
-                             "A group's fused-op workspace on one device: its buffer, its copy stream, and "
-                             "where the last op left it.")
+  py::class_<FusedWorkspace, std::shared_ptr<FusedWorkspace>>(
+      m, "FusedWorkspace",
+      "A group's fused-op workspace on one device: its buffer, its copy stream, and "
+      "where the last op left it.")
       .def_property_readonly(
           "buffer",
           [](const FusedWorkspace& ws) { return ws.buffer.defined() ? py::cast(ws.buffer) : py::none(); },
           "The rendezvoused uint8 buffer, or None before the first growth.")
+      .def_readonly("id", &FusedWorkspace::id, "Unique in the process: a replaced workspace has a new one.")
       .def_readonly("captured", &FusedWorkspace::captured,
                     "Whether a CUDA graph captured an op on the current buffer (it must outlive the graph).");
   m.def(

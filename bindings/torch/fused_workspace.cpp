@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,7 +21,7 @@ constexpr std::int64_t kGranule = 2 << 20;  // bytes: workspaces grow in whole g
 
 struct Registry {
   std::mutex mutex;
-  std::map<std::pair<std::string, c10::DeviceIndex>, std::unique_ptr<FusedWorkspace>> workspaces;
+  std::map<std::pair<std::string, c10::DeviceIndex>, std::shared_ptr<FusedWorkspace>> workspaces;
 };
 
 // Never destroyed: a workspace's buffer goes back to symmpool's allocator,
@@ -30,7 +31,12 @@ Registry& registry() {
   return *r;
 }
 
+std::atomic<std::uint64_t> next_workspace_id{1};
+
 }  // namespace
+
+FusedWorkspace::FusedWorkspace(c10::DeviceIndex device, std::uint64_t backend_serial)
+    : own_copies(device), copies(own_copies.get()), id(next_workspace_id++), backend_serial(backend_serial) {}
 
 OwnStream::OwnStream(c10::DeviceIndex device) : device_(device) {
   c10::cuda::CUDAGuard guard(device);
@@ -57,26 +63,28 @@ void FusedWorkspace::record_use(const c10::cuda::CUDAStream& stream) {
   last_use_stream = stream.stream();
 }
 
-FusedWorkspace* existing_fused_workspace(const std::string& group_name, c10::DeviceIndex device) {
+std::shared_ptr<FusedWorkspace> existing_fused_workspace(const std::string& group_name,
+                                                         c10::DeviceIndex device) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   auto it = r.workspaces.find({group_name, device});
-  return it == r.workspaces.end() ? nullptr : it->second.get();
+  return it == r.workspaces.end() ? nullptr : it->second;
 }
 
-FusedWorkspace& fused_workspace(const c10::intrusive_ptr<c10d::Backend>& backend,
-                                const std::string& group_name, c10::DeviceIndex device, std::int64_t nbytes) {
+std::shared_ptr<FusedWorkspace> fused_workspace(const c10::intrusive_ptr<c10d::Backend>& backend,
+                                                const std::string& group_name, c10::DeviceIndex device,
+                                                std::int64_t nbytes) {
   auto& symm = dynamic_cast<SymmBackend&>(*backend);
-  FusedWorkspace* ws = nullptr;
+  std::shared_ptr<FusedWorkspace> ws;
   {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     auto& slot = r.workspaces[{group_name, device}];
     if (!slot || slot->backend_serial != symm.serial())
-      slot = std::make_unique<FusedWorkspace>(device, symm.serial());
-    ws = slot.get();
+      slot = std::make_shared<FusedWorkspace>(device, symm.serial());
+    ws = slot;
   }
-  if (ws->holds(nbytes) || nbytes <= ws->refused_bytes) return *ws;
+  if (ws->holds(nbytes) || nbytes <= ws->refused_bytes) return ws;
   const std::int64_t have = ws->buffer.defined() ? ws->buffer.numel() : 0;
   TORCH_CHECK(!is_capturing(c10::cuda::getCurrentCUDAStream(device)),
               "symmpool fused ops: the workspace of group '", group_name, "' holds ", have, " bytes, ",
@@ -100,7 +108,7 @@ FusedWorkspace& fused_workspace(const c10::intrusive_ptr<c10d::Backend>& backend
   if (!why_not.empty()) {  // the old one, if any, keeps serving what it holds
     ws->not_symmetric = std::move(why_not);
     ws->refused_bytes = size;
-    return *ws;
+    return ws;
   }
   if (ws->buffer.defined()) {
     // Our streams are done with it; end barriers: the peers are too.
@@ -111,7 +119,7 @@ FusedWorkspace& fused_workspace(const c10::intrusive_ptr<c10d::Backend>& backend
   ws->set_buffer(tensor);
   ws->not_symmetric.clear();
   ws->refused_bytes = 0;
-  return *ws;
+  return ws;
 }
 
 }  // namespace symmpool::torch_ext

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,8 +39,7 @@ struct FusedWorkspace {
   // meeting, and a stream shared with another group (torch's pool hands its
   // 32 streams out in turn) could order two groups' meetings differently on
   // two ranks (a cycle).
-  FusedWorkspace(c10::DeviceIndex device, std::uint64_t backend_serial)
-      : own_copies(device), copies(own_copies.get()), backend_serial(backend_serial) {}
+  FusedWorkspace(c10::DeviceIndex device, std::uint64_t backend_serial);
 
   bool holds(std::int64_t nbytes) const { return buffer.defined() && buffer.numel() >= nbytes; }
   // Takes `tensor` (rendezvoused, uint8) as the buffer, in stream order on
@@ -57,6 +57,7 @@ struct FusedWorkspace {
   std::array<at::cuda::CUDAEvent, 2> pushed;  // a staging buffer's push has landed
   bool captured = false;                      // a CUDA graph replays on `buffer`'s addresses
 
+  const std::uint64_t id;                   // unique in the process (tests: was it replaced?)
   const std::uint64_t backend_serial;       // a new group under an old name gets a new workspace
   std::string not_symmetric;                // why the last growth was refused (same text on every rank)
   std::int64_t refused_bytes = 0;           // up to this size, larger than `buffer`, calls go unfused
@@ -68,11 +69,16 @@ struct FusedWorkspace {
 // every rank must ask for the same size. holds(nbytes) is false, on every
 // rank, when the larger buffer came out asymmetric (or did not fit in
 // memory on some rank). Raises when it would grow during a graph capture.
-FusedWorkspace& fused_workspace(const c10::intrusive_ptr<c10d::Backend>& backend,
-                                const std::string& group_name, c10::DeviceIndex device, std::int64_t nbytes);
+// A group's fused ops are issued from one thread at a time, as a NCCL
+// communicator's calls are; the handle keeps a workspace alive through a
+// call even if a new group under the same name replaces it.
+std::shared_ptr<FusedWorkspace> fused_workspace(const c10::intrusive_ptr<c10d::Backend>& backend,
+                                                const std::string& group_name, c10::DeviceIndex device,
+                                                std::int64_t nbytes);
 
 // The workspace of `group_name` on `device` if one was made (tests), else null.
-FusedWorkspace* existing_fused_workspace(const std::string& group_name, c10::DeviceIndex device);
+std::shared_ptr<FusedWorkspace> existing_fused_workspace(const std::string& group_name,
+                                                         c10::DeviceIndex device);
 
 bool is_capturing(const c10::cuda::CUDAStream& stream);
 

@@ -78,14 +78,6 @@ void define_peer_memory(py::module& m) {
       },
       py::arg("backend"), py::arg("device"), py::call_guard<py::gil_scoped_release>(),
       "Collective the first time: whether the group's ranks share a node (every rank gets the same answer).");
-  m.def(
-      "_allocate_symmetric",
-      [](const c10::intrusive_ptr<c10d::Backend>& backend, std::int64_t bytes, c10::DeviceIndex device) {
-        return symm_backend(backend).allocateTensor(
-            bytes, at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, device)));
-      },
-      py::arg("backend"), py::arg("bytes"), py::arg("device"), py::call_guard<py::gil_scoped_release>(),
-      "`bytes` of symmpool memory on `device` (uint8), straight from symmpool's cache.");
   m.def("_rendezvous", &rendezvous_or_why_not, py::arg("backend"), py::arg("tensor"),
         py::call_guard<py::gil_scoped_release>(),
         "Collective: '' when the tensor's bytes sit at the same offset in every rank's heap (peer_tensor "

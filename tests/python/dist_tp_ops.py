@@ -240,10 +240,13 @@ def a_reserved_workspace_is_kept(rank: int, world: int) -> None:
     device = init_group(rank, world, "cpu:gloo,cuda:symm")
     key = (dist.group.WORLD.group_name, device.index)
     assert symmpool.reserve_workspace(4 << 20), "the workspace came out asymmetric"
-    address = symmpool._C._fused_workspace(*key).buffer.data_ptr()
+    ws = symmpool._C._fused_workspace(*key)
+    identity, address = ws.id, ws.buffer.data_ptr()
+    del ws
     gc.collect()  # no Python wrapper of the backend is left
     assert symmpool.reserve_workspace(1 << 20) and symmpool.reserve_workspace(4 << 20)
-    assert symmpool._C._fused_workspace(*key).buffer.data_ptr() == address, "the workspace was replaced"
+    ws = symmpool._C._fused_workspace(*key)
+    assert ws.id == identity and ws.buffer.data_ptr() == address, "the workspace was replaced"
     print(f"[rank {rank}] the reserved workspace was kept", flush=True)
     dist.destroy_process_group()
 

@@ -83,6 +83,17 @@ def test_one_rank_fallback_is_plain_matmul_and_counted(group_name):
     assert not any(k.endswith(".fused") for k in counts), counts
 
 
+def test_fallbacks_send_complex_tensors_as_pairs_of_reals(group_name):
+    # As torch.distributed does: neither NCCL nor gloo takes complex dtypes.
+    A, B = torch.randn(6, 8, dtype=torch.complex64), torch.randn(8, 5, dtype=torch.complex64)
+    full, (out,) = torch.ops.symmpool.fused_all_gather_matmul(A, [B], 0, 1, group_name)
+    torch.testing.assert_close(full, A)
+    torch.testing.assert_close(out, A @ B)
+    torch.testing.assert_close(torch.ops.symmpool.pipelined_produce_and_all_to_all(A, B, 1, group_name), A @ B)
+    torch.testing.assert_close(torch.ops.symmpool.all_gather(A, 1, group_name), A)
+    torch.testing.assert_close(torch.ops.symmpool.all_reduce(A, "sum", group_name), A)
+
+
 def test_opcheck(group_name):
     A, B = torch.randn(6, 8), torch.randn(8, 4)
     cases = {

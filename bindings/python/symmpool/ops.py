@@ -37,6 +37,12 @@ def _check_group_size(op_name: str, group_size: int) -> None:
         raise ValueError(f"symmpool::{op_name}: group_size must be >= 1, got {group_size}")
 
 
+def _rows(op_name: str, input) -> int:
+    if input.dim() < 1:
+        raise ValueError(f"symmpool::{op_name}: the input needs at least one dim, got a scalar")
+    return input.shape[0]
+
+
 def _scattered_rows(rows, group_size: int):
     if rows % group_size:
         raise ValueError(f"symmpool::reduce_scatter: dim 0 ({rows}) is not divisible by "
@@ -49,7 +55,7 @@ def _scattered_rows(rows, group_size: int):
 # constant of the graph as in _c10d_functional.
 def _all_gather_fake(input, group_size, group_name):
     _check_group_size("all_gather", group_size)
-    return input.new_empty((group_size * input.shape[0], *input.shape[1:]))
+    return input.new_empty((group_size * _rows("all_gather", input), *input.shape[1:]))
 
 
 all_gather = define("all_gather(Tensor input, int group_size, str group_name) -> Tensor", None, _all_gather_fake)
@@ -58,7 +64,7 @@ all_gather = define("all_gather(Tensor input, int group_size, str group_name) ->
 def _reduce_scatter_fake(input, op, group_size, group_name):
     _reduce_op(op)
     _check_group_size("reduce_scatter", group_size)
-    return input.new_empty((_scattered_rows(input.shape[0], group_size), *input.shape[1:]))
+    return input.new_empty((_scattered_rows(_rows("reduce_scatter", input), group_size), *input.shape[1:]))
 
 
 reduce_scatter = define("reduce_scatter(Tensor input, str op, int group_size, str group_name) -> Tensor", None,

@@ -132,9 +132,10 @@ class Communicator {
   void abort(const std::string& reason);
   // Collectives issued so far (their sequence numbers run from 1).
   std::uint64_t issued() const;
-  // The end of the collective this thread just issued, recorded on its
-  // stream (a c10d Work waits on it); null when that call enqueued nothing.
-  // Taken once: a second call gets null.
+  // The end of the collective just issued on this communicator (which one
+  // thread at a time uses, as a NCCL communicator), recorded on its stream
+  // (a c10d Work waits on it); null when that call enqueued nothing. Taken
+  // once: a second call gets null.
   detail::SharedEvent take_end_of_last_call() { return std::move(end_of_last_call_); }
 
   // Whether [ptr, ptr + bytes) lies in this rank's heap: local, no exchange.
