@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: build, run every test, the main job and the benches in
-# one go, logs under $OUT. Stages: env build ctest pytest pytest2 train train-own bench hostcost collbench
-# fsdp2bench peers tpops (all but pytest2, hostcost, fsdp2bench, peers and tpops by default), e.g.
+# one go, logs under $OUT. Stages: env build ctest pytest pytest2 train train-own bench hostcost hosttime hostlayers collbench
+# fsdp2bench peers tpops (all but pytest2, hostcost, hosttime, hostlayers, fsdp2bench, peers and tpops by default), e.g.
 # `bash scripts/gpu_check.sh build bench`.
 # fsdp2bench runs bench/fsdp2/run.py with $FSDP2_BENCH_ARGS (default: its own defaults, the
 # issue's six configs x six modes x 3 reps: far more than 10 minutes; give --configs and
@@ -9,6 +9,7 @@
 # peers runs bench/peers/run.py on every GPU (symmpool, NCCL, NCCL on registered buffers,
 # torch symm_mem, the bare peer copy) with a 480 s budget and $PEERS_BENCH_ARGS, JSON and PNG into $OUT.
 # hosttime runs bench/host_time.py on 2 ranks or more (both on GPU 0 where there is one GPU), JSON into $OUT.
+# hostlayers runs bench/host_layers.py (one eager all-reduce's host time, layer by layer; 2 ranks on GPU 0).
 # tpops runs bench/tp_ops/run.py on every GPU (all-gather + matmul and matmul + reduce-scatter:
 # symmpool fused, NCCL unfused, torch fused, matmul alone, transfer alone) with a 480 s budget and
 # $TP_OPS_BENCH_ARGS, JSON and PNG into $OUT.
@@ -63,6 +64,9 @@ for stage in $stages; do
       [ "$gpus" -ge 2 ] || share=(--share-gpu)
       run hosttime.log $py -m torch.distributed.run --standalone --nproc-per-node="$(( gpus >= 2 ? gpus : 2 ))" \
         bench/host_time.py "${share[@]}" --out "$OUT/host_time.json" ;;
+    hostlayers)  # an eager all-reduce's host time by layer: C++ loops beside the Python calls
+      run hostlayers.log $py -m torch.distributed.run --standalone --nproc-per-node=2 bench/host_layers.py \
+        --out "$OUT/host_layers.json" ;;
     fsdp2bench)  # e.g. FSDP2_BENCH_ARGS="--configs 3.5b-b2s2048 --time-budget 540"
       # shellcheck disable=SC2086  # the variable holds several arguments
       run fsdp2bench.log $py bench/fsdp2/run.py --out-dir "$OUT" ${FSDP2_BENCH_ARGS:-} ;;
