@@ -126,7 +126,7 @@ def test_ranks_out_of_step_stop_at_once():
 
 # Every script the README or gpu_check.sh starts under torchrun.
 @pytest.mark.parametrize("script", ["bench/peers/run.py", "bench/tp_ops/run.py", "bench/collectives_host_cost.py",
-                                    "examples/fsdp2_train.py"])
+                                    "bench/host_time.py", "examples/fsdp2_train.py"])
 def test_every_option_reaches_the_script_under_torchrun(script):
     # bench/tp_ops' --m (now --tokens) stopped every launch with "ambiguous option".
     assert_options_reach_the_script_under_torchrun(ROOT / script)
