@@ -200,8 +200,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> fused_all_gather_matmul(const at
       fusing(kAllGatherMatmul, *group, group_name, {&A_shard}, A_shard.numel() * A_shard.element_size());
   if (!f.backend) return all_gather_matmul_unfused(A_shard, Bs, gather_dim, group_size, group_name);
   const std::int64_t last = A_shard.dim() - 1;
-  if (gather_dim ==
-      last) {  // along K: A @ B sums each shard @ (its rank's rows of B), accumulated as they arrive
+  // Along K: A @ B sums each shard @ (its rank's rows of B), accumulated as they arrive.
+  if (gather_dim == last) {
     const at::Tensor x = A_shard.reshape({-1, A_shard.size(-1)});
     auto [shards, outs] = all_gather_matmul(f.backend, x, Bs, 1, *f.workspace);
     std::vector<std::int64_t> lead = A_shard.sizes().slice(0, last).vec();
