@@ -21,10 +21,6 @@ os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NV
                   SYMMPOOL_DISABLE_MULTICAST="1", SYMMPOOL_COLLECTIVES="always", SYMMPOOL_TEST_RANKS_SHARE_GPU="1")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -32,6 +28,7 @@ from torch._C._distributed_c10d import AllreduceOptions  # noqa: E402
 from torch.utils.cpp_extension import load_inline  # noqa: E402
 
 import symmpool  # noqa: E402,F401  (registers the "symm" backend)
+from host_time import meet, per_call_us, report, sample_rotating  # noqa: E402  (bench/, this script's folder)
 
 # Each loop returns microseconds per call.
 LOOPS = r"""
@@ -66,13 +63,6 @@ double add(at::Tensor t, int n) {
 """
 
 
-def python_loop(n: int, call) -> float:
-    began = time.perf_counter()
-    for _ in range(n):
-        call()
-    return (time.perf_counter() - began) * 1e6 / n
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calls", type=int, default=200, help="calls per sample")
@@ -94,43 +84,18 @@ def main() -> int:
         "C++ backend->allreduce": lambda: loops.backend_allreduce(backend, t, n, False),
         "C++ backend->allreduce + wait": lambda: loops.backend_allreduce(backend, t, n, True),
         "C++ ProcessGroup::allreduce + wait (dispatcher)": lambda: loops.group_allreduce(group, t, n),
-        "Python t.add_(0)": lambda: python_loop(n, lambda: t.add_(0)),
-        "Python backend.allreduce": lambda: python_loop(n, lambda: backend.allreduce([t], AllreduceOptions())),
-        "Python backend.allreduce + wait": lambda: python_loop(
-            n, lambda: backend.allreduce([t], AllreduceOptions()).wait()),
-        "Python dist.all_reduce": lambda: python_loop(n, lambda: dist.all_reduce(t)),
+        "Python t.add_(0)": lambda: per_call_us(lambda: t.add_(0), n),
+        "Python backend.allreduce": lambda: per_call_us(lambda: backend.allreduce([t], AllreduceOptions()), n),
+        "Python backend.allreduce + wait": lambda: per_call_us(
+            lambda: backend.allreduce([t], AllreduceOptions()).wait(), n),
+        "Python dist.all_reduce": lambda: per_call_us(lambda: dist.all_reduce(t), n),
     }
-
-    def meet() -> None:
-        torch.cuda.synchronize()
-        dist.all_reduce(torch.zeros(1))  # gloo: the host-side meeting
 
     for run in cases.values():  # warm-up
         run()
-    names, samples = list(cases), {name: [] for name in cases}
-    for rep in range(args.reps):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            meet()
-            samples[name].append(cases[name]())
-    meet()
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, samples)
-    if dist.get_rank() == 0:
-        rows = []
-        for name in names:
-            slowest = sorted(max(rank[name][i] for rank in gathered) for i in range(args.reps))
-            rows.append({"case": name, "host_us_median": statistics.median(slowest),
-                         "host_us_p10": slowest[int(0.1 * (args.reps - 1))],
-                         "host_us_p90": slowest[int(0.9 * (args.reps - 1))]})
-            print(f"{name:<50} {rows[-1]['host_us_median']:7.2f} us")
-        if args.out:
-            context = {"what": "host time per call of a 1 KiB bf16 all-reduce on a \"symm\" group, by layer",
-                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                       "gpu": torch.cuda.get_device_name(), "ranks": dist.get_world_size(), "ranks_share_gpu": True,
-                       "torch": torch.__version__, "cuda": torch.version.cuda, "calls_per_rep": n,
-                       "reps": args.reps, "symmpool_commit": os.environ.get("SYMMPOOL_COMMIT")}
-            with open(args.out, "w") as f:
-                json.dump({"context": context, "results": rows}, f, indent=1)
+    report(sample_rotating(cases, args.reps, meet), {
+        "what": "host time per call of a 1 KiB bf16 all-reduce on a \"symm\" group, by layer",
+        "calls_per_rep": n, "reps": args.reps}, args.out)
     dist.destroy_process_group()
     return 0
 

@@ -57,6 +57,20 @@ def share_gpu() -> bool:
     return os.environ.get("SYMMPOOL_TEST_RANKS_SHARE_GPU", "") == "1"
 
 
+def meet() -> None:
+    """The device synchronized, then the ranks met on the host."""
+    torch.cuda.synchronize()
+    dist.all_reduce(torch.zeros(1))  # gloo: the host-side meeting
+
+
+def per_call_us(run: Callable[[], object], calls: int) -> float:
+    """Host microseconds per call of `calls` calls, from the first call to the last one's return."""
+    began = time.perf_counter()
+    for _ in range(calls):
+        run()
+    return (time.perf_counter() - began) * 1e6 / calls
+
+
 class Setup:
     """The group, its backend and the inputs every case reads."""
 
@@ -78,8 +92,7 @@ class Setup:
         return t.normal_()
 
     def meet(self) -> None:
-        torch.cuda.synchronize()
-        dist.all_reduce(torch.zeros(1))  # gloo: the host-side meeting
+        meet()
 
 
 def collective_cases(s: Setup) -> dict[str, Callable[[], object]]:
@@ -170,24 +183,55 @@ def fused_cases(s: Setup) -> dict[str, Callable[[], object]]:
     return cases
 
 
+def sample_rotating(samplers: dict[str, Callable[[], float]], reps: int,
+                    meet: Callable[[], None]) -> dict[str, list[float]]:
+    """Each sampler's value (host microseconds per call) in each repetition.
+    Every repetition samples every case, in an order that rotates, so that
+    the host's drift (these machines are shared) spreads over all of them;
+    the ranks meet before each sample."""
+    names, samples = list(samplers), {name: [] for name in samplers}
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            meet()
+            samples[name].append(samplers[name]())
+    meet()
+    return samples
+
+
 def time_cases(cases: dict[str, Callable[[], object]], s: Setup) -> dict[str, list[float]]:
-    """Host microseconds per call of each case in each repetition. Every
-    repetition times every case, in an order that rotates, so that the
-    host's drift (these machines are shared) spreads over all of them."""
+    """Host microseconds per call of each case in each repetition: --calls
+    calls, from the first call to the last one's return."""
     for run in cases.values():
         for _ in range(s.args.warmup):
             run()
-    names, samples = list(cases), {name: [] for name in cases}
-    for rep in range(s.args.reps):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            run = cases[name]
-            s.meet()
-            began = time.perf_counter()
-            for _ in range(s.args.calls):
-                run()
-            samples[name].append((time.perf_counter() - began) * 1e6 / s.args.calls)
-    s.meet()
-    return samples
+    return sample_rotating({name: (lambda run=run: per_call_us(run, s.args.calls)) for name, run in cases.items()},
+                           s.args.reps, meet)
+
+
+def report(per_case: dict[str, list[float]], context: dict, out: str | None) -> None:
+    """Collective: rank 0 prints each case's median, p10 and p90 over
+    repetitions of the slowest rank's time and writes them, with `context`,
+    to `out`."""
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, per_case)
+    if dist.get_rank() != 0:
+        return
+    rows = []
+    for name in per_case:
+        stats = timing.summarize([rank[name] for rank in gathered])
+        rows.append({"case": name, "host_us_median": stats["time_us_median"], "host_us_p10": stats["time_us_p10"],
+                     "host_us_p90": stats["time_us_p90"]})
+    width = max(len(r["case"]) for r in rows)
+    print(f"{'case':<{width}} {'host us/call':>12} {'p10':>8} {'p90':>8}")
+    for r in rows:
+        print(f"{r['case']:<{width}} {r['host_us_median']:>12.1f} {r['host_us_p10']:>8.1f} {r['host_us_p90']:>8.1f}")
+    if out:
+        context = {**context, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   "gpu": torch.cuda.get_device_name(), "ranks": dist.get_world_size(),
+                   "ranks_share_gpu": share_gpu(), "torch": torch.__version__, "cuda": torch.version.cuda,
+                   "symmpool_commit": os.environ.get("SYMMPOOL_COMMIT")}
+        with open(out, "w") as f:
+            json.dump({"context": context, "results": rows}, f, indent=1)
 
 
 def main() -> int:
@@ -228,30 +272,11 @@ def main() -> int:
         dist.destroy_process_group()
         return 0
 
-    per_case = time_cases(cases, s)
-    gathered = [None] * s.world
-    dist.all_gather_object(gathered, per_case)
-    rows = []
-    for name in per_case:
-        stats = timing.summarize([rank[name] for rank in gathered])
-        rows.append({"case": name, "host_us_median": stats["time_us_median"], "host_us_p10": stats["time_us_p10"],
-                     "host_us_p90": stats["time_us_p90"]})
-    if s.rank == 0:
-        print(f"{'case':<40} {'host us/call':>12} {'p10':>8} {'p90':>8}")
-        for r in rows:
-            print(f"{r['case']:<40} {r['host_us_median']:>12.1f} {r['host_us_p10']:>8.1f} {r['host_us_p90']:>8.1f}")
-        if args.out:
-            context = {
-                "what": "host time per call (first call to last return), slowest rank per repetition",
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "gpu": torch.cuda.get_device_name(), "ranks": s.world, "ranks_share_gpu": share_gpu(),
-                "torch": torch.__version__, "cuda": torch.version.cuda,
-                "symmpool_commit": os.environ.get("SYMMPOOL_COMMIT"),
-                "collective_bytes_per_rank": args.bytes, "model": args.model, "tokens": args.tokens,
-                "calls_per_rep": args.calls, "reps": args.reps, "warmup": args.warmup, "cases": args.cases,
-            }
-            with open(args.out, "w") as f:
-                json.dump({"context": context, "results": rows}, f, indent=1)
+    report(time_cases(cases, s), {
+        "what": "host time per call (first call to last return), slowest rank per repetition",
+        "collective_bytes_per_rank": args.bytes, "model": args.model, "tokens": args.tokens,
+        "calls_per_rep": args.calls, "reps": args.reps, "warmup": args.warmup, "cases": args.cases,
+    }, args.out)
     dist.destroy_process_group()
     return 0
 
