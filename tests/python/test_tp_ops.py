@@ -119,6 +119,8 @@ def test_traces_under_torch_compile(group_name):
 def test_peer_memory_needs_a_symm_group(group_name):
     with pytest.raises(TypeError, match='needs a "symm" process group'):
         symmpool.rendezvous(torch.ones(4))
+    with pytest.raises(TypeError, match='reserve_workspace needs a "symm" process group'):
+        symmpool.reserve_workspace(1 << 20, device=0)
 
 
 def test_fallback_on_two_gloo_ranks_matches_the_unfused_ops(tmp_path):

@@ -36,7 +36,6 @@ import torch.distributed as dist
 
 from . import _C
 from ._library import define
-from .peer_memory import symm_backend
 
 
 def reserve_workspace(nbytes: int, group: Optional[dist.ProcessGroup] = None, device=None) -> bool:
@@ -46,9 +45,7 @@ def reserve_workspace(nbytes: int, group: Optional[dist.ProcessGroup] = None, de
     group spans nodes."""
     group = group if group is not None else dist.group.WORLD
     device = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
-    if symm_backend(group, device) is None:
-        raise TypeError("symmpool.reserve_workspace needs a \"symm\" process group")
-    return _C._reserve_workspace(group.group_name, device, nbytes)
+    return _C._reserve_workspace(group.group_name, device, nbytes)  # TypeError unless a "symm" group
 
 
 # -- fake kernels: the C++ kernels' checks and shapes, from the arguments alone ---------------------
