@@ -38,6 +38,7 @@ Environment Environment::from_process() {
   if (const char* v = std::getenv("SYMMPOOL_MAX_BLOCKS")) env.max_blocks = v;
   if (const char* v = std::getenv("SYMMPOOL_COPY_STREAMS")) env.copy_streams = v;
   if (const char* v = std::getenv("SYMMPOOL_BARRIER_TIMEOUT")) env.barrier_timeout = v;
+  if (const char* v = std::getenv("SYMMPOOL_ALL_REDUCE_ALGORITHM")) env.all_reduce_algorithm = v;
   if (const char* v = std::getenv("SYMMPOOL_HOST_ID")) env.host_id = v;
   env.test_ranks_share_gpu = is_true("SYMMPOOL_TEST_RANKS_SHARE_GPU");
   return env;

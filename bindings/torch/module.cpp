@@ -9,6 +9,7 @@
 #include "torch_errors.hpp"
 
 #include <symmpool/algorithm_table.hpp>
+#include <symmpool/communicator.hpp>
 #include <symmpool/device_allocators.hpp>
 
 #include <pybind11/stl.h>
@@ -135,6 +136,18 @@ PYBIND11_MODULE(_C, m) {
       },
       "Collectives the symm backends of this process routed, by reason: where each ran and why "
       "(SYMMPOOL_DEBUG_ROUTING=1 prints each decision to stderr).");
+  m.def(
+      "algorithm_counts",
+      [] {
+        const auto counts = symmpool::algorithm_counts();
+        py::dict d;
+        for (int a = 0; a < symmpool::kAlgorithmCount; ++a)
+          d[symmpool::to_string(static_cast<symmpool::Algorithm>(a))] = counts[a];
+        d.attr("pop")("auto");  // a choice, never what ran
+        return d;
+      },
+      "symmpool collectives enqueued in this process, by the algorithm that ran them "
+      "(SYMMPOOL_ALL_REDUCE_ALGORITHM prefers one for all-reduces).");
   m.def(
       "_store_get",
       [](const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int timeout_ms) {

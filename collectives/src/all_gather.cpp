@@ -49,6 +49,7 @@ void Communicator::enqueue_all_gather(const void* in, void* out, std::size_t byt
     for (int p = 0; p < n; ++p) src.ptr[p] = p == me ? in : peer_input(p);
     SYMMPOOL_CUDA_TRY(detail::launch_gather_copy(block_sync(true), src, static_cast<char*>(out),
                                                  bytes_per_rank, n, stream));
+    detail::count_algorithm(algorithm);
     return;
   }
   std::vector<detail::Copy> copies;
@@ -67,6 +68,7 @@ void Communicator::enqueue_all_gather(const void* in, void* out, std::size_t byt
   copies_->issue(copies, stream);
   if (!in_place) copies_->join_local(stream);
   enqueue_barrier(stream, kind);  // every copy landed; nobody reuses a buffer a peer still reads
+  detail::count_algorithm(algorithm);
 }
 
 }  // namespace symmpool

@@ -24,11 +24,23 @@ namespace {
 
 constexpr std::size_t kPadWords = std::size_t{detail::kPadRows} * detail::kMaxRanks;
 constexpr std::size_t kPadBytes = kPadWords * sizeof(std::uint32_t);
-// The kernel barrier's epoch, the block meetings' epochs, then the signals
-// this rank sent to and received from each peer.
+// The kernel barrier's epoch, the block meetings' epochs, the signals this
+// rank sent to and received from each peer, then the low-latency epoch and
+// its count of blocks done.
 constexpr std::size_t kEpochBytes =
-    (1 + detail::kMaxSyncBlocks + 2 * detail::kMaxRanks) * sizeof(std::uint32_t);
-static_assert(kPadBytes + kEpochBytes <= 4096, "pads and epochs fit in any internal slot");
+    (1 + detail::kMaxSyncBlocks + 2 * detail::kMaxRanks + 2) * sizeof(std::uint32_t);
+// The low-latency packets fill the rest of the slot (one granule).
+constexpr std::size_t kPacketsOffset = 4096;
+static_assert(kPadBytes + kEpochBytes <= kPacketsOffset, "pads and epochs come before the packets");
+
+// Bytes per rank whose packets fit in `slot_bytes`: two regions of `world`
+// slots, each packet (16 bytes) carrying 8 bytes.
+std::size_t low_latency_capacity(std::size_t slot_bytes, int world) {
+  if (slot_bytes <= kPacketsOffset) return 0;
+  const std::size_t per_slot = (slot_bytes - kPacketsOffset) / (2 * static_cast<std::size_t>(world));
+  const std::size_t fits = per_slot / detail::kPacketBytes * 8;
+  return fits < Communicator::kLowLatencyMaxBytes ? fits : Communicator::kLowLatencyMaxBytes;
+}
 
 }  // namespace
 
@@ -39,10 +51,15 @@ void Communicator::allocate_signal_pads() {
   block_epochs_ = kernel_epoch_ + 1;
   signals_sent_ = block_epochs_ + detail::kMaxSyncBlocks;
   signals_received_ = signals_sent_ + detail::kMaxRanks;
+  low_latency_epoch_ = signals_received_ + detail::kMaxRanks;
+  const std::size_t slot_bytes = allocator_.granularity();  // an internal slot is one granule
+  packets_ = static_cast<char*>(internal_) + kPacketsOffset;
+  low_latency_max_bytes_ = low_latency_capacity(slot_bytes, world());
   cudaStream_t setup = nullptr;  // private: a device-wide sync would break a capture
   SYMMPOOL_CUDA_TRY(cudaStreamCreateWithFlags(&setup, cudaStreamNonBlocking));
   detail::ScopeExit destroy([setup] { cudaStreamDestroy(setup); });
-  SYMMPOOL_CUDA_TRY(cudaMemsetAsync(pads_, 0, kPadBytes + kEpochBytes, setup));
+  // All of it: a packet left over in fresh memory could carry a flag a call expects.
+  SYMMPOOL_CUDA_TRY(cudaMemsetAsync(pads_, 0, slot_bytes, setup));
   SYMMPOOL_CUDA_TRY(cudaStreamSynchronize(setup));
 }
 
@@ -52,6 +69,8 @@ void Communicator::map_signal_pads() {
   // time (the clock-rate query), measured on H200.
   for (int p = 0; p < world(); ++p)
     peer_pads_.peer[p] = static_cast<std::uint32_t*>(heap_.peer_ptr(pads_, p));
+  if (low_latency_max_bytes_ > 0)
+    for (int p = 0; p < world(); ++p) packet_regions_.ptr[p] = heap_.peer_ptr(packets_, p);
   int khz = 0;
   SYMMPOOL_CUDA_TRY(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, allocator_.device()));
   timeout_cycles_ = static_cast<long long>(khz) * 1000LL * timeout_seconds_;

@@ -19,6 +19,9 @@ inline bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size
 inline const char* at(const void* p, std::size_t offset) { return static_cast<const char*>(p) + offset; }
 inline char* at(void* p, std::size_t offset) { return static_cast<char*>(p) + offset; }
 
+// Adds one to what algorithm_counts() reports for `a` (communicator.cpp).
+void count_algorithm(Algorithm a);
+
 inline void expect_algorithm(bool ok, Algorithm a, const char* op) {
   SYMMPOOL_EXPECTS(ok, std::string("symmpool: algorithm '") + to_string(a) + "' does not apply to " + op);
 }

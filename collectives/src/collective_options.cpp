@@ -2,6 +2,7 @@
 #include <symmpool/error.hpp>
 
 #include <exception>
+#include <optional>
 #include <string>
 
 namespace symmpool {
@@ -26,6 +27,15 @@ int setting(const std::string& text, const char* name, int fallback, int lowest,
   return static_cast<int>(value);
 }
 
+// One of the all-reduce algorithms, by the name to_string gives it.
+std::optional<Algorithm> parse_all_reduce_algorithm(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kLowLatency})
+    if (text == to_string(a)) return a;
+  SYMMPOOL_FAIL("SYMMPOOL_ALL_REDUCE_ALGORITHM must be one-shot, two-shot or low-latency, got '" + text +
+                "'");
+}
+
 void expect_in_range(long long value, long long lowest, long long highest, const char* field) {
   SYMMPOOL_EXPECTS(value >= lowest && value <= highest, std::string("symmpool: CollectiveOptions::") + field +
                                                             " must be " + std::to_string(lowest) + " to " +
@@ -43,6 +53,7 @@ CollectiveOptions CollectiveOptions::from(const Environment& env) {
   if (!env.barrier_timeout.empty())
     options.barrier_timeout = std::chrono::seconds(
         setting(env.barrier_timeout, "SYMMPOOL_BARRIER_TIMEOUT", 0, 1, kLongestTimeoutSeconds));
+  options.all_reduce_algorithm = parse_all_reduce_algorithm(env.all_reduce_algorithm);
   return options;
 }
 
@@ -53,6 +64,11 @@ void CollectiveOptions::check() const {
   expect_in_range(copy_streams, 1, kMostCopyStreams, "copy_streams");
   if (barrier_timeout)
     expect_in_range(barrier_timeout->count(), 1, kLongestTimeoutSeconds, "barrier_timeout");
+  SYMMPOOL_EXPECTS(!all_reduce_algorithm || *all_reduce_algorithm == Algorithm::kOneShot ||
+                       *all_reduce_algorithm == Algorithm::kTwoShot ||
+                       *all_reduce_algorithm == Algorithm::kLowLatency,
+                   std::string("symmpool: CollectiveOptions::all_reduce_algorithm cannot be '") +
+                       to_string(*all_reduce_algorithm) + "'");
 }
 
 }  // namespace symmpool

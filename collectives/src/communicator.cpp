@@ -5,6 +5,7 @@
 // (both), with reduction.cpp and scratch.cpp for what they share;
 // peer_memory.cpp serves patterns users write themselves.
 
+#include "collective_helpers.hpp"
 #include "copy_streams.hpp"
 #include "event_pool.hpp"
 #include "failure_monitor.hpp"
@@ -16,12 +17,29 @@
 #include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <string>
 
 namespace symmpool {
+
+namespace {
+std::array<std::atomic<std::uint64_t>, kAlgorithmCount> enqueued_by_algorithm{};
+}  // namespace
+
+void detail::count_algorithm(Algorithm a) {
+  enqueued_by_algorithm[static_cast<std::size_t>(a)].fetch_add(1, std::memory_order_relaxed);
+}
+
+std::array<std::uint64_t, kAlgorithmCount> algorithm_counts() {
+  std::array<std::uint64_t, kAlgorithmCount> counts{};
+  for (std::size_t a = 0; a < counts.size(); ++a)
+    counts[a] = enqueued_by_algorithm[a].load(std::memory_order_relaxed);
+  return counts;
+}
 
 Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
                            std::chrono::seconds barrier_timeout, FailureHandler on_failure,
@@ -33,6 +51,7 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
                        std::to_string(barrier_timeout.count()) + " s");
   options.check();  // from_environment() checked its own; options set in code may be off
   max_blocks_ = options.max_blocks;
+  all_reduce_preference_ = options.all_reduce_algorithm;
   timeout_seconds_ = static_cast<int>(options.barrier_timeout.value_or(barrier_timeout).count());
   SYMMPOOL_EXPECTS(world() <= kMaxRanks, "symmpool collectives support up to " + std::to_string(kMaxRanks) +
                                              " ranks, got " + std::to_string(world()));

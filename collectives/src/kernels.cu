@@ -1,30 +1,13 @@
+#include "device_common.cuh"
 #include "kernels.hpp"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
-#include <cuda/atomic>
 
 namespace symmpool::detail {
 
 namespace {
 
 constexpr int kThreads = 512;
-
-// Peer pointers are indexed with compile-time constants only (loops over
-// kMaxRanks, unrolled), so they stay in the parameter bank: a runtime index
-// made the compiler copy the whole array to the local stack.
-template <typename Array>
-__device__ __forceinline__ auto pick(const Array& a, int p) {
-  auto r = a[0];
-#pragma unroll
-  for (int i = 1; i < kMaxRanks; ++i)
-    if (i == p) r = a[i];
-  return r;
-}
-
-using SystemWord = cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system>;
 
 // Memory orders follow PyTorch's symmetric-memory kernels: a signal is a
 // release only where this kernel wrote data a peer reads after it, and a
@@ -35,38 +18,13 @@ __device__ __forceinline__ void signal(std::uint32_t* pad, std::uint32_t epoch,
   SystemWord(*pad).store(epoch, order);
 }
 
-// Cycles a wait spins before it also reads the error flag (host memory, so
-// never on the fast path): about 1 ms.
-constexpr long long kFlagLookCycles = 2'000'000;
-
-// Gives up after `timeout_cycles`, or as soon as another wait of this
-// communicator gave up (the flag is set): collectives queued behind a failed
-// one then drain instead of each waiting out its own timeout. error_flag
-// points at ErrorWords (failure_monitor.hpp): [0] missing rank + 1, [1] the
-// host's acknowledgement.
+// Waits until `pad` reaches `epoch` (wrap-safe), or gives up (wait_until).
 __device__ __forceinline__ void wait_for(std::uint32_t* pad, std::uint32_t epoch,
                                          cuda::std::memory_order order, int peer, int* error_flag,
                                          long long timeout_cycles) {
   SystemWord word(*pad);
-  const long long start = clock64();
-  long long next_look = start + kFlagLookCycles;
-  while (static_cast<int>(word.load(order) - epoch) < 0) {  // wrap-safe "pad < epoch"
-    const long long now = clock64();
-    if (now - start > timeout_cycles) {
-      atomicCAS(error_flag, 0, peer + 1);
-      // Hold the stream until the host has the failure on record (and has
-      // aborted, where asked): nothing after this collective may run as if
-      // it had succeeded. Bounded, in case the host never looks.
-      const long long gave_up = clock64();
-      while (*static_cast<volatile int*>(error_flag + 1) == 0 && clock64() - gave_up < timeout_cycles) {
-      }
-      return;
-    }
-    if (now > next_look) {
-      if (*static_cast<volatile int*>(error_flag) != 0) return;
-      next_look = now + kFlagLookCycles;
-    }
-  }
+  wait_until([&] { return static_cast<int>(word.load(order) - epoch) >= 0; }, peer, error_flag,
+             timeout_cycles);
 }
 
 // Thread t < world signals rank t on `row` and waits for rank t's signal.
@@ -137,36 +95,6 @@ struct BlockMeeting {
                     wait_order);
   }
 };
-
-template <typename T>
-__device__ __forceinline__ float to_float(T v);
-template <>
-__device__ __forceinline__ float to_float(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float to_float(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_float(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // The reduce kernel's scalars. Its pointer arrays and BlockSync stay
 // parameters of their own: with all of ReduceLaunch as one parameter, the

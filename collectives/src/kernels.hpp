@@ -51,6 +51,33 @@ struct ReduceLaunch {
 };
 cudaError_t launch_reduce(const ReduceLaunch& launch, cudaStream_t stream);
 
+// Low-latency all-reduce (low_latency_kernel.cu), NCCL's LL protocol: each
+// rank writes its input into every peer's packet region as 16-byte packets
+// {data, flag, data, flag} whose flag is the call's epoch, then sums, in
+// rank order, its own input with the packets it finds carrying that epoch.
+// An 8-byte store is seen whole or not at all, so data arrives with its
+// flag: no barrier, no fence. Two regions alternate by epoch: a rank writes
+// epoch e only after it has read every peer's packets of e - 1, which they
+// sent after finishing e - 2, the last reader of that region.
+constexpr std::size_t kPacketBytes = 16;  // carries 8 bytes of data
+struct LowLatencyLaunch {
+  const void* in = nullptr;
+  void* out = nullptr;
+  std::size_t count = 0;  // elements of `type`
+  DataType type = DataType::kFloat32;
+  float scale = 1.0f;
+  int world = 0;
+  int rank = 0;
+  // Every rank's packet regions as mapped here: [2 parities][world senders][slot_packets].
+  OutPointers regions{};
+  std::size_t slot_packets = 0;
+  // This rank's, device-side: [0] the last call's epoch, [1] blocks done with this call.
+  std::uint32_t* epoch = nullptr;
+  int* error_flag = nullptr;  // as PeerSignals: set to 1 + a rank whose packets never came
+  long long timeout_cycles = 0;
+};
+cudaError_t launch_low_latency_all_reduce(const LowLatencyLaunch& launch, cudaStream_t stream);
+
 // dst[p * bytes, (p + 1) * bytes) = src_p[0, bytes) for every p < world.
 cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, char* dst, std::size_t bytes,
                                int world, cudaStream_t stream);

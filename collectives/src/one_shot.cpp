@@ -27,6 +27,7 @@ void Communicator::one_shot(const Reduction& r, std::size_t in_count, std::size_
   SYMMPOOL_CUDA_TRY(detail::launch_reduce(launch, r.stream));
   if (!fused) enqueue_barrier(r.stream, BarrierKind::kKernel);
   if (aliased) detail::copy_on(r.stream, r.out, launch.out.ptr[0], r.bytes());
+  detail::count_algorithm(Algorithm::kOneShot);
 }
 
 }  // namespace symmpool

@@ -1,6 +1,7 @@
 // all_reduce, and its two-shot algorithm: each rank reduces one chunk and
 // writes it into every rank's output. It falls back to one-shot where
-// two-shot cannot run (the buffers are not symmetric, or overlap).
+// two-shot cannot run (the buffers are not symmetric, or overlap); the
+// low-latency one (low_latency.cpp) takes small messages, in any memory.
 
 #include "collective_helpers.hpp"
 #include "kernels.hpp"
@@ -11,6 +12,7 @@
 #include <symmpool/error.hpp>
 
 #include <algorithm>
+#include <string>
 
 namespace symmpool {
 
@@ -26,9 +28,24 @@ void Communicator::all_reduce(const void* in, void* out, std::size_t count, Data
 void Communicator::enqueue_all_reduce(const Reduction& r, Algorithm algorithm) {
   const std::size_t bytes = r.bytes();
   const bool explicit_choice = algorithm != Algorithm::kAuto;
-  if (!explicit_choice) algorithm = choose_algorithm(CollectiveKind::kAllReduce, bytes, world());
-  detail::expect_algorithm(algorithm == Algorithm::kOneShot || algorithm == Algorithm::kTwoShot, algorithm,
-                           "all_reduce");
+  const Algorithm by_table = choose_algorithm(CollectiveKind::kAllReduce, bytes, world());
+  if (!explicit_choice) algorithm = all_reduce_preference_.value_or(by_table);
+  detail::expect_algorithm(algorithm == Algorithm::kOneShot || algorithm == Algorithm::kTwoShot ||
+                               algorithm == Algorithm::kLowLatency,
+                           algorithm, "all_reduce");
+  if (algorithm == Algorithm::kLowLatency) {
+    // Each rank reads its own input while its output is written: the same
+    // buffer or apart, as two-shot.
+    const bool usable =
+        bytes <= low_latency_max_bytes() && (r.in == r.out || !detail::overlap(r.in, bytes, r.out, bytes));
+    SYMMPOOL_EXPECTS(usable || !explicit_choice,
+                     "symmpool: low-latency all_reduce takes up to " +
+                         std::to_string(low_latency_max_bytes()) + " bytes at " + std::to_string(world()) +
+                         " ranks (got " + std::to_string(bytes) +
+                         "), in an input and output that are the same buffer or do not overlap");
+    if (usable) return low_latency_all_reduce(r);
+    algorithm = by_table;  // a preference from the environment, where it cannot run
+  }
   if (algorithm == Algorithm::kTwoShot) {
     // Two-shot writes peers' outputs while they read our input: the buffers
     // must be the same one or apart, and the output symmetric.
@@ -69,6 +86,7 @@ void Communicator::two_shot(const Reduction& r) {
   if (!fused) enqueue_barrier(r.stream, BarrierKind::kKernel);
   SYMMPOOL_CUDA_TRY(detail::launch_reduce(launch, r.stream));
   if (!fused) enqueue_barrier(r.stream, BarrierKind::kKernel);
+  detail::count_algorithm(Algorithm::kTwoShot);
 }
 
 }  // namespace symmpool

@@ -64,6 +64,7 @@ void Communicator::two_step(const Reduction& r) {
     chunks[me] = staged + static_cast<std::size_t>(me) * bytes;
   }
   SYMMPOOL_CUDA_TRY(detail::launch_reduce(launch, r.stream));
+  detail::count_algorithm(Algorithm::kTwoStep);
 }
 
 }  // namespace symmpool

@@ -28,7 +28,8 @@ namespace symmpool::test {
 // SYMMPOOL_BARRIER_TIMEOUT: the kernel by itself, the stream-memop one
 // (cuStreamWaitValue32 waits forever) through the communicator's watchdog.
 // So does a fused kernel, which meets its peers at its start and its end:
-// once its start gave up, its end does not wait a second timeout. Work
+// once its start gave up, its end does not wait a second timeout, and the
+// low-latency all-reduce, whose threads each wait for their peer's packets. Work
 // queued behind the failed one drains without its own timeout. The failure
 // is sticky: it names the first collective that never finished and the
 // rank that never came, the handler hears it once, and every later call
@@ -52,10 +53,11 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
       int handled = 0;
       std::string heard;
     };
-    Group groups[3];
+    constexpr int kGroups = 4;
+    Group groups[kGroups];
     constexpr std::size_t kBytes = 4096;
     auto* gathered = static_cast<char*>(alloc.allocate(kBytes * world, reinterpret_cast<CUstream>(s)));
-    for (int g = 0; g < 3; ++g) {
+    for (int g = 0; g < kGroups; ++g) {
       Group& group = groups[g];
       SymmetricGroupOptions options;
       options.on_failure = [&group](const std::string& m) {
@@ -83,8 +85,13 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
          [&](Communicator& c) {
            c.all_gather(gathered + rank * kBytes, gathered, kBytes, s, Algorithm::kKernel);
          }},
+        {"low-latency all-reduce", "all_reduce #2 (4096 bytes",
+         [&](Communicator& c) {
+           c.all_reduce(gathered, gathered, kBytes / 4, DataType::kFloat32, ReduceOp::kSum, s,
+                        Algorithm::kLowLatency);
+         }},
     };
-    for (int g = 0; g < 3; ++g) {
+    for (int g = 0; g < kGroups; ++g) {
       const Case& c = cases[g];
       Communicator& comm = *groups[g].comm;
       const auto start = std::chrono::steady_clock::now();

@@ -218,7 +218,8 @@ int correctness(Ctx& c) {
           failures +=
               check(c, rs_out, scattered, "reduce_scatter " + std::string(to_string(a)) + op_name, t, n);
         }
-        for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot}) {
+        for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kLowLatency}) {
+          if (a == Algorithm::kLowLatency && bytes > c.comm->low_latency_max_bytes()) continue;
           const std::string name = "all_reduce " + std::string(to_string(a)) + op_name;
           failures += poison(c, rs_out, bytes);
           c.comm->all_reduce(rs_in, rs_out, n, t, op, c.stream, a);
@@ -226,6 +227,15 @@ int correctness(Ctx& c) {
           RANK_CUDA(cudaMemcpyAsync(ar_in, rs_in, bytes, cudaMemcpyDeviceToDevice, c.stream));
           c.comm->all_reduce(ar_in, ar_in, n, t, op, c.stream, a);
           failures += check(c, ar_in, reduced, name + " in place", t, n);
+        }
+        if (bytes <= c.comm->low_latency_max_bytes()) {
+          // Low-latency reads no peer's buffer: plain device memory serves.
+          void* plain = nullptr;
+          RANK_CUDA(cudaMalloc(&plain, bytes));
+          failures += poison(c, plain, bytes);
+          c.comm->all_reduce(rs_in, plain, n, t, op, c.stream, Algorithm::kLowLatency);
+          failures += check(c, plain, reduced, "all_reduce low-latency into plain memory" + op_name, t, n);
+          RANK_CUDA(cudaFree(plain));
         }
         // In place on the head of a larger buffer, as torch's allreduce may.
         c.comm->all_reduce(rs_in, rs_in, n, t, op, c.stream);
@@ -319,6 +329,76 @@ int back_to_back_and_graph(Ctx& c) {
   return failures;
 }
 
+// The low-latency all-reduce alternates two packet regions and tells fresh
+// packets from stale ones by the call's epoch alone. Here calls of two sizes
+// (different grids) over three inputs follow each other with no host sync,
+// the last rank held back now and then; then the same calls inside a CUDA
+// graph, replayed with new inputs. Every output must be its own call's sum:
+// a packet taken from the wrong call shows as another input's sum.
+int low_latency_in_sequence(Ctx& c) {
+  const int rank = c.rank, world = c.world;
+  int failures = 0;
+  const DataType t = DataType::kBFloat16;
+  const std::size_t largest = c.comm->low_latency_max_bytes() / 2 - 3;  // odd: a partial last packet
+  const std::size_t sizes[2] = {5, largest}, slot = largest * 2;
+  constexpr int kInputs = 3, kCalls = 200;
+  void* inputs[kInputs];
+  unsigned seeds[kInputs];
+  for (int k = 0; k < kInputs; ++k) {
+    seeds[k] = 9000 + static_cast<unsigned>(k);
+    inputs[k] = dev(c, slot);
+    failures += upload(c, inputs[k], rank_data(seeds[k], rank, largest, t));
+  }
+  auto* outs = static_cast<char*>(dev(c, slot * kCalls));
+  failures += poison(c, outs, slot * kCalls);
+  auto expected = [&](int call) {
+    const std::size_t n = sizes[call % 2];
+    return expected_reduction(seeds[call % kInputs], world, largest, 0, n, t, ReduceOp::kSum);
+  };
+  for (int i = 0; i < kCalls; ++i) {
+    if (rank == world - 1 && i % 50 == 25) {
+      RANK_CUDA(cudaStreamSynchronize(c.stream));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    c.comm->all_reduce(inputs[i % kInputs], outs + i * slot, sizes[i % 2], t, ReduceOp::kSum, c.stream,
+                       Algorithm::kLowLatency);
+  }
+  for (int i = 0; i < kCalls; ++i)
+    failures += check(
+        c, outs + i * slot, expected(i),
+        "low-latency all_reduce #" + std::to_string(i) + " of " + std::to_string(kCalls) + " in sequence", t,
+        sizes[i % 2]);
+
+  constexpr int kCaptured = 4;  // both sizes, three inputs: every region and grid in turn
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  RANK_CUDA(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kCaptured; ++i)
+    c.comm->all_reduce(inputs[i % kInputs], outs + i * slot, sizes[i % 2], t, ReduceOp::kSum, c.stream,
+                       Algorithm::kLowLatency);
+  RANK_CUDA(cudaStreamEndCapture(c.stream, &graph));
+  RANK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 5; ++replay) {
+    if (rank == world - 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (int k = 0; k < kInputs; ++k) {
+      seeds[k] += 100;
+      failures += upload(c, inputs[k], rank_data(seeds[k], rank, largest, t));
+    }
+    failures += poison(c, outs, slot * kCaptured);
+    RANK_CUDA(cudaGraphLaunch(exec, c.stream));
+    for (int i = 0; i < kCaptured; ++i)
+      failures +=
+          check(c, outs + i * slot, expected(i),
+                "graph replay " + std::to_string(replay) + " of low-latency all_reduce #" + std::to_string(i),
+                t, sizes[i % 2]);
+  }
+  RANK_CUDA(cudaGraphExecDestroy(exec));
+  RANK_CUDA(cudaGraphDestroy(graph));
+  for (void* p : inputs) release(c, p);
+  release(c, outs);
+  return failures;
+}
+
 // FSDP2 issues all-gathers on one stream and reduce-scatters on another.
 // The communicator runs its collectives in the order issued, whatever the
 // stream: here each reduction reads what the all-gather just before it
@@ -399,6 +479,19 @@ int bad_input(Ctx& c) {
     RANK_EXPECT(std::strstr(e.what(), "not in the symmetric heap"), "%s", e.what());
   }
   RANK_CUDA(cudaFree(plain));
+  // Low-latency takes small messages only, and says how small.
+  const std::size_t too_many = c.comm->low_latency_max_bytes() / 4 + 1;
+  void* big = dev(c, too_many * 4);
+  try {
+    c.comm->all_reduce(big, big, too_many, DataType::kFloat32, ReduceOp::kSum, c.stream,
+                       Algorithm::kLowLatency);
+    RANK_EXPECT(false, "a low-latency all_reduce of %zu bytes was enqueued", too_many * 4);
+  } catch (const logic_error& e) {
+    RANK_EXPECT(std::strstr(e.what(), "low-latency all_reduce takes up to") &&
+                    std::strstr(e.what(), std::to_string(too_many * 4).c_str()),
+                "%s", e.what());
+  }
+  release(c, big);
   release(c, in);
   release(c, out);
   return failures;
@@ -440,6 +533,7 @@ int collectives_rank(int rank, int world, Rendezvous& rv) {
   c.comm = &comm;
   failures += correctness(c);
   failures += back_to_back_and_graph(c);
+  failures += low_latency_in_sequence(c);
   failures += collectives_on_two_streams(c);
   if (world > 1) failures += bad_input(c);  // mismatches need two ranks
   RANK_CUDA(cudaStreamSynchronize(c.stream));

@@ -82,6 +82,13 @@ def test_table_world_sizes_come_from_the_cpp_table():
     assert all(isinstance(w, int) and 2 <= w <= 8 for w in sizes), sizes
 
 
+def test_algorithm_counts_name_every_algorithm_that_runs():
+    counts = symmpool._C.algorithm_counts()
+    assert sorted(counts) == sorted(["copy-engine pull", "copy-engine push", "kernel", "one-shot", "two-shot",
+                                     "two-step", "low-latency"]), counts
+    assert all(isinstance(n, int) and n >= 0 for n in counts.values()), counts
+
+
 def test_routing_counts_name_every_reason():
     counts = symmpool._C.routing_counts()
     for reason in ("collectives disabled", "table prefers NCCL at this size", "buffer not in symmpool heap",

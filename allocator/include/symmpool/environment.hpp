@@ -29,6 +29,9 @@ struct Environment {
   // SYMMPOOL_BARRIER_TIMEOUT: seconds a barrier waits for a peer before it
   // gives up with an error (default 600, c10d's default for NCCL).
   std::string barrier_timeout;
+  // SYMMPOOL_ALL_REDUCE_ALGORITHM: one-shot, two-shot or low-latency, used
+  // where it can run instead of the algorithm table's choice (as NCCL_ALGO).
+  std::string all_reduce_algorithm;
   // SYMMPOOL_HOST_ID: this node's identity, like NCCL_HOSTID, where hostname
   // and boot id cannot tell nodes apart (tests use it to make one machine
   // look like several nodes); empty when unset.

@@ -6,7 +6,11 @@
 //   SYMMPOOL_COPY_STREAMS     streams that share each copy-engine copy
 //   SYMMPOOL_BARRIER_TIMEOUT  seconds any barrier waits for a peer; overrides
 //                             the timeout the caller gives the communicator
+//   SYMMPOOL_ALL_REDUCE_ALGORITHM  one-shot, two-shot or low-latency: the
+//                             all-reduce algorithm wherever it can run, in
+//                             place of the table's (as NCCL_ALGO)
 
+#include <symmpool/collective_types.hpp>
 #include <symmpool/environment.hpp>
 
 #include <chrono>
@@ -28,6 +32,9 @@ struct CollectiveOptions {
   int copy_streams = kDefaultCopyStreams;  // 1 (the caller's stream alone) to kMostCopyStreams
   // Set: replaces the barrier timeout the communicator is given (1 s to kLongestBarrierTimeout).
   std::optional<std::chrono::seconds> barrier_timeout;
+  // Set: all-reduces that name no algorithm use this one where it can run
+  // (one-shot, two-shot or low-latency), the table's choice elsewhere.
+  std::optional<Algorithm> all_reduce_algorithm;
 
   // Parses env's variables; an unset one keeps its default, a bad one
   // raises logic_error naming the variable and the value.

@@ -29,7 +29,9 @@ enum class Algorithm {
   kOneShot,         // reduce-scatter, all-reduce: one kernel reads every peer's input
   kTwoShot,         // all-reduce: reduce our chunk, write it into every peer's output
   kTwoStep,         // reduce-scatter: copy engines pull our chunks, then a local reduce
+  kLowLatency,      // all-reduce, small: inputs pushed as flagged packets, no barrier (NCCL's LL)
 };
+inline constexpr int kAlgorithmCount = static_cast<int>(Algorithm::kLowLatency) + 1;
 
 inline const char* to_string(Algorithm a) {
   switch (a) {
@@ -47,6 +49,8 @@ inline const char* to_string(Algorithm a) {
       return "two-shot";
     case Algorithm::kTwoStep:
       return "two-step";
+    case Algorithm::kLowLatency:
+      return "low-latency";
   }
   return "unknown";
 }

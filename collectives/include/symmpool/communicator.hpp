@@ -8,15 +8,17 @@
 //   all_gather     copy-engine pull or push (no SM), or one kernel for small messages
 //   reduce_scatter one-shot kernel (16-byte loads, fp32 accumulation) or
 //                  two-step (copy engines pull, local reduce)
-//   all_reduce     one-shot, or two-shot (reduce a chunk, push it everywhere)
+//   all_reduce     one-shot, two-shot (reduce a chunk, push it everywhere), or
+//                  low-latency for small messages (flagged packets, no barrier)
 //   barrier        kernel or stream memory operations on signal pads
 // Kernels of small messages meet their peers inside (one launch per call);
 // larger ones are bracketed by barrier kernels. CollectiveOptions
 // (collective_options.hpp: SYMMPOOL_MAX_BLOCKS, SYMMPOOL_COPY_STREAMS,
-// SYMMPOOL_BARRIER_TIMEOUT), read from the environment once and given at
-// construction, cap the grid of the larger reductions, split copy-engine
-// copies over streams and may override how long any barrier waits for a
-// peer before it gives up.
+// SYMMPOOL_BARRIER_TIMEOUT, SYMMPOOL_ALL_REDUCE_ALGORITHM), read from the
+// environment once and given at construction, cap the grid of the larger
+// reductions, split copy-engine copies over streams, may override how long
+// any barrier waits for a peer before it gives up, and may prefer an
+// all-reduce algorithm to the table's.
 //
 // Failures are sticky: once a barrier gave up on a peer, or a heap exchange
 // failed, the communicator is failed for good. The failure handler hears it
@@ -40,6 +42,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -56,6 +59,10 @@ struct ErrorWords;
 struct ReduceLaunch;
 }  // namespace detail
 
+// Collectives enqueued so far in this process by every communicator, by
+// algorithm (indexed by Algorithm): what ran, for tests and benchmarks.
+std::array<std::uint64_t, kAlgorithmCount> algorithm_counts();
+
 // Hears a communicator's failure once, from any thread, before the stalled
 // stream goes on (the torch backend aborts the process here when asked).
 using FailureHandler = std::function<void(const std::string& message)>;
@@ -68,6 +75,9 @@ class Communicator {
   // (a checkpoint being written), so barriers give up late.
   static constexpr std::chrono::seconds kDefaultBarrierTimeout{600};
   static constexpr std::chrono::seconds kLongestBarrierTimeout = CollectiveOptions::kLongestBarrierTimeout;
+  // The largest low-latency all-reduce, in bytes per rank: its packets
+  // (twice the data) sit in the internal slot, two regions of `world` slots.
+  static constexpr std::size_t kLowLatencyMaxBytes = 32 * 1024;
 
   // Collective: allocates the signal pads in an internal slot of the heap
   // (the same offset on every rank whatever the ranks allocated before),
@@ -150,6 +160,9 @@ class Communicator {
 
   int rank() const { return heap_.rank(); }
   int world() const { return heap_.world(); }
+  // The largest all_reduce the low-latency algorithm takes here, in bytes:
+  // kLowLatencyMaxBytes unless the internal slot is too small for it.
+  std::size_t low_latency_max_bytes() const { return low_latency_max_bytes_; }
 
  private:
   struct Reduction;  // one reduce_scatter or all_reduce, as its algorithms see it (reduction.hpp)
@@ -197,6 +210,7 @@ class Communicator {
   void one_shot(const Reduction& r, std::size_t in_count, std::size_t src_offset);
   void two_shot(const Reduction& r);
   void two_step(const Reduction& r);
+  void low_latency_all_reduce(const Reduction& r);  // low_latency.cpp
   // peer_memory.cpp
   void check_peer(int peer, const char* op) const;
   // Enqueues a signal or wait on `stream`: `stream_ops` eagerly, `kernel`
@@ -209,11 +223,16 @@ class Communicator {
 
   SymmetricHeap& heap_;
   CachingAllocator& allocator_;
-  std::uint32_t* pads_ = nullptr;                              // [kPadRows][kMaxRanks], symmetric
-  std::uint32_t* kernel_epoch_ = nullptr;                      // device-side counter of kernel barriers
-  std::uint32_t* block_epochs_ = nullptr;                      // device-side counters of block meetings
-  std::uint32_t* signals_sent_ = nullptr;                      // device-side, one per peer: signal()s
-  std::uint32_t* signals_received_ = nullptr;                  // device-side, one per peer: wait()s passed
+  std::uint32_t* pads_ = nullptr;               // [kPadRows][kMaxRanks], symmetric
+  std::uint32_t* kernel_epoch_ = nullptr;       // device-side counter of kernel barriers
+  std::uint32_t* block_epochs_ = nullptr;       // device-side counters of block meetings
+  std::uint32_t* signals_sent_ = nullptr;       // device-side, one per peer: signal()s
+  std::uint32_t* signals_received_ = nullptr;   // device-side, one per peer: wait()s passed
+  std::uint32_t* low_latency_epoch_ = nullptr;  // device-side: the last low-latency call's epoch, blocks done
+  void* packets_ = nullptr;                     // our low-latency packet regions, in the internal slot
+  detail::OutPointers packet_regions_{};        // every rank's, mapped here
+  std::size_t low_latency_max_bytes_ = 0;
+  std::optional<Algorithm> all_reduce_preference_;             // SYMMPOOL_ALL_REDUCE_ALGORITHM
   std::uint32_t stream_op_epoch_ = 0;                          // host-side counter of stream-op barriers
   std::array<std::uint32_t, kMaxRanks> stream_op_sent_{};      // host-side, per peer: eager signal()s
   std::array<std::uint32_t, kMaxRanks> stream_op_received_{};  // host-side, per peer: eager wait()s

@@ -127,6 +127,7 @@ TEST(Environment, ReadsTheCollectivesKnobsAsWritten) {
   } knobs[] = {{"SYMMPOOL_MAX_BLOCKS", &Environment::max_blocks},
                {"SYMMPOOL_COPY_STREAMS", &Environment::copy_streams},
                {"SYMMPOOL_BARRIER_TIMEOUT", &Environment::barrier_timeout},
+               {"SYMMPOOL_ALL_REDUCE_ALGORITHM", &Environment::all_reduce_algorithm},
                {"SYMMPOOL_HOST_ID", &Environment::host_id}};
   for (const auto& knob : knobs) {
     ::unsetenv(knob.variable);

@@ -26,6 +26,7 @@ TEST(CollectiveOptions, UnsetVariablesKeepTheDefaults) {
   EXPECT_EQ(options.max_blocks, 64);
   EXPECT_EQ(options.copy_streams, 1);
   EXPECT_FALSE(options.barrier_timeout.has_value());
+  EXPECT_FALSE(options.all_reduce_algorithm.has_value());
 }
 
 TEST(CollectiveOptions, ReadsEachVariable) {
@@ -38,6 +39,26 @@ TEST(CollectiveOptions, ReadsEachVariable) {
   EXPECT_EQ(options.copy_streams, 8);
   ASSERT_TRUE(options.barrier_timeout.has_value());
   EXPECT_EQ(options.barrier_timeout->count(), 86400);
+}
+
+// By the names the algorithms go by everywhere else (to_string).
+TEST(CollectiveOptions, ReadsTheAllReduceAlgorithmByName) {
+  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kLowLatency}) {
+    Environment env;
+    env.all_reduce_algorithm = to_string(a);
+    const CollectiveOptions options = CollectiveOptions::from(env);
+    ASSERT_TRUE(options.all_reduce_algorithm.has_value()) << to_string(a);
+    EXPECT_EQ(*options.all_reduce_algorithm, a);
+  }
+  for (const char* bad : {"two-step", "auto", "LL", "low_latency", " one-shot"}) {
+    Environment env;
+    env.all_reduce_algorithm = bad;
+    EXPECT_NE(parse_error(env).find(
+                  "SYMMPOOL_ALL_REDUCE_ALGORITHM must be one-shot, two-shot or low-latency, got '" +
+                  std::string(bad) + "'"),
+              std::string::npos)
+        << bad;
+  }
 }
 
 // The error names the variable, its range and the value as written.
@@ -79,6 +100,11 @@ TEST(CollectiveOptions, CheckRefusesFieldsOutOfRange) {
   options = CollectiveOptions{};
   options.barrier_timeout = std::chrono::seconds(0);
   EXPECT_THROW(options.check(), logic_error);
+  options = CollectiveOptions{};
+  options.all_reduce_algorithm = Algorithm::kCopyEnginePush;  // an all-gather's
+  EXPECT_THROW(options.check(), logic_error);
+  options.all_reduce_algorithm = Algorithm::kLowLatency;
+  EXPECT_NO_THROW(options.check());
 }
 
 }  // namespace symmpool::test

@@ -1,0 +1,94 @@
+#pragma once
+// Device code the collectives' kernels share: picking a peer's pointer,
+// waits on peers that give up after a timeout, and the element types'
+// conversions to the fp32 that reductions accumulate in.
+
+#include <symmpool/detail/peer_pointers.hpp>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cuda/atomic>
+
+namespace symmpool::detail {
+
+// Peer pointers are indexed with compile-time constants only (loops over
+// kMaxRanks, unrolled), so they stay in the parameter bank: a runtime index
+// made the compiler copy the whole array to the local stack.
+template <typename Array>
+__device__ __forceinline__ auto pick(const Array& a, int p) {
+  auto r = a[0];
+#pragma unroll
+  for (int i = 1; i < kMaxRanks; ++i)
+    if (i == p) r = a[i];
+  return r;
+}
+
+using SystemWord = cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system>;
+
+// Cycles a wait spins before it also reads the error flag (host memory, so
+// never on the fast path): about 1 ms.
+constexpr long long kFlagLookCycles = 2'000'000;
+
+// Spins until `arrived()` holds. Gives up after `timeout_cycles`, or as
+// soon as another wait of this communicator gave up (the flag is set):
+// collectives queued behind a failed one then drain instead of each waiting
+// out its own timeout. error_flag points at ErrorWords (failure_monitor.hpp):
+// [0] missing rank + 1, [1] the host's acknowledgement. Returns whether it
+// arrived.
+template <typename Arrived>
+__device__ __forceinline__ bool wait_until(Arrived arrived, int peer, int* error_flag, long long timeout_cycles) {
+  const long long start = clock64();
+  long long next_look = start + kFlagLookCycles;
+  while (!arrived()) {
+    const long long now = clock64();
+    if (now - start > timeout_cycles) {
+      atomicCAS(error_flag, 0, peer + 1);
+      // Hold the stream until the host has the failure on record (and has
+      // aborted, where asked): nothing after this collective may run as if
+      // it had succeeded. Bounded, in case the host never looks.
+      const long long gave_up = clock64();
+      while (*static_cast<volatile int*>(error_flag + 1) == 0 && clock64() - gave_up < timeout_cycles) {
+      }
+      return false;
+    }
+    if (now > next_look) {
+      if (*static_cast<volatile int*>(error_flag) != 0) return false;
+      next_look = now + kFlagLookCycles;
+    }
+  }
+  return true;
+}
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_float(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_float(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+}  // namespace symmpool::detail

@@ -1,0 +1,153 @@
+// The low-latency all-reduce's kernel (kernels.hpp says how the protocol
+// works; low_latency.cpp enqueues it).
+
+#include "device_common.cuh"
+#include "kernels.hpp"
+
+#include <algorithm>
+
+namespace symmpool::detail {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 32;
+
+// Volatile 16-byte accesses, as NCCL's LL protocol makes them: each 8-byte
+// half {data, flag} is written and read whole.
+__device__ __forceinline__ void store_packet(uint4* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 load_packet(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// Unit u: the 8 bytes of elements [u * E, u * E + E), zeros past `count`.
+template <typename T>
+__device__ __forceinline__ uint2 load_unit(const T* in, std::size_t u, std::size_t count, bool aligned) {
+  constexpr int E = 8 / sizeof(T);
+  const std::size_t first = u * E;
+  if (aligned && first + E <= count) return *reinterpret_cast<const uint2*>(in + first);
+  uint2 raw = make_uint2(0, 0);
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int j = 0; j < E; ++j)
+    if (first + j < count) e[j] = in[first + j];
+  return raw;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_unit(T* out, std::size_t u, std::size_t count, bool aligned,
+                                           uint2 raw) {
+  constexpr int E = 8 / sizeof(T);
+  const std::size_t first = u * E;
+  if (aligned && first + E <= count) {
+    *reinterpret_cast<uint2*>(out + first) = raw;
+    return;
+  }
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int j = 0; j < E; ++j)
+    if (first + j < count) out[first + j] = e[j];
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    low_latency_all_reduce_kernel(LowLatencyLaunch a, bool in_aligned, bool out_aligned) {
+  constexpr int E = 8 / sizeof(T);
+  // Every block reads the last call's epoch once (volatile: never again,
+  // once the last block to arrive at the end has moved it on). 0 is what a
+  // fresh region holds; skipping it by 2 keeps the parity alternating.
+  std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(a.epoch) + 1;
+  if (epoch == 0) epoch = 2;
+  const std::size_t parity = epoch & 1u;
+  const std::size_t units = (a.count * sizeof(T) + 7) / 8;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const auto* in = static_cast<const T*>(a.in);
+  const std::size_t my_slot = (parity * a.world + a.rank) * a.slot_packets;
+
+  for (std::size_t u = first; u < units; u += stride) {
+    const uint2 w = load_unit(in, u, a.count, in_aligned);
+    const uint4 packet = make_uint4(w.x, epoch, w.y, epoch);
+#pragma unroll
+    for (int p = 0; p < kMaxRanks; ++p)
+      if (p < a.world && p != a.rank)
+        store_packet(static_cast<uint4*>(a.regions.ptr[p]) + my_slot + u, packet);
+  }
+
+  // Sums in rank order, as every symmpool reduction: the same bits on every rank.
+  const auto* mine = static_cast<const uint4*>(pick(a.regions.ptr, a.rank));
+  bool failed = false;  // a peer's packets never came: stop waiting, the communicator is failed
+  for (std::size_t u = first; u < units; u += stride) {
+    float acc[E] = {};
+#pragma unroll
+    for (int p = 0; p < kMaxRanks; ++p) {
+      if (p >= a.world) continue;
+      uint2 w;
+      if (p == a.rank) {
+        w = load_unit(in, u, a.count, in_aligned);
+      } else {
+        const uint4* slot = mine + (parity * a.world + p) * a.slot_packets + u;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (!failed)
+          failed = !wait_until(
+              [&] {
+                v = load_packet(slot);
+                return v.y == epoch && v.w == epoch;
+              },
+              p, a.error_flag, a.timeout_cycles);
+        w = make_uint2(v.x, v.z);
+      }
+      const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+      for (int j = 0; j < E; ++j) acc[j] += to_float(e[j]);
+    }
+    uint2 sums;
+    T* s = reinterpret_cast<T*>(&sums);
+#pragma unroll
+    for (int j = 0; j < E; ++j) s[j] = from_float<T>(acc[j] * a.scale);
+    store_unit(static_cast<T*>(a.out), u, a.count, out_aligned, sums);
+  }
+
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(&a.epoch[1], 1u) == gridDim.x - 1) {
+    a.epoch[1] = 0;
+    a.epoch[0] = epoch;
+  }
+}
+
+bool aligned8(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 7) == 0; }
+
+template <typename T>
+cudaError_t low_latency_as(const LowLatencyLaunch& a, cudaStream_t stream) {
+  const std::size_t units = (a.count * sizeof(T) + 7) / 8;
+  const auto blocks =
+      static_cast<int>(std::clamp<std::size_t>((units + kThreads - 1) / kThreads, 1, kMaxBlocks));
+  low_latency_all_reduce_kernel<T><<<blocks, kThreads, 0, stream>>>(a, aligned8(a.in), aligned8(a.out));
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_low_latency_all_reduce(const LowLatencyLaunch& launch, cudaStream_t stream) {
+  switch (launch.type) {
+    case DataType::kFloat32:
+      return low_latency_as<float>(launch, stream);
+    case DataType::kFloat16:
+      return low_latency_as<__half>(launch, stream);
+    case DataType::kBFloat16:
+      return low_latency_as<__nv_bfloat16>(launch, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace symmpool::detail
