@@ -68,7 +68,7 @@ def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
                     assert torch.equal(t.cpu(), expected), f"rank {rank}: {dtype} n={n} {op} differs"
             # The functional op, out of place, runs the same kernel.
             t = _integers(1001, dtype, device, gen)
-            out = torch.ops.symmpool.all_reduce(t, "sum", world, dist.group.WORLD.group_name)
+            out = torch.ops.symmpool.all_reduce(t, "sum", dist.group.WORLD.group_name)
             ran += 1
             assert torch.equal(out.cpu(), _reference(t, dist.ReduceOp.SUM)), f"rank {rank}: functional {dtype}"
         assert low_latency_calls() - before == ran, (low_latency_calls() - before, ran)
