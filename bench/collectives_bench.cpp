@@ -7,7 +7,8 @@
 //     (the algorithm table's choice) or symmpool-<algorithm> (one variant),
 //     bf16; nccl-fp32 and symmpool-fp32: the same reductions on fp32
 //   AllGatherGraph/..., ReduceScatterGraph/..., AllReduceGraph/...: per-op
-//     latency of 20 ops captured in one CUDA graph
+//     latency of 20 ops captured in one CUDA graph (all-reduce also at 1 and
+//     32 KiB, with symmpool-ll, the low-latency algorithm, up to its limit)
 //   Contention/<impl>/<op>/256MiB: 8 bf16 8192^3 matmuls alone and while the
 //     collective runs back to back on another stream: matmul slowdown and the
 //     collective's time against its standalone time
@@ -365,9 +366,14 @@ void register_all() {
         ->Unit(benchmark::kMillisecond);
   }
   for (Op op : {Op::kAllGather, Op::kReduceScatter, Op::kAllReduce}) {
-    for (std::size_t bytes : {8 * KiB, 64 * KiB, 512 * KiB, 4 * MiB, 8 * MiB}) {
+    std::vector<std::size_t> sizes = {8 * KiB, 64 * KiB, 512 * KiB, 4 * MiB, 8 * MiB};
+    if (op == Op::kAllReduce) sizes.insert(sizes.begin(), {1 * KiB, 32 * KiB});
+    for (std::size_t bytes : sizes) {
       std::vector<Impl> impls = {kSymmpool, kNccl};
       for (const Impl& v : variants(op)) impls.push_back(v);
+      // Low-latency takes small messages only (Communicator::kLowLatencyMaxBytes).
+      if (op == Op::kAllReduce && bytes <= Communicator::kLowLatencyMaxBytes)
+        impls.push_back({"symmpool-ll", false, Algorithm::kLowLatency});
       for (const Impl& impl : impls) {
         std::string n = std::string(op_name(op)) + "Graph/" + impl.name + "/" + name(bytes);
         benchmark::RegisterBenchmark(n.c_str(), GraphLatency, op, impl, bytes)
