@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 namespace symmpool::torch_ext {
 
@@ -22,6 +23,7 @@ constexpr std::int64_t kGranule = 2 << 20;  // bytes: workspaces grow in whole g
 struct Registry {
   std::mutex mutex;
   std::map<std::pair<std::string, c10::DeviceIndex>, std::shared_ptr<FusedWorkspace>> workspaces;
+  std::vector<at::Tensor> kept_for_graphs;  // of released workspaces: never freed
 };
 
 // Never destroyed: a workspace's buffer goes back to symmpool's allocator,
@@ -61,6 +63,21 @@ void FusedWorkspace::set_buffer(const at::Tensor& tensor) {
 void FusedWorkspace::record_use(const c10::cuda::CUDAStream& stream) {
   last_use.record(stream);
   last_use_stream = stream.stream();
+}
+
+void release_fused_workspaces(std::uint64_t backend_serial) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (auto it = r.workspaces.begin(); it != r.workspaces.end();) {
+    FusedWorkspace& ws = *it->second;
+    if (ws.backend_serial != backend_serial) {
+      ++it;
+      continue;
+    }
+    for (at::Tensor& kept : ws.kept_for_graphs) r.kept_for_graphs.push_back(std::move(kept));
+    if (ws.captured && ws.buffer.defined()) r.kept_for_graphs.push_back(ws.buffer);
+    it = r.workspaces.erase(it);
+  }
 }
 
 std::shared_ptr<FusedWorkspace> existing_fused_workspace(const std::string& group_name,

@@ -76,6 +76,14 @@ std::shared_ptr<FusedWorkspace> fused_workspace(const c10::intrusive_ptr<c10d::B
                                                 const std::string& group_name, c10::DeviceIndex device,
                                                 std::int64_t nbytes);
 
+// Drops the workspaces of the group whose backend has `backend_serial`
+// (its backend is going: shutdown, abort, destruction), once nothing on the
+// GPU can use them any more: the caller has synchronized the device. Their
+// buffers go back to symmpool's allocator, except those a CUDA graph
+// captured, which stay allocated for the process's life (a graph replays on
+// their addresses). A call still holding a workspace keeps it until it returns.
+void release_fused_workspaces(std::uint64_t backend_serial);
+
 // The workspace of `group_name` on `device` if one was made (tests), else null.
 std::shared_ptr<FusedWorkspace> existing_fused_workspace(const std::string& group_name,
                                                          c10::DeviceIndex device);

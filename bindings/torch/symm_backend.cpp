@@ -1,6 +1,7 @@
 #include "symm_backend.hpp"
 
 #include "c10d_store.hpp"
+#include "fused_workspace.hpp"
 #include "symm_work.hpp"
 #include "torch_errors.hpp"
 
@@ -146,7 +147,14 @@ void SymmBackend::register_if_ready(const at::Device& device) {
 }
 
 void SymmBackend::release_symmetric_state() noexcept {
-  group_.reset();  // the communicator, then the heap it maps through
+  group_.reset();  // the communicator (it synchronizes the device), then the heap it maps through
+  try {
+    // After the device sync above (a workspace has a buffer only once the
+    // group formed): no queued op can still use them.
+    release_fused_workspaces(serial());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "symmpool: releasing the fused-op workspaces failed: %s\n", e.what());
+  }
   detach_all();
 }
 

@@ -251,6 +251,36 @@ def a_reserved_workspace_is_kept(rank: int, world: int) -> None:
     dist.destroy_process_group()
 
 
+def a_destroyed_groups_workspace_is_freed(rank: int, world: int) -> None:
+    """A group's workspace goes back to symmpool's allocator when the group
+    is destroyed; it used to stay allocated until the process ended. The
+    default group's workspace, which nobody destroyed, stays."""
+    import symmpool
+
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+
+    def allocated() -> int:
+        torch.cuda.synchronize()
+        return symmpool.memory_stats(device)["allocated_bytes"]["current"]
+
+    assert symmpool.reserve_workspace(2 << 20), "the default group's workspace came out asymmetric"
+    kept = symmpool._C._fused_workspace(dist.group.WORLD.group_name, device.index).id
+    sub = dist.new_group(backend="cpu:gloo,cuda:symm")
+    before = allocated()
+    assert symmpool.reserve_workspace(64 << 20, group=sub), "the subgroup's workspace came out asymmetric"
+    grown = allocated()
+    assert grown - before >= 64 << 20, f"the workspace took {grown - before} bytes"
+    name = sub.group_name
+    dist.destroy_process_group(sub)
+    assert symmpool._C._fused_workspace(name, device.index) is None, "the destroyed group's workspace is kept"
+    after = allocated()
+    assert after <= before, f"{after - before} bytes still allocated after the group was destroyed"
+    ws = symmpool._C._fused_workspace(dist.group.WORLD.group_name, device.index)
+    assert ws is not None and ws.id == kept, "the default group's workspace went too"
+    print(f"[rank {rank}] {grown - before} bytes of workspace freed with their group", flush=True)
+    dist.destroy_process_group()
+
+
 def fused_ops_back_to_back_with_a_late_rank(rank: int, world: int) -> None:
     """Fused calls issued back to back with no host sync between them, rank 0
     held back before each by a GPU sleep, alternating two streams, the

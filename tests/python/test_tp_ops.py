@@ -139,6 +139,16 @@ def test_a_reserved_workspace_is_kept():
     run_workers(dist_tp_ops.a_reserved_workspace_is_kept, 1, timeout=120)
 
 
+@needs_gpu
+def test_a_destroyed_groups_workspace_is_freed():
+    run_workers(dist_tp_ops.a_destroyed_groups_workspace_is_freed, 1, timeout=120)
+
+
+@needs_two
+def test_a_destroyed_groups_workspace_is_freed_on_every_rank():
+    run_workers(dist_tp_ops.a_destroyed_groups_workspace_is_freed, gpu_count(), timeout=120)
+
+
 @needs_two
 def test_fused_ops_replay_in_cuda_graphs_and_compile():
     run_workers(dist_tp_ops.fused_ops_replay_in_cuda_graphs_and_compile, gpu_count(), timeout=300)
@@ -177,6 +187,8 @@ def test_a_wait_the_gpu_has_not_reached_does_not_time_out():
     ("peer_memory_api", ()),
     ("a_wait_without_signal_times_out", ()),
     ("a_wait_the_gpu_has_not_reached_does_not_time_out", ()),
-], ids=["fused_vs_unfused", "graphs_and_compile", "late_rank", "peer_memory_api", "wait_timeout", "late_gpu_wait"])
+    ("a_destroyed_groups_workspace_is_freed", ()),
+], ids=["fused_vs_unfused", "graphs_and_compile", "late_rank", "peer_memory_api", "wait_timeout", "late_gpu_wait",
+        "workspace_freed"])
 def test_two_ranks_sharing_one_gpu(worker, args):
     run_sharing_one_gpu(getattr(dist_tp_ops, worker), 2, *args, timeout=300)
