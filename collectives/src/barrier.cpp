@@ -70,7 +70,9 @@ void Communicator::map_signal_pads() {
   for (int p = 0; p < world(); ++p)
     peer_pads_.peer[p] = static_cast<std::uint32_t*>(heap_.peer_ptr(pads_, p));
   if (low_latency_max_bytes_ > 0)
-    for (int p = 0; p < world(); ++p) packet_regions_.ptr[p] = heap_.peer_ptr(packets_, p);
+    for (int p = 0; p < world(); ++p)
+      packet_regions_.ptr[p] =
+          heap_.peer_ptr(packets_, p, 4 * static_cast<std::size_t>(world()) * low_latency_max_bytes_);
   int khz = 0;
   SYMMPOOL_CUDA_TRY(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, allocator_.device()));
   timeout_cycles_ = static_cast<long long>(khz) * 1000LL * timeout_seconds_;

@@ -55,10 +55,15 @@ cudaError_t launch_reduce(const ReduceLaunch& launch, cudaStream_t stream);
 // rank writes its input into every peer's packet region as 16-byte packets
 // {data, flag, data, flag} whose flag is the call's epoch, then sums, in
 // rank order, its own input with the packets it finds carrying that epoch.
-// An 8-byte store is seen whole or not at all, so data arrives with its
-// flag: no barrier, no fence. Two regions alternate by epoch: a rank writes
-// epoch e only after it has read every peer's packets of e - 1, which they
-// sent after finishing e - 2, the last reader of that region.
+// Each 8-byte half {data, flag} of a volatile 16-byte store is taken to land
+// whole (PTX does not promise it; NCCL's LL protocol relies on it over
+// NVLink, PCIe and cuMem mappings alike), so data arrives with its flag: no
+// barrier, no fence. Two regions alternate by epoch: a rank writes epoch e
+// only after it has read every peer's packets of e - 1, which they sent
+// after finishing e - 2, the last reader of that region. That needs the
+// communicator's calls to run one at a time on the GPU (IssueOrder; a graph
+// replayed beside eager calls of the same communicator is the caller's to
+// order, as for every collective).
 constexpr std::size_t kPacketBytes = 16;  // carries 8 bytes of data
 struct LowLatencyLaunch {
   const void* in = nullptr;

@@ -5,6 +5,7 @@
 // peer's buffers, and no symmetry check is needed.
 
 #include "collective_helpers.hpp"
+#include "copy_streams.hpp"
 #include "kernels.hpp"
 #include "reduction.hpp"
 
@@ -17,6 +18,11 @@ void Communicator::low_latency_all_reduce(const Reduction& r) {
   detail::LowLatencyLaunch launch;
   launch.in = r.in;
   launch.out = r.out;
+  // A thread reads its input unit and then writes the same unit of the
+  // output: in place is safe, an output that overlaps otherwise goes to
+  // scratch first (decided locally, so the algorithm stays the same on every rank).
+  const bool aliased = r.in != r.out && detail::overlap(r.in, r.bytes(), r.out, r.bytes());
+  if (aliased) launch.out = scratch(r.bytes(), r.stream);
   launch.count = r.count;
   launch.type = r.type;
   launch.scale = r.scale;
@@ -28,7 +34,13 @@ void Communicator::low_latency_all_reduce(const Reduction& r) {
   launch.error_flag = error_flag_;
   launch.timeout_cycles = timeout_cycles_;
   SYMMPOOL_CUDA_TRY(detail::launch_low_latency_all_reduce(launch, r.stream));
+  if (aliased) detail::copy_on(r.stream, r.out, launch.out, r.bytes());
   detail::count_algorithm(Algorithm::kLowLatency);
+}
+
+void Communicator::set_low_latency_epoch_for_testing(std::uint32_t last) {
+  SYMMPOOL_CUDA_TRY(cudaDeviceSynchronize());
+  SYMMPOOL_CUDA_TRY(cudaMemcpy(low_latency_epoch_, &last, sizeof(last), cudaMemcpyHostToDevice));
 }
 
 }  // namespace symmpool

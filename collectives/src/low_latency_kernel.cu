@@ -118,6 +118,21 @@ __global__ void __launch_bounds__(kThreads)
     store_unit(static_cast<T*>(a.out), u, a.count, out_aligned, sums);
   }
 
+  // Epochs come round again after 2^32 calls, and a region keeps packets
+  // beyond the sizes of later calls: the last call of each parity before
+  // the wrap zeroes its whole region (every sender's slot, each thread its
+  // own units), as NCCL cleans its LL buffers. No peer writes this parity
+  // again before it has our packets of the next call, sent after this.
+  if (epoch >= 0xFFFFFFFEu) {
+    for (int p = 0; p < a.world; ++p) {
+      if (p == a.rank) continue;
+      uint4* slot =
+          static_cast<uint4*>(pick(a.regions.ptr, a.rank)) + (parity * a.world + p) * a.slot_packets;
+      for (std::size_t u = first; u < a.slot_packets; u += stride)
+        store_packet(slot + u, make_uint4(0, 0, 0, 0));
+    }
+  }
+
   __syncthreads();
   if (threadIdx.x == 0 && atomicAdd(&a.epoch[1], 1u) == gridDim.x - 1) {
     a.epoch[1] = 0;

@@ -34,15 +34,12 @@ void Communicator::enqueue_all_reduce(const Reduction& r, Algorithm algorithm) {
                                algorithm == Algorithm::kLowLatency,
                            algorithm, "all_reduce");
   if (algorithm == Algorithm::kLowLatency) {
-    // Each rank reads its own input while its output is written: the same
-    // buffer or apart, as two-shot.
-    const bool usable =
-        bytes <= low_latency_max_bytes() && (r.in == r.out || !detail::overlap(r.in, bytes, r.out, bytes));
-    SYMMPOOL_EXPECTS(usable || !explicit_choice,
-                     "symmpool: low-latency all_reduce takes up to " +
-                         std::to_string(low_latency_max_bytes()) + " bytes at " + std::to_string(world()) +
-                         " ranks (got " + std::to_string(bytes) +
-                         "), in an input and output that are the same buffer or do not overlap");
+    // By size alone, the same on every rank (low_latency.cpp deals with overlaps).
+    const bool usable = bytes <= low_latency_max_bytes();
+    SYMMPOOL_EXPECTS(usable || !explicit_choice, "symmpool: low-latency all_reduce takes up to " +
+                                                     std::to_string(low_latency_max_bytes()) + " bytes at " +
+                                                     std::to_string(world()) + " ranks, got " +
+                                                     std::to_string(bytes));
     if (usable) return low_latency_all_reduce(r);
     algorithm = by_table;  // a preference from the environment, where it cannot run
   }

@@ -330,18 +330,20 @@ int back_to_back_and_graph(Ctx& c) {
 }
 
 // The low-latency all-reduce alternates two packet regions and tells fresh
-// packets from stale ones by the call's epoch alone. Here calls of two sizes
-// (different grids) over three inputs follow each other with no host sync,
-// the last rank held back now and then; then the same calls inside a CUDA
-// graph, replayed with new inputs. Every output must be its own call's sum:
-// a packet taken from the wrong call shows as another input's sum.
+// packets from stale ones by the call's epoch alone. Here calls of three
+// sizes (different grids; a period other than the regions' two) over two
+// inputs follow each other with no host sync, the last rank held back now
+// and then; then five such calls inside a CUDA graph, replayed with new
+// inputs; then the epoch's wrap after 2^32 calls. Every output must be its
+// own call's sum: a packet taken from the wrong call shows as another
+// input's sum.
 int low_latency_in_sequence(Ctx& c) {
   const int rank = c.rank, world = c.world;
   int failures = 0;
   const DataType t = DataType::kBFloat16;
   const std::size_t largest = c.comm->low_latency_max_bytes() / 2 - 3;  // odd: a partial last packet
-  const std::size_t sizes[2] = {5, largest}, slot = largest * 2;
-  constexpr int kInputs = 3, kCalls = 200;
+  const std::size_t sizes[3] = {5, 1001, largest}, slot = largest * 2;
+  constexpr int kInputs = 2, kCalls = 200;
   void* inputs[kInputs];
   unsigned seeds[kInputs];
   for (int k = 0; k < kInputs; ++k) {
@@ -351,31 +353,42 @@ int low_latency_in_sequence(Ctx& c) {
   }
   auto* outs = static_cast<char*>(dev(c, slot * kCalls));
   failures += poison(c, outs, slot * kCalls);
+  auto size_of = [&](int call) { return sizes[call % 3]; };
   auto expected = [&](int call) {
-    const std::size_t n = sizes[call % 2];
-    return expected_reduction(seeds[call % kInputs], world, largest, 0, n, t, ReduceOp::kSum);
+    return expected_reduction(seeds[call % kInputs], world, largest, 0, size_of(call), t, ReduceOp::kSum);
+  };
+  auto enqueue = [&](int call, void* out) {
+    c.comm->all_reduce(inputs[call % kInputs], out, size_of(call), t, ReduceOp::kSum, c.stream,
+                       Algorithm::kLowLatency);
   };
   for (int i = 0; i < kCalls; ++i) {
     if (rank == world - 1 && i % 50 == 25) {
       RANK_CUDA(cudaStreamSynchronize(c.stream));
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    c.comm->all_reduce(inputs[i % kInputs], outs + i * slot, sizes[i % 2], t, ReduceOp::kSum, c.stream,
-                       Algorithm::kLowLatency);
+    enqueue(i, outs + i * slot);
   }
   for (int i = 0; i < kCalls; ++i)
     failures += check(
         c, outs + i * slot, expected(i),
         "low-latency all_reduce #" + std::to_string(i) + " of " + std::to_string(kCalls) + " in sequence", t,
-        sizes[i % 2]);
+        size_of(i));
 
-  constexpr int kCaptured = 4;  // both sizes, three inputs: every region and grid in turn
+  // Partly overlapping input and output: through scratch, as one-shot does.
+  {
+    char* shifted = static_cast<char*>(inputs[0]) + 2;  // one element on
+    const std::size_t n = 1001;
+    const Bytes sum = expected_reduction(seeds[0], world, largest, 0, n, t, ReduceOp::kSum);
+    c.comm->all_reduce(inputs[0], shifted, n, t, ReduceOp::kSum, c.stream, Algorithm::kLowLatency);
+    failures += check(c, shifted, sum, "low-latency all_reduce into an overlapping output", t, n);
+    failures += upload(c, inputs[0], rank_data(seeds[0], rank, largest, t));
+  }
+
+  constexpr int kCaptured = 5;  // three sizes, two inputs, two regions: every pairing in turn
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   RANK_CUDA(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kCaptured; ++i)
-    c.comm->all_reduce(inputs[i % kInputs], outs + i * slot, sizes[i % 2], t, ReduceOp::kSum, c.stream,
-                       Algorithm::kLowLatency);
+  for (int i = 0; i < kCaptured; ++i) enqueue(i, outs + i * slot);
   RANK_CUDA(cudaStreamEndCapture(c.stream, &graph));
   RANK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 5; ++replay) {
@@ -390,10 +403,40 @@ int low_latency_in_sequence(Ctx& c) {
       failures +=
           check(c, outs + i * slot, expected(i),
                 "graph replay " + std::to_string(replay) + " of low-latency all_reduce #" + std::to_string(i),
-                t, sizes[i % 2]);
+                t, size_of(i));
   }
   RANK_CUDA(cudaGraphExecDestroy(exec));
   RANK_CUDA(cudaGraphDestroy(graph));
+
+  // The wrap: a large call at epoch X leaves packets flagged X beyond what
+  // later, smaller calls overwrite. When X comes round again 2^32 calls
+  // later (set here), a rank that arrives first must not take them: the
+  // calls just before the wrap zero the regions.
+  auto in_step = [&] {  // no call in flight anywhere
+    RANK_CUDA(cudaStreamSynchronize(c.stream));
+    c.comm->barrier(c.stream);
+    RANK_CUDA(cudaStreamSynchronize(c.stream));
+    return 0;
+  };
+  constexpr std::uint32_t kBeforeX = 0xFFFFFFEFu;  // X = 0xFFFFFFF0, 16 calls before the wrap
+  failures += in_step();
+  c.comm->set_low_latency_epoch_for_testing(kBeforeX);
+  failures += in_step();
+  enqueue(2, outs);                                      // large, at X
+  for (int i = 0; i < 20; ++i) enqueue(0, outs + slot);  // small, through the wrap
+  failures += check(c, outs, expected(2), "low-latency all_reduce at epoch 0xFFFFFFF0", t, size_of(2));
+  failures += in_step();
+  c.comm->set_low_latency_epoch_for_testing(kBeforeX);
+  failures += in_step();
+  seeds[0] += 100;
+  failures += upload(c, inputs[0], rank_data(seeds[0], rank, largest, t));
+  failures += poison(c, outs, slot);
+  RANK_CUDA(cudaStreamSynchronize(c.stream));
+  if (rank == world - 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  enqueue(2, outs);  // large, at X again: the others read first
+  failures +=
+      check(c, outs, expected(2), "low-latency all_reduce at epoch 0xFFFFFFF0 after the wrap", t, size_of(2));
+
   for (void* p : inputs) release(c, p);
   release(c, outs);
   return failures;

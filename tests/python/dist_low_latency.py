@@ -82,9 +82,10 @@ def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
         assert symmpool._C.algorithm_counts()["two-shot"] == two_shot + 1
         assert low_latency_calls() - before == ran
 
-        # Back to back, sizes and inputs alternating, no host sync, rank 0
-        # late now and then: a packet taken from the wrong call shows.
-        calls = [(_integers(5 if i % 2 else 4093, torch.bfloat16, device, gen)) for i in range(60)]
+        # Back to back, three sizes (a period other than the two packet
+        # regions'), no host sync, rank 0 late now and then: a packet taken
+        # from the wrong call shows.
+        calls = [_integers((5, 1001, 4093)[i % 3], torch.bfloat16, device, gen) for i in range(60)]
         expected = [_reference(t, dist.ReduceOp.SUM) for t in calls]
         for i, t in enumerate(calls):
             if rank == 0 and i % 20 == 10:

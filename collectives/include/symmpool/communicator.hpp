@@ -163,6 +163,10 @@ class Communicator {
   // The largest all_reduce the low-latency algorithm takes here, in bytes:
   // kLowLatencyMaxBytes unless the internal slot is too small for it.
   std::size_t low_latency_max_bytes() const { return low_latency_max_bytes_; }
+  // Tests only: sets the epoch of the last low-latency call (every rank the
+  // same value, with no call of this communicator in flight anywhere), so
+  // that a test can reach the wrap after 2^32 calls without making them.
+  void set_low_latency_epoch_for_testing(std::uint32_t last);
 
  private:
   struct Reduction;  // one reduce_scatter or all_reduce, as its algorithms see it (reduction.hpp)
