@@ -30,7 +30,7 @@ import os
 # imported (peers.make_peers sets it again around each "symm" group).
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
                  "SYMMPOOL_DISABLE_MULTICAST": "1"}
-INHERITED_ENV = {k: os.environ.get(k) for k in (*MULTICAST_OFF, "SYMMPOOL_COLLECTIVES")}
+INHERITED_ENV = {k: os.environ.get(k) for k in (*MULTICAST_OFF, "SYMMPOOL_COLLECTIVES", "SYMMPOOL_ALL_REDUCE_ALGORITHM")}
 os.environ.update(MULTICAST_OFF)
 os.environ["SYMMPOOL_COLLECTIVES"] = "always"
 
@@ -178,7 +178,7 @@ def context_of(args, world: int, device) -> dict:
         "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
         "symmpool_commit": git_commit(), "host": socket.gethostname(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "env": {k: os.environ.get(k) for k in (*MULTICAST_OFF, "SYMMPOOL_COLLECTIVES")},
+        "env": {k: os.environ.get(k) for k in (*MULTICAST_OFF, "SYMMPOOL_COLLECTIVES", "SYMMPOOL_ALL_REDUCE_ALGORITHM")},
         "inherited_env": INHERITED_ENV, "nvlink_gbps_per_direction": NVLINK_GBPS_PER_DIRECTION,
         "dtype": "bfloat16", "sizes": args.sizes, "ops": args.ops, "peers": args.peers, "iters": args.iters,
         "reps": args.reps, "warmup": args.warmup, "graph": args.graph, "graph_max_bytes": args.graph_max_bytes,
