@@ -30,8 +30,10 @@ int setting(const std::string& text, const char* name, int fallback, int lowest,
 // One of the all-reduce algorithms, by the name to_string gives it.
 std::optional<Algorithm> parse_all_reduce_algorithm(const std::string& text) {
   if (text.empty()) return std::nullopt;
-  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kLowLatency})
-    if (text == to_string(a)) return a;
+  for (int i = 0; i < kAlgorithmCount; ++i) {
+    const auto a = static_cast<Algorithm>(i);
+    if (runs_all_reduce(a) && text == to_string(a)) return a;
+  }
   SYMMPOOL_FAIL("SYMMPOOL_ALL_REDUCE_ALGORITHM must be one-shot, two-shot or low-latency, got '" + text +
                 "'");
 }
@@ -64,9 +66,7 @@ void CollectiveOptions::check() const {
   expect_in_range(copy_streams, 1, kMostCopyStreams, "copy_streams");
   if (barrier_timeout)
     expect_in_range(barrier_timeout->count(), 1, kLongestTimeoutSeconds, "barrier_timeout");
-  SYMMPOOL_EXPECTS(!all_reduce_algorithm || *all_reduce_algorithm == Algorithm::kOneShot ||
-                       *all_reduce_algorithm == Algorithm::kTwoShot ||
-                       *all_reduce_algorithm == Algorithm::kLowLatency,
+  SYMMPOOL_EXPECTS(!all_reduce_algorithm || runs_all_reduce(*all_reduce_algorithm),
                    std::string("symmpool: CollectiveOptions::all_reduce_algorithm cannot be '") +
                        to_string(*all_reduce_algorithm) + "'");
 }

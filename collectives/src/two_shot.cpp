@@ -30,9 +30,7 @@ void Communicator::enqueue_all_reduce(const Reduction& r, Algorithm algorithm) {
   const bool explicit_choice = algorithm != Algorithm::kAuto;
   const Algorithm by_table = choose_algorithm(CollectiveKind::kAllReduce, bytes, world());
   if (!explicit_choice) algorithm = all_reduce_preference_.value_or(by_table);
-  detail::expect_algorithm(algorithm == Algorithm::kOneShot || algorithm == Algorithm::kTwoShot ||
-                               algorithm == Algorithm::kLowLatency,
-                           algorithm, "all_reduce");
+  detail::expect_algorithm(runs_all_reduce(algorithm), algorithm, "all_reduce");
   if (algorithm == Algorithm::kLowLatency) {
     // By size alone, the same on every rank (low_latency.cpp deals with overlaps).
     const bool usable = bytes <= low_latency_max_bytes();

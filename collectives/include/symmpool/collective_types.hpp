@@ -33,6 +33,11 @@ enum class Algorithm {
 };
 inline constexpr int kAlgorithmCount = static_cast<int>(Algorithm::kLowLatency) + 1;
 
+// The algorithms that can run an all-reduce.
+constexpr bool runs_all_reduce(Algorithm a) {
+  return a == Algorithm::kOneShot || a == Algorithm::kTwoShot || a == Algorithm::kLowLatency;
+}
+
 inline const char* to_string(Algorithm a) {
   switch (a) {
     case Algorithm::kAuto:
