@@ -25,14 +25,19 @@ bench/results/tp_ops_split_cost_<gpu>x1_<date>.json).
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import os
-import statistics
-import sys
 
-import torch
+# NVLink multicast stays off on the lent machines (nothing here communicates;
+# set all the same, before torch reads it, as every GPU script here does).
+os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
