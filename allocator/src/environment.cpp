@@ -39,6 +39,8 @@ Environment Environment::from_process() {
   if (const char* v = std::getenv("SYMMPOOL_COPY_STREAMS")) env.copy_streams = v;
   if (const char* v = std::getenv("SYMMPOOL_BARRIER_TIMEOUT")) env.barrier_timeout = v;
   if (const char* v = std::getenv("SYMMPOOL_ALL_REDUCE_ALGORITHM")) env.all_reduce_algorithm = v;
+  if (const char* v = std::getenv("SYMMPOOL_REDUCE_SCATTER_ALGORITHM")) env.reduce_scatter_algorithm = v;
+  if (const char* v = std::getenv("SYMMPOOL_TWO_STEP_PIECE_BYTES")) env.two_step_piece_bytes = v;
   if (const char* v = std::getenv("SYMMPOOL_HOST_ID")) env.host_id = v;
   env.test_ranks_share_gpu = is_true("SYMMPOOL_TEST_RANKS_SHARE_GPU");
   return env;

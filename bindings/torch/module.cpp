@@ -147,7 +147,7 @@ PYBIND11_MODULE(_C, m) {
         return d;
       },
       "symmpool collectives enqueued in this process, by the algorithm that ran them "
-      "(SYMMPOOL_ALL_REDUCE_ALGORITHM prefers one for all-reduces).");
+      "(SYMMPOOL_ALL_REDUCE_ALGORITHM and SYMMPOOL_REDUCE_SCATTER_ALGORITHM prefer one).");
   m.def(
       "_store_get",
       [](const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, int timeout_ms) {

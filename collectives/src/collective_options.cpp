@@ -4,6 +4,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace symmpool {
 
@@ -27,15 +28,30 @@ int setting(const std::string& text, const char* name, int fallback, int lowest,
   return static_cast<int>(value);
 }
 
-// One of the all-reduce algorithms, by the name to_string gives it.
-std::optional<Algorithm> parse_all_reduce_algorithm(const std::string& text) {
+// "a, b or c": the names to_string gives the algorithms `runs` accepts.
+std::string names_of(bool (*runs)(Algorithm)) {
+  std::vector<std::string> names;
+  for (int i = 0; i < kAlgorithmCount; ++i)
+    if (runs(static_cast<Algorithm>(i))) names.push_back(to_string(static_cast<Algorithm>(i)));
+  std::string text;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return text;
+}
+
+// One of the algorithms `runs` accepts, by the name to_string gives it.
+std::optional<Algorithm> parse_algorithm(const std::string& text, const char* name, bool (*runs)(Algorithm)) {
   if (text.empty()) return std::nullopt;
   for (int i = 0; i < kAlgorithmCount; ++i) {
     const auto a = static_cast<Algorithm>(i);
-    if (runs_all_reduce(a) && text == to_string(a)) return a;
+    if (runs(a) && text == to_string(a)) return a;
   }
-  SYMMPOOL_FAIL("SYMMPOOL_ALL_REDUCE_ALGORITHM must be one-shot, two-shot or low-latency, got '" + text +
-                "'");
+  SYMMPOOL_FAIL(std::string(name) + " must be " + names_of(runs) + ", got '" + text + "'");
+}
+
+void expect_runs(const std::optional<Algorithm>& a, bool (*runs)(Algorithm), const char* field) {
+  SYMMPOOL_EXPECTS(!a || runs(*a), std::string("symmpool: CollectiveOptions::") + field + " cannot be '" +
+                                       to_string(*a) + "'");
 }
 
 void expect_in_range(long long value, long long lowest, long long highest, const char* field) {
@@ -55,7 +71,13 @@ CollectiveOptions CollectiveOptions::from(const Environment& env) {
   if (!env.barrier_timeout.empty())
     options.barrier_timeout = std::chrono::seconds(
         setting(env.barrier_timeout, "SYMMPOOL_BARRIER_TIMEOUT", 0, 1, kLongestTimeoutSeconds));
-  options.all_reduce_algorithm = parse_all_reduce_algorithm(env.all_reduce_algorithm);
+  options.all_reduce_algorithm =
+      parse_algorithm(env.all_reduce_algorithm, "SYMMPOOL_ALL_REDUCE_ALGORITHM", runs_all_reduce);
+  options.reduce_scatter_algorithm =
+      parse_algorithm(env.reduce_scatter_algorithm, "SYMMPOOL_REDUCE_SCATTER_ALGORITHM", runs_reduce_scatter);
+  options.two_step_piece_bytes =
+      setting(env.two_step_piece_bytes, "SYMMPOOL_TWO_STEP_PIECE_BYTES", kDefaultTwoStepPieceBytes,
+              kSmallestTwoStepPieceBytes, kLargestTwoStepPieceBytes);
   return options;
 }
 
@@ -66,9 +88,10 @@ void CollectiveOptions::check() const {
   expect_in_range(copy_streams, 1, kMostCopyStreams, "copy_streams");
   if (barrier_timeout)
     expect_in_range(barrier_timeout->count(), 1, kLongestTimeoutSeconds, "barrier_timeout");
-  SYMMPOOL_EXPECTS(!all_reduce_algorithm || runs_all_reduce(*all_reduce_algorithm),
-                   std::string("symmpool: CollectiveOptions::all_reduce_algorithm cannot be '") +
-                       to_string(*all_reduce_algorithm) + "'");
+  expect_runs(all_reduce_algorithm, runs_all_reduce, "all_reduce_algorithm");
+  expect_runs(reduce_scatter_algorithm, runs_reduce_scatter, "reduce_scatter_algorithm");
+  expect_in_range(two_step_piece_bytes, kSmallestTwoStepPieceBytes, kLargestTwoStepPieceBytes,
+                  "two_step_piece_bytes");
 }
 
 }  // namespace symmpool

@@ -1,8 +1,8 @@
 // The communicator's core: construction and teardown, failures, the order
 // collectives run in, their numbering and the symmetry checks. Each
 // collective and algorithm has its own file: barrier.cpp, all_gather.cpp,
-// two_step.cpp (reduce_scatter), two_shot.cpp (all_reduce), one_shot.cpp
-// (both), with reduction.cpp and scratch.cpp for what they share;
+// two_shot.cpp (all_reduce), one_shot.cpp and two_step.cpp (reduce_scatter
+// and all_reduce), low_latency.cpp, with reduction.cpp and scratch.cpp for what they share;
 // peer_memory.cpp serves patterns users write themselves.
 
 #include "collective_helpers.hpp"
@@ -12,6 +12,7 @@
 #include "issue_order.hpp"
 #include "relaxed_capture.hpp"
 #include "stream_op_watchdog.hpp"
+#include "stream_pipeline.hpp"
 
 #include <symmpool/communicator.hpp>
 #include <symmpool/detail/scope_exit.hpp>
@@ -52,6 +53,8 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   options.check();  // from_environment() checked its own; options set in code may be off
   max_blocks_ = options.max_blocks;
   all_reduce_preference_ = options.all_reduce_algorithm;
+  reduce_scatter_preference_ = options.reduce_scatter_algorithm;
+  two_step_piece_bytes_ = options.two_step_piece_bytes;
   timeout_seconds_ = static_cast<int>(options.barrier_timeout.value_or(barrier_timeout).count());
   SYMMPOOL_EXPECTS(world() <= kMaxRanks, "symmpool collectives support up to " + std::to_string(kMaxRanks) +
                                              " ranks, got " + std::to_string(world()));
@@ -73,6 +76,7 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   heap_.sync();  // also a barrier: no peer signals before every pad is zeroed
   map_signal_pads();
   copies_ = std::make_unique<detail::CopyStreams>(options.copy_streams);
+  pipeline_ = std::make_unique<detail::StreamPipeline>();
   events_ = detail::EventPool::make();
   order_ = std::make_unique<detail::IssueOrder>();
   if (!on_failure)

@@ -6,6 +6,8 @@
 
 #include <symmpool/communicator.hpp>
 
+#include <algorithm>
+
 namespace symmpool {
 
 float Communicator::scale(ReduceOp op) const {
@@ -24,6 +26,14 @@ detail::ReduceLaunch Communicator::reduce_launch(const Reduction& r, bool fused)
   launch.scale = r.scale;
   launch.max_blocks = max_blocks_;
   return launch;
+}
+
+Communicator::ChunkOfRank Communicator::chunk_of_rank(std::size_t count, std::size_t element_bytes) const {
+  const std::size_t n = static_cast<std::size_t>(world());
+  const std::size_t per_vector = 16 / element_bytes;  // loads stay aligned where the buffer is
+  const std::size_t stride = ((count + n - 1) / n + per_vector - 1) / per_vector * per_vector;
+  const std::size_t first = std::min(count, stride * static_cast<std::size_t>(rank()));
+  return {first, std::min(stride, count - first), stride};
 }
 
 }  // namespace symmpool

@@ -1,7 +1,8 @@
 // all_reduce, and its two-shot algorithm: each rank reduces one chunk and
 // writes it into every rank's output. It falls back to one-shot where
-// two-shot cannot run (the buffers are not symmetric, or overlap); the
-// low-latency one (low_latency.cpp) takes small messages, in any memory.
+// two-shot or two-step (two_step.cpp) cannot run (the buffers are not
+// symmetric, or overlap); the low-latency one (low_latency.cpp) takes small
+// messages, in any memory.
 
 #include "collective_helpers.hpp"
 #include "kernels.hpp"
@@ -41,43 +42,40 @@ void Communicator::enqueue_all_reduce(const Reduction& r, Algorithm algorithm) {
     if (usable) return low_latency_all_reduce(r);
     algorithm = by_table;  // a preference from the environment, where it cannot run
   }
-  if (algorithm == Algorithm::kTwoShot) {
-    // Two-shot writes peers' outputs while they read our input: the buffers
-    // must be the same one or apart, and the output symmetric.
+  if (algorithm == Algorithm::kTwoShot || algorithm == Algorithm::kTwoStep) {
+    // Both write peers' outputs while they read our input: the buffers must
+    // be the same one or apart, and the output symmetric.
     // Both checks run on every rank (they are collective): no short circuit.
     const bool in_symmetric = is_symmetric(r.in, bytes, "all_reduce input");
     const bool out_symmetric = is_symmetric(r.out, bytes, "all_reduce output");
     const bool usable =
         in_symmetric && out_symmetric && (r.in == r.out || !detail::overlap(r.in, bytes, r.out, bytes));
     SYMMPOOL_EXPECTS(usable || !explicit_choice,
-                     "symmpool: two-shot all_reduce needs symmetric input and output that are the "
-                     "same buffer or do not overlap");
-    if (usable) return two_shot(r);
+                     std::string("symmpool: ") + to_string(algorithm) +
+                         " all_reduce needs symmetric input and output that are the same buffer or do not "
+                         "overlap");
+    if (usable) return algorithm == Algorithm::kTwoShot ? two_shot(r) : two_step_all_reduce(r);
   }
   one_shot(r, r.count, 0);
 }
 
 void Communicator::two_shot(const Reduction& r) {
-  const std::size_t es = element_size(r.type), n = static_cast<std::size_t>(world()), count = r.count;
+  const std::size_t es = element_size(r.type);
   require_symmetric(r.in, r.bytes(), "all_reduce input");
   require_symmetric(r.out, r.bytes(), "all_reduce output (two-shot)");
-  // Rank i reduces chunk i and writes it into every rank's output. Chunks
-  // are whole 16-byte vectors, so every load stays aligned.
-  const std::size_t per_vector = 16 / es;
-  const std::size_t chunk = ((count + n - 1) / n + per_vector - 1) / per_vector * per_vector;
-  const std::size_t first = std::min(count, chunk * static_cast<std::size_t>(rank()));
-  const std::size_t mine = std::min(chunk, count - first);
-  const bool fused = fused_kernel(chunk * es);
+  // Rank i reduces chunk i and writes it into every rank's output.
+  const ChunkOfRank mine = chunk_of_rank(r.count, es);
+  const bool fused = fused_kernel(mine.stride * es);
   detail::ReduceLaunch launch = reduce_launch(r, fused);
   for (int p = 0; p < world(); ++p) {
     launch.in.ptr[p] = heap_.peer_ptr(r.in, p);
     launch.out.ptr[p] = heap_.peer_ptr(r.out, p);
   }
   launch.n_outs = world();
-  launch.src_offset = first;
-  launch.dst_offset = first;
-  launch.count = mine;
-  launch.grid_count = chunk;  // equal on every rank, even where the last chunk is short
+  launch.src_offset = mine.first;
+  launch.dst_offset = mine.first;
+  launch.count = mine.count;
+  launch.grid_count = mine.stride;  // equal on every rank, even where the last chunk is short
   if (!fused) enqueue_barrier(r.stream, BarrierKind::kKernel);
   SYMMPOOL_CUDA_TRY(detail::launch_reduce(launch, r.stream));
   if (!fused) enqueue_barrier(r.stream, BarrierKind::kKernel);

@@ -1,19 +1,29 @@
-// reduce_scatter, and its two-step algorithm: copy engines bring every
-// peer's chunk of this rank here, then a kernel reduces from local memory.
-// One-shot (one_shot.cpp) is the other choice.
+// The two-step algorithm, for reduce_scatter and all_reduce: copy engines
+// pull this rank's chunk from every peer into staging, a local kernel
+// reduces it, and (all_reduce) copy engines push the result into every
+// peer's output. NVLink carries only copy-engine traffic and the kernel
+// reads local memory only; pieces of the chunk go through the three steps
+// as a pipeline (stream_pipeline.hpp). One-shot (one_shot.cpp) is the other
+// reduce_scatter; all_reduce's entry point is in two_shot.cpp.
 
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
 #include "kernels.hpp"
 #include "reduction.hpp"
+#include "stream_pipeline.hpp"
 
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
 #include <symmpool/error.hpp>
 
-#include <vector>
+#include <algorithm>
 
 namespace symmpool {
+
+namespace {
+// Staging slots of the pipeline: a pull may run two pieces ahead of the reduce.
+constexpr int kStagingSlots = 3;
+}  // namespace
 
 void Communicator::reduce_scatter(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
                                   cudaStream_t stream, Algorithm algorithm) {
@@ -28,43 +38,107 @@ void Communicator::reduce_scatter(const void* in, void* out, std::size_t count, 
 void Communicator::enqueue_reduce_scatter(const Reduction& r, Algorithm algorithm) {
   const std::size_t n = static_cast<std::size_t>(world());
   if (algorithm == Algorithm::kAuto)
-    algorithm = choose_algorithm(CollectiveKind::kReduceScatter, r.bytes() * n, world());
-  detail::expect_algorithm(algorithm == Algorithm::kOneShot || algorithm == Algorithm::kTwoStep, algorithm,
-                           "reduce_scatter");
+    algorithm = reduce_scatter_preference_.value_or(
+        choose_algorithm(CollectiveKind::kReduceScatter, r.bytes() * n, world()));
+  detail::expect_algorithm(runs_reduce_scatter(algorithm), algorithm, "reduce_scatter");
   if (algorithm == Algorithm::kTwoStep)
-    two_step(r);
+    two_step_reduce_scatter(r);
   else
     one_shot(r, r.count * n, r.count * static_cast<std::size_t>(rank()));  // our chunk of every input
 }
 
-void Communicator::two_step(const Reduction& r) {
-  const void* in = r.in;
+void Communicator::two_step_reduce_scatter(const Reduction& r) {
   const std::size_t bytes = r.bytes();
   const int n = world(), me = rank();
-  require_symmetric(in, bytes * static_cast<std::size_t>(n), "reduce_scatter input");
-  // Copy engines bring every rank's chunk `me` here; then peers are free and
-  // an SM kernel reduces from local memory only.
-  char* staged = static_cast<char*>(scratch(bytes * static_cast<std::size_t>(n), r.stream));
-  std::vector<detail::Copy> copies;
-  for (int k = 1; k < n; ++k) {
-    const int p = (me + k) % n;
-    copies.push_back({staged + static_cast<std::size_t>(p) * bytes,
-                      detail::at(heap_.peer_ptr(in, p), bytes * static_cast<std::size_t>(me)), bytes});
-  }
-  enqueue_barrier(r.stream, BarrierKind::kKernel);
-  copies_->issue(copies, r.stream);
-  enqueue_barrier(r.stream, BarrierKind::kKernel);
-  detail::ReduceLaunch launch = reduce_launch(r, /*fused=*/false);
-  const void** chunks = launch.in.ptr;
-  for (int p = 0; p < n; ++p) chunks[p] = staged + static_cast<std::size_t>(p) * bytes;
-  chunks[me] =
-      detail::at(in, bytes * static_cast<std::size_t>(me));  // read in place: same index, same thread
-  if (detail::overlap(in, bytes * static_cast<std::size_t>(n), r.out, bytes) && r.out != chunks[me]) {
-    detail::copy_on(r.stream, staged + static_cast<std::size_t>(me) * bytes, chunks[me], bytes);
-    chunks[me] = staged + static_cast<std::size_t>(me) * bytes;
-  }
-  SYMMPOOL_CUDA_TRY(detail::launch_reduce(launch, r.stream));
+  const std::size_t ours = bytes * static_cast<std::size_t>(me);
+  require_symmetric(r.in, bytes * static_cast<std::size_t>(n), "reduce_scatter input");
+  TwoStepChunk chunk;
+  for (int p = 0; p < n; ++p) chunk.sources.ptr[p] = detail::at(heap_.peer_ptr(r.in, p), ours);
+  chunk.sources.ptr[me] = detail::at(r.in, ours);  // read in place: same index, same thread
+  chunk.count = r.count;
+  // Peers read every chunk of our input but ours until the end: a result
+  // that would land there goes to staging first.
+  const bool aliased = detail::overlap(r.in, bytes * static_cast<std::size_t>(n), r.out, bytes) &&
+                       r.out != chunk.sources.ptr[me];
+  chunk.result = r.out;
+  enqueue_barrier(r.stream, BarrierKind::kKernel);  // inputs ready everywhere
+  void* staged_result = two_step(r, chunk, /*stage_result=*/aliased);
+  enqueue_barrier(r.stream, BarrierKind::kKernel);  // nobody reads our input any more
+  if (aliased) detail::copy_on(r.stream, r.out, staged_result, bytes);
   detail::count_algorithm(Algorithm::kTwoStep);
+}
+
+void Communicator::two_step_all_reduce(const Reduction& r) {
+  const std::size_t es = element_size(r.type);
+  const int n = world();
+  const ChunkOfRank mine = chunk_of_rank(r.count, es);
+  TwoStepChunk chunk;
+  for (int p = 0; p < n; ++p) chunk.sources.ptr[p] = detail::at(heap_.peer_ptr(r.in, p), mine.first * es);
+  chunk.sources.ptr[rank()] = detail::at(r.in, mine.first * es);
+  chunk.result = detail::at(r.out, mine.first * es);
+  for (int p = 0; p < n; ++p) chunk.pushes.ptr[p] = detail::at(heap_.peer_ptr(r.out, p), mine.first * es);
+  chunk.count = mine.count;
+  chunk.push = true;
+  // Each rank pulls only its own chunk of the peers' inputs and writes only
+  // its own chunk of their outputs, after pulling it: in place needs no
+  // barrier between the steps.
+  enqueue_barrier(r.stream, BarrierKind::kKernel);  // inputs ready and outputs free everywhere
+  two_step(r, chunk, /*stage_result=*/false);
+  enqueue_barrier(r.stream, BarrierKind::kKernel);  // every push landed; nobody reads our input
+  detail::count_algorithm(Algorithm::kTwoStep);
+}
+
+void* Communicator::two_step(const Reduction& r, const TwoStepChunk& chunk, bool stage_result) {
+  const std::size_t es = element_size(r.type);
+  const int n = world(), me = rank();
+  // Pieces of whole 16-byte vectors (from the chunk's start), so copies and
+  // loads stay on vectors wherever the chunk itself is aligned.
+  const std::size_t per_vector = 16 / es;
+  const std::size_t piece =
+      std::max(per_vector, static_cast<std::size_t>(two_step_piece_bytes_) / es / per_vector * per_vector);
+  const int pieces = static_cast<int>((chunk.count + piece - 1) / piece);
+  const int slots = std::min(pieces, kStagingSlots);
+  const std::size_t slot_bytes = piece * es * static_cast<std::size_t>(n - 1);
+  // One scratch buffer: the slots, then the staged result if asked.
+  const std::size_t staging_bytes = slot_bytes * static_cast<std::size_t>(std::max(slots, 1));
+  char* scratch_base =
+      static_cast<char*>(scratch(staging_bytes + (stage_result ? chunk.count * es : 0), r.stream));
+  void* staged_result = stage_result ? scratch_base + staging_bytes : nullptr;
+  void* result = staged_result ? staged_result : chunk.result;
+  // Peer p's piece in a slot: peers in the order (me + 1), (me + 2), ...
+  auto staged = [&](int slot, int p) {
+    const int index = (p - me - 1 + n) % n;
+    return scratch_base + static_cast<std::size_t>(slot) * slot_bytes +
+           static_cast<std::size_t>(index) * piece * es;
+  };
+  auto first_of = [&](int k) { return static_cast<std::size_t>(k) * piece; };
+  auto count_of = [&](int k) { return std::min(piece, chunk.count - first_of(k)); };
+
+  auto pull = [&](int k, int slot, cudaStream_t s) {
+    for (int i = 1; i < n; ++i) {
+      const int p = (me + i) % n;  // spread the copies over the links
+      detail::copy_on(s, staged(slot, p), detail::at(chunk.sources.ptr[p], first_of(k) * es),
+                      count_of(k) * es);
+    }
+  };
+  auto reduce = [&](int k, int slot, cudaStream_t s) {
+    detail::ReduceLaunch launch = reduce_launch(r, /*fused=*/false);
+    for (int p = 0; p < n; ++p)
+      launch.in.ptr[p] = p == me ? detail::at(chunk.sources.ptr[me], first_of(k) * es) : staged(slot, p);
+    launch.out.ptr[0] = detail::at(result, first_of(k) * es);
+    launch.count = launch.grid_count = count_of(k);
+    SYMMPOOL_CUDA_TRY(detail::launch_reduce(launch, s));
+  };
+  auto push = [&](int k, int, cudaStream_t s) {
+    for (int i = 1; i < n; ++i) {
+      const int p = (me + i) % n;
+      detail::copy_on(s, detail::at(chunk.pushes.ptr[p], first_of(k) * es),
+                      detail::at(result, first_of(k) * es), count_of(k) * es);
+    }
+  };
+  pipeline_->run(pieces, std::max(slots, 1), r.stream, pull, reduce,
+                 chunk.push ? detail::StreamPipeline::Stage(push) : detail::StreamPipeline::Stage());
+  return staged_result;
 }
 
 }  // namespace symmpool

@@ -29,7 +29,8 @@ namespace symmpool::test {
 // (cuStreamWaitValue32 waits forever) through the communicator's watchdog.
 // So does a fused kernel, which meets its peers at its start and its end:
 // once its start gave up, its end does not wait a second timeout, and the
-// low-latency all-reduce, whose threads each wait for their peer's packets. Work
+// low-latency all-reduce, whose threads each wait for their peer's packets,
+// and the two-step all-reduce, whose copies sit between two barriers. Work
 // queued behind the failed one drains without its own timeout. The failure
 // is sticky: it names the first collective that never finished and the
 // rank that never came, the handler hears it once, and every later call
@@ -53,7 +54,7 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
       int handled = 0;
       std::string heard;
     };
-    constexpr int kGroups = 4;
+    constexpr int kGroups = 5;
     Group groups[kGroups];
     constexpr std::size_t kBytes = 4096;
     auto* gathered = static_cast<char*>(alloc.allocate(kBytes * world, reinterpret_cast<CUstream>(s)));
@@ -89,6 +90,12 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
          [&](Communicator& c) {
            c.all_reduce(gathered, gathered, kBytes / 4, DataType::kFloat32, ReduceOp::kSum, s,
                         Algorithm::kLowLatency);
+         }},
+        // On the whole gathered buffer, whose symmetry the all-gather checked.
+        {"two-step all-reduce", "all_reduce #2 (8192 bytes",
+         [&](Communicator& c) {
+           c.all_reduce(gathered, gathered, kBytes * world / 4, DataType::kFloat32, ReduceOp::kSum, s,
+                        Algorithm::kTwoStep);
          }},
     };
     for (int g = 0; g < kGroups; ++g) {

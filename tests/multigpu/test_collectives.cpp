@@ -218,7 +218,8 @@ int correctness(Ctx& c) {
           failures +=
               check(c, rs_out, scattered, "reduce_scatter " + std::string(to_string(a)) + op_name, t, n);
         }
-        for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kLowLatency}) {
+        for (Algorithm a :
+             {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kTwoStep, Algorithm::kLowLatency}) {
           if (a == Algorithm::kLowLatency && bytes > c.comm->low_latency_max_bytes()) continue;
           const std::string name = "all_reduce " + std::string(to_string(a)) + op_name;
           failures += poison(c, rs_out, bytes);
@@ -274,6 +275,7 @@ int back_to_back_and_graph(Ctx& c) {
   void* out_pull = dev(c, total);
   void* out_push = dev(c, total);
   void* ar = dev(c, big * 2);
+  void* ar_2step = dev(c, big * 2);
   auto run_all = [&] {
     c.comm->all_gather(in, out, bytes, c.stream);
     c.comm->all_gather(in, out_pull, bytes, c.stream, Algorithm::kCopyEnginePull, BarrierKind::kStreamOps);
@@ -281,6 +283,7 @@ int back_to_back_and_graph(Ctx& c) {
     c.comm->reduce_scatter(rs_in, rs_out, n, t, ReduceOp::kSum, c.stream);
     c.comm->reduce_scatter(rs_in, rs_out_2step, n, t, ReduceOp::kSum, c.stream, Algorithm::kTwoStep);
     c.comm->all_reduce(ar, ar, big, t, ReduceOp::kSum, c.stream);
+    c.comm->all_reduce(ar_2step, ar_2step, big, t, ReduceOp::kSum, c.stream, Algorithm::kTwoStep);
   };
   run_all();  // eager first: symmetry checks and scratch happen outside the capture
   cudaGraph_t graph;
@@ -309,6 +312,7 @@ int back_to_back_and_graph(Ctx& c) {
     failures += upload(c, in, rank_data(seed, rank, n, t));
     failures += upload(c, rs_in, rank_data(seed, rank, n * world, t));
     failures += upload(c, ar, rank_data(seed, rank, big, t));
+    failures += upload(c, ar_2step, rank_data(seed, rank, big, t));
     failures += poison(c, out, total);
     for (void* o : {out_pull, out_push}) failures += poison(c, o, total);
     for (void* o : {rs_out, rs_out_2step}) failures += poison(c, o, bytes);
@@ -322,10 +326,12 @@ int back_to_back_and_graph(Ctx& c) {
     failures += check(c, rs_out_2step, scattered, "graph replay of reduce_scatter (two-step)", t, n);
     failures += check(c, ar, expected_reduction(seed, world, big, 0, big, t, ReduceOp::kSum),
                       "graph replay of all_reduce (two-shot)", t, big);
+    failures += check(c, ar_2step, expected_reduction(seed, world, big, 0, big, t, ReduceOp::kSum),
+                      "graph replay of all_reduce (two-step)", t, big);
   }
   RANK_CUDA(cudaGraphExecDestroy(exec));
   RANK_CUDA(cudaGraphDestroy(graph));
-  for (void* p : {in, out, rs_in, rs_out, rs_out_2step, out_pull, out_push, ar}) release(c, p);
+  for (void* p : {in, out, rs_in, rs_out, rs_out_2step, out_pull, out_push, ar, ar_2step}) release(c, p);
   return failures;
 }
 
@@ -572,7 +578,11 @@ int collectives_rank(int rank, int world, Rendezvous& rv) {
   FileStore store(shared_store_dir());
   SymmetricHeap heap(real_driver(), *c.alloc, store, "coll" + std::to_string(world), rank, world);
   int failures = bad_environment(c, heap);
-  Communicator comm(heap, *c.alloc);
+  // The smallest two-step pieces: the larger cases go through many pieces
+  // and reuse every staging slot.
+  CollectiveOptions options = CollectiveOptions::from_environment();
+  options.two_step_piece_bytes = CollectiveOptions::kSmallestTwoStepPieceBytes;
+  Communicator comm(heap, *c.alloc, Communicator::kDefaultBarrierTimeout, {}, options);
   c.comm = &comm;
   failures += correctness(c);
   failures += back_to_back_and_graph(c);

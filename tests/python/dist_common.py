@@ -60,3 +60,29 @@ def set_collectives_mode(collectives: str) -> None:
         os.environ.pop("SYMMPOOL_COLLECTIVES", None)
     else:
         os.environ["SYMMPOOL_COLLECTIVES"] = collectives
+
+
+def every_ranks(t: torch.Tensor) -> list:
+    """[rank 0's t, rank 1's t, ...] on the CPU, exact: bytes over the default
+    group's CPU backend (gloo), so it works where the ranks share a GPU."""
+    flat = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+    parts = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, flat)
+    return [p.view(t.dtype).reshape(t.shape) for p in parts]
+
+
+def reduction_reference(t: torch.Tensor, op) -> torch.Tensor:
+    """Every rank's t reduced as symmpool's kernels do: an fp32 sum in rank
+    order, times 1/world for an average, rounded once; on the CPU."""
+    parts = every_ranks(t)
+    acc = torch.zeros(t.shape, dtype=torch.float32)
+    for p in parts:
+        acc += p.float()
+    if op == dist.ReduceOp.AVG:
+        acc *= 1.0 / len(parts)
+    return acc.to(t.dtype)
+
+
+def small_integers(n: int, dtype, device, gen) -> torch.Tensor:
+    """Small integers: exact in every dtype and any order of summation."""
+    return torch.randint(-8, 9, (n,), generator=gen).to(dtype).to(device)

@@ -29,9 +29,15 @@ struct Environment {
   // SYMMPOOL_BARRIER_TIMEOUT: seconds a barrier waits for a peer before it
   // gives up with an error (default 600, c10d's default for NCCL).
   std::string barrier_timeout;
-  // SYMMPOOL_ALL_REDUCE_ALGORITHM: one-shot, two-shot or low-latency, used
-  // where it can run instead of the algorithm table's choice (as NCCL_ALGO).
+  // SYMMPOOL_ALL_REDUCE_ALGORITHM: one-shot, two-shot, two-step or
+  // low-latency, used where it can run instead of the algorithm table's
+  // choice (as NCCL_ALGO); SYMMPOOL_REDUCE_SCATTER_ALGORITHM: one-shot or
+  // two-step, the same for reduce-scatters.
   std::string all_reduce_algorithm;
+  std::string reduce_scatter_algorithm;
+  // SYMMPOOL_TWO_STEP_PIECE_BYTES: bytes of one rank's chunk that the
+  // two-step algorithms move and reduce per pipeline step.
+  std::string two_step_piece_bytes;
   // SYMMPOOL_HOST_ID: this node's identity, like NCCL_HOSTID, where hostname
   // and boot id cannot tell nodes apart (tests use it to make one machine
   // look like several nodes); empty when unset.

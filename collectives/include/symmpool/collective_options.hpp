@@ -6,9 +6,13 @@
 //   SYMMPOOL_COPY_STREAMS     streams that share each copy-engine copy
 //   SYMMPOOL_BARRIER_TIMEOUT  seconds any barrier waits for a peer; overrides
 //                             the timeout the caller gives the communicator
-//   SYMMPOOL_ALL_REDUCE_ALGORITHM  one-shot, two-shot or low-latency: the
-//                             all-reduce algorithm wherever it can run, in
-//                             place of the table's (as NCCL_ALGO)
+//   SYMMPOOL_ALL_REDUCE_ALGORITHM  one-shot, two-shot, two-step or
+//                             low-latency: the all-reduce algorithm wherever
+//                             it can run, in place of the table's (as NCCL_ALGO)
+//   SYMMPOOL_REDUCE_SCATTER_ALGORITHM  one-shot or two-step: the same for
+//                             reduce-scatters
+//   SYMMPOOL_TWO_STEP_PIECE_BYTES  what the two-step algorithms move and
+//                             reduce per pipeline step, of one rank's chunk
 
 #include <symmpool/collective_types.hpp>
 #include <symmpool/environment.hpp>
@@ -27,6 +31,12 @@ struct CollectiveOptions {
   static constexpr int kDefaultCopyStreams = 1;
   static constexpr int kMostCopyStreams = 8;
   static constexpr std::chrono::seconds kLongestBarrierTimeout{86400};
+  // A piece long enough that a copy's start-up is small beside it, short
+  // enough that the pipeline fills quickly; staging holds 3 pieces per peer.
+  // Not measured yet on 2 GPUs: the variable is there to sweep it.
+  static constexpr int kDefaultTwoStepPieceBytes = 8 << 20;
+  static constexpr int kSmallestTwoStepPieceBytes = 64 << 10;
+  static constexpr int kLargestTwoStepPieceBytes = 256 << 20;
 
   int max_blocks = kDefaultMaxBlocks;      // 1 to kLargestGrid
   int copy_streams = kDefaultCopyStreams;  // 1 (the caller's stream alone) to kMostCopyStreams
@@ -35,6 +45,9 @@ struct CollectiveOptions {
   // Set: all-reduces that name no algorithm use this one where it can run
   // (one-shot, two-shot or low-latency), the table's choice elsewhere.
   std::optional<Algorithm> all_reduce_algorithm;
+  // The same for reduce-scatters (one-shot or two-step).
+  std::optional<Algorithm> reduce_scatter_algorithm;
+  int two_step_piece_bytes = kDefaultTwoStepPieceBytes;  // kSmallest.. to kLargestTwoStepPieceBytes
 
   // Parses env's variables; an unset one keeps its default, a bad one
   // raises logic_error naming the variable and the value.

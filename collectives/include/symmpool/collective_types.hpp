@@ -28,14 +28,20 @@ enum class Algorithm {
   kKernel,          // all-gather: one kernel reads every peer, barriers inside (small messages)
   kOneShot,         // reduce-scatter, all-reduce: one kernel reads every peer's input
   kTwoShot,         // all-reduce: reduce our chunk, write it into every peer's output
-  kTwoStep,         // reduce-scatter: copy engines pull our chunks, then a local reduce
+  kTwoStep,         // reduce-scatter, all-reduce: copy engines pull our chunk from every peer, a
+                    // local kernel reduces it (all-reduce: copy engines push it to every peer),
+                    // pipelined piece by piece
   kLowLatency,      // all-reduce, small: inputs pushed as flagged packets, no barrier (NCCL's LL)
 };
 inline constexpr int kAlgorithmCount = static_cast<int>(Algorithm::kLowLatency) + 1;
 
-// The algorithms that can run an all-reduce.
+// The algorithms that can run an all-reduce, and a reduce-scatter.
 constexpr bool runs_all_reduce(Algorithm a) {
-  return a == Algorithm::kOneShot || a == Algorithm::kTwoShot || a == Algorithm::kLowLatency;
+  return a == Algorithm::kOneShot || a == Algorithm::kTwoShot || a == Algorithm::kTwoStep ||
+         a == Algorithm::kLowLatency;
+}
+constexpr bool runs_reduce_scatter(Algorithm a) {
+  return a == Algorithm::kOneShot || a == Algorithm::kTwoStep;
 }
 
 inline const char* to_string(Algorithm a) {

@@ -7,14 +7,17 @@
 // (collective_types.hpp):
 //   all_gather     copy-engine pull or push (no SM), or one kernel for small messages
 //   reduce_scatter one-shot kernel (16-byte loads, fp32 accumulation) or
-//                  two-step (copy engines pull, local reduce)
-//   all_reduce     one-shot, two-shot (reduce a chunk, push it everywhere), or
-//                  low-latency for small messages (flagged packets, no barrier)
+//                  two-step (copy engines pull, local reduce, pipelined)
+//   all_reduce     one-shot, two-shot (reduce a chunk, push it everywhere),
+//                  two-step (copy engines pull a chunk, local reduce, copy
+//                  engines push it everywhere, pipelined), or low-latency for
+//                  small messages (flagged packets, no barrier)
 //   barrier        kernel or stream memory operations on signal pads
 // Kernels of small messages meet their peers inside (one launch per call);
 // larger ones are bracketed by barrier kernels. CollectiveOptions
 // (collective_options.hpp: SYMMPOOL_MAX_BLOCKS, SYMMPOOL_COPY_STREAMS,
-// SYMMPOOL_BARRIER_TIMEOUT, SYMMPOOL_ALL_REDUCE_ALGORITHM), read from the
+// SYMMPOOL_BARRIER_TIMEOUT, SYMMPOOL_ALL_REDUCE_ALGORITHM,
+// SYMMPOOL_REDUCE_SCATTER_ALGORITHM, SYMMPOOL_TWO_STEP_PIECE_BYTES), read from the
 // environment once and given at construction, cap the grid of the larger
 // reductions, split copy-engine copies over streams, may override how long
 // any barrier waits for a peer before it gives up, and may prefer an
@@ -55,6 +58,7 @@ class FailureMonitor;
 class FailureRecord;
 class IssueOrder;
 class StreamOpWatchdog;
+class StreamPipeline;
 struct ErrorWords;
 struct ReduceLaunch;
 }  // namespace detail
@@ -169,7 +173,9 @@ class Communicator {
   void set_low_latency_epoch_for_testing(std::uint32_t last);
 
  private:
-  struct Reduction;  // one reduce_scatter or all_reduce, as its algorithms see it (reduction.hpp)
+  struct Reduction;     // one reduce_scatter or all_reduce, as its algorithms see it (reduction.hpp)
+  struct ChunkOfRank;   // the part of an all-reduce one rank reduces (reduction.hpp)
+  struct TwoStepChunk;  // what the two-step pipeline moves (reduction.hpp)
 
   // The core (communicator.cpp).
   // Enqueues on `stream` after the previous collective (IssueOrder) and
@@ -201,8 +207,8 @@ class Communicator {
                           Algorithm algorithm, BarrierKind kind);
 
   // Reductions: the entry points pick an algorithm (two_step.cpp for
-  // reduce_scatter, two_shot.cpp for all_reduce); one_shot.cpp serves both,
-  // reduction.cpp holds what they share.
+  // reduce_scatter, two_shot.cpp for all_reduce); one_shot.cpp and
+  // two_step.cpp serve both, reduction.cpp holds what they share.
   void enqueue_reduce_scatter(const Reduction& r, Algorithm algorithm);
   void enqueue_all_reduce(const Reduction& r, Algorithm algorithm);
   float scale(ReduceOp op) const;
@@ -212,8 +218,14 @@ class Communicator {
   // Every rank's input holds in_count elements; this rank reduces r.count
   // of them from src_offset on.
   void one_shot(const Reduction& r, std::size_t in_count, std::size_t src_offset);
+  // The chunk of an all-reduce's `count` elements this rank reduces.
+  ChunkOfRank chunk_of_rank(std::size_t count, std::size_t element_bytes) const;
   void two_shot(const Reduction& r);
-  void two_step(const Reduction& r);
+  void two_step_reduce_scatter(const Reduction& r);
+  void two_step_all_reduce(const Reduction& r);
+  // Enqueues the two-step pipeline of `chunk` (no barrier); with
+  // stage_result, the result lands in scratch, which it returns.
+  void* two_step(const Reduction& r, const TwoStepChunk& chunk, bool stage_result);
   void low_latency_all_reduce(const Reduction& r);  // low_latency.cpp
   // peer_memory.cpp
   void check_peer(int peer, const char* op) const;
@@ -237,6 +249,8 @@ class Communicator {
   detail::OutPointers packet_regions_{};        // every rank's, mapped here
   std::size_t low_latency_max_bytes_ = 0;
   std::optional<Algorithm> all_reduce_preference_;             // SYMMPOOL_ALL_REDUCE_ALGORITHM
+  std::optional<Algorithm> reduce_scatter_preference_;         // SYMMPOOL_REDUCE_SCATTER_ALGORITHM
+  int two_step_piece_bytes_ = 0;                               // SYMMPOOL_TWO_STEP_PIECE_BYTES
   std::uint32_t stream_op_epoch_ = 0;                          // host-side counter of stream-op barriers
   std::array<std::uint32_t, kMaxRanks> stream_op_sent_{};      // host-side, per peer: eager signal()s
   std::array<std::uint32_t, kMaxRanks> stream_op_received_{};  // host-side, per peer: eager wait()s
@@ -245,6 +259,7 @@ class Communicator {
   long long timeout_cycles_ = 0;                        // the same in clock cycles, for the kernels
   int max_blocks_ = 0;                                  // grid cap of unsynchronised reductions
   std::unique_ptr<detail::CopyStreams> copies_;         // where copy-engine copies are issued
+  std::unique_ptr<detail::StreamPipeline> pipeline_;    // the two-step algorithms' streams
   std::shared_ptr<detail::EventPool> events_;           // the ends of calls: one event each, shared
   detail::SharedEvent end_of_last_call_;                // until the caller takes it
   std::unique_ptr<detail::IssueOrder> order_;           // collectives run in the order issued

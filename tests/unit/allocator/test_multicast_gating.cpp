@@ -128,6 +128,8 @@ TEST(Environment, ReadsTheCollectivesKnobsAsWritten) {
                {"SYMMPOOL_COPY_STREAMS", &Environment::copy_streams},
                {"SYMMPOOL_BARRIER_TIMEOUT", &Environment::barrier_timeout},
                {"SYMMPOOL_ALL_REDUCE_ALGORITHM", &Environment::all_reduce_algorithm},
+               {"SYMMPOOL_REDUCE_SCATTER_ALGORITHM", &Environment::reduce_scatter_algorithm},
+               {"SYMMPOOL_TWO_STEP_PIECE_BYTES", &Environment::two_step_piece_bytes},
                {"SYMMPOOL_HOST_ID", &Environment::host_id}};
   for (const auto& knob : knobs) {
     ::unsetenv(knob.variable);

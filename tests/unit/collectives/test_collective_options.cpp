@@ -27,6 +27,8 @@ TEST(CollectiveOptions, UnsetVariablesKeepTheDefaults) {
   EXPECT_EQ(options.copy_streams, 1);
   EXPECT_FALSE(options.barrier_timeout.has_value());
   EXPECT_FALSE(options.all_reduce_algorithm.has_value());
+  EXPECT_FALSE(options.reduce_scatter_algorithm.has_value());
+  EXPECT_EQ(options.two_step_piece_bytes, 8 << 20);
 }
 
 TEST(CollectiveOptions, ReadsEachVariable) {
@@ -34,28 +36,49 @@ TEST(CollectiveOptions, ReadsEachVariable) {
   env.max_blocks = "528";
   env.copy_streams = "8";
   env.barrier_timeout = "86400";
+  env.two_step_piece_bytes = "65536";
   const CollectiveOptions options = CollectiveOptions::from(env);
   EXPECT_EQ(options.max_blocks, 528);
   EXPECT_EQ(options.copy_streams, 8);
   ASSERT_TRUE(options.barrier_timeout.has_value());
   EXPECT_EQ(options.barrier_timeout->count(), 86400);
+  EXPECT_EQ(options.two_step_piece_bytes, 65536);
 }
 
 // By the names the algorithms go by everywhere else (to_string).
 TEST(CollectiveOptions, ReadsTheAllReduceAlgorithmByName) {
-  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kLowLatency}) {
+  for (Algorithm a :
+       {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kTwoStep, Algorithm::kLowLatency}) {
     Environment env;
     env.all_reduce_algorithm = to_string(a);
     const CollectiveOptions options = CollectiveOptions::from(env);
     ASSERT_TRUE(options.all_reduce_algorithm.has_value()) << to_string(a);
     EXPECT_EQ(*options.all_reduce_algorithm, a);
   }
-  for (const char* bad : {"two-step", "auto", "LL", "low_latency", " one-shot"}) {
+  for (const char* bad : {"copy-engine push", "auto", "LL", "low_latency", " one-shot"}) {
     Environment env;
     env.all_reduce_algorithm = bad;
-    EXPECT_NE(parse_error(env).find(
-                  "SYMMPOOL_ALL_REDUCE_ALGORITHM must be one-shot, two-shot or low-latency, got '" +
-                  std::string(bad) + "'"),
+    EXPECT_NE(parse_error(env).find("SYMMPOOL_ALL_REDUCE_ALGORITHM must be one-shot, two-shot, two-step or "
+                                    "low-latency, got '" +
+                                    std::string(bad) + "'"),
+              std::string::npos)
+        << bad;
+  }
+}
+
+TEST(CollectiveOptions, ReadsTheReduceScatterAlgorithmByName) {
+  for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoStep}) {
+    Environment env;
+    env.reduce_scatter_algorithm = to_string(a);
+    const CollectiveOptions options = CollectiveOptions::from(env);
+    ASSERT_TRUE(options.reduce_scatter_algorithm.has_value()) << to_string(a);
+    EXPECT_EQ(*options.reduce_scatter_algorithm, a);
+  }
+  for (const char* bad : {"two-shot", "low-latency", "auto", "two_step"}) {
+    Environment env;
+    env.reduce_scatter_algorithm = bad;
+    EXPECT_NE(parse_error(env).find("SYMMPOOL_REDUCE_SCATTER_ALGORITHM must be one-shot or two-step, got '" +
+                                    std::string(bad) + "'"),
               std::string::npos)
         << bad;
   }
@@ -80,6 +103,10 @@ TEST(CollectiveOptions, RefusesBadValuesNamingTheVariable) {
        "SYMMPOOL_BARRIER_TIMEOUT must be a whole number from 1 to 86400, got '0'"},
       {&Environment::barrier_timeout, "1e3",
        "SYMMPOOL_BARRIER_TIMEOUT must be a whole number from 1 to 86400, got '1e3'"},
+      {&Environment::two_step_piece_bytes, "65535",
+       "SYMMPOOL_TWO_STEP_PIECE_BYTES must be a whole number from 65536 to 268435456, got '65535'"},
+      {&Environment::two_step_piece_bytes, "1G",
+       "SYMMPOOL_TWO_STEP_PIECE_BYTES must be a whole number from 65536 to 268435456, got '1G'"},
   };
   for (const auto& c : cases) {
     Environment env;
@@ -105,6 +132,12 @@ TEST(CollectiveOptions, CheckRefusesFieldsOutOfRange) {
   EXPECT_THROW(options.check(), logic_error);
   options.all_reduce_algorithm = Algorithm::kLowLatency;
   EXPECT_NO_THROW(options.check());
+  options.reduce_scatter_algorithm = Algorithm::kTwoShot;  // an all-reduce's only
+  EXPECT_THROW(options.check(), logic_error);
+  options.reduce_scatter_algorithm = Algorithm::kTwoStep;
+  EXPECT_NO_THROW(options.check());
+  options.two_step_piece_bytes = 1 << 10;
+  EXPECT_THROW(options.check(), logic_error);
 }
 
 }  // namespace symmpool::test
