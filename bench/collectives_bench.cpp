@@ -91,6 +91,7 @@ std::vector<Impl> variants(Op op) {
             {"symmpool-fp32", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kFloat32}};
   return {{"symmpool-1shot", false, Algorithm::kOneShot},
           {"symmpool-2shot", false, Algorithm::kTwoShot},
+          {"symmpool-2step", false, Algorithm::kTwoStep},
           {"nccl-fp32", true, Algorithm::kAuto, BarrierKind::kKernel, DataType::kFloat32},
           {"symmpool-fp32", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kFloat32}};
 }
@@ -357,7 +358,9 @@ void register_all() {
       {Op::kAllGather, {"symmpool-ce-pull", false, Algorithm::kCopyEnginePull}},
       {Op::kReduceScatter, kNccl},
       {Op::kReduceScatter, kSymmpool},
-      {Op::kReduceScatter, {"symmpool-2step", false, Algorithm::kTwoStep}}};
+      {Op::kReduceScatter, {"symmpool-2step", false, Algorithm::kTwoStep}},
+      {Op::kAllReduce, {"symmpool-2shot", false, Algorithm::kTwoShot}},
+      {Op::kAllReduce, {"symmpool-2step", false, Algorithm::kTwoStep}}};
   for (const auto& [op, impl] : contention) {
     std::string n = std::string("Contention/") + impl.name + "/" + op_name(op) + "/256MiB";
     benchmark::RegisterBenchmark(n.c_str(), Contention, op, impl)

@@ -119,10 +119,11 @@ def check(call, data: torch.Tensor, expected: torch.Tensor, ranks: Ranks) -> boo
 
 
 def measure(peer, variant, op: str, nbytes: int, modes: list[str], args, ranks: Ranks, reference: Reference,
-            symm_collectives, row) -> list[dict]:
+            symm_collectives, row, algorithms=None) -> list[dict]:
     """The result rows of one cell, one per mode, from `row(mode, per_rank,
     **fields)`. `symm_collectives()`: symmpool's count of the collectives it
-    ran in this process."""
+    ran in this process; `algorithms()`, if given: its counts by algorithm,
+    of which a row keeps what grew while it was timed (`algorithms_ran`)."""
     call, error = attempt(lambda: peer.call(op, variant, nbytes))
     error = ranks.first_error(error)
     if error:
@@ -135,6 +136,7 @@ def measure(peer, variant, op: str, nbytes: int, modes: list[str], args, ranks: 
     rows = []
     for mode in modes:
         before = symm_collectives()
+        algorithms_before = algorithms() if algorithms else {}
         host = []  # eager only: the host's per-call us
         if mode == "eager":
             issued = args.warmup + args.iters * args.reps
@@ -145,11 +147,17 @@ def measure(peer, variant, op: str, nbytes: int, modes: list[str], args, ranks: 
             samples, error = attempt(lambda: timing.time_graph(call.run, args.graph_calls, args.reps,
                                                                ranks.start_together))
         ran = symm_collectives() - before
+        if algorithms:
+            extra_counts = {"algorithms_ran": {a: n - algorithms_before.get(a, 0) for a, n in algorithms().items()
+                                               if n != algorithms_before.get(a, 0)}}
+        else:
+            extra_counts = {}
         error = ranks.first_error(error)
         if error:
             rows.append(row(mode, correct=correct, unavailable=f"{mode}: {error}"))
             continue
         per_rank = ranks.gather(samples)
         extra = {"host_us_median": timing.host_median(ranks.gather(host))} if mode == "eager" else {}
-        rows.append(row(mode, per_rank, correct=correct, calls_issued=issued, symm_collectives=ran, **extra))
+        rows.append(row(mode, per_rank, correct=correct, calls_issued=issued, symm_collectives=ran, **extra,
+                        **extra_counts))
     return rows

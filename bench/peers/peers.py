@@ -2,7 +2,11 @@
 up and how it runs one call of an op at one size.
 
 * symmpool: a "symm" group made while SYMMPOOL_COLLECTIVES=always, buffers
-  from its backend's allocate_tensor.
+  from its backend's allocate_tensor. Its variants run the same calls on the
+  same buffers through more "symm" groups, each made while
+  SYMMPOOL_ALL_REDUCE_ALGORITHM / SYMMPOOL_REDUCE_SCATTER_ALGORITHM (and
+  SYMMPOOL_TWO_STEP_PIECE_BYTES) name another algorithm (SymmBackend reads
+  them when it is constructed): the table's choice beside the others.
 * nccl: a "nccl" group, torch.empty buffers.
 * nccl-registered: a second "symm" group made while SYMMPOOL_COLLECTIVES=0
   (the symm backend reads it when it is constructed: SymmBackend's
@@ -79,18 +83,35 @@ class Call:
     compared: Callable[[torch.Tensor], torch.Tensor] = lambda t: t  # the part of a result the check compares
 
 
-class C10dPeer:
-    """torch.distributed's collectives on one group (nccl, symmpool, nccl-registered)."""
+# symmpool's variants: (name, op, the environment its group is made with).
+SYMMPOOL_TWO_STEP = "two-step"
 
-    def __init__(self, name: str, group, buffers: Buffers, world: int):
+
+def symmpool_variants(two_step_pieces: list[int]) -> list[tuple[str, str, dict]]:
+    """The two-step reduce-scatter and all-reduce, one variant per piece size."""
+    out = []
+    for piece in two_step_pieces:
+        name = f"{SYMMPOOL_TWO_STEP} {piece >> 20}M" if piece % (1 << 20) == 0 else f"{SYMMPOOL_TWO_STEP} {piece}B"
+        env = {"SYMMPOOL_TWO_STEP_PIECE_BYTES": str(piece)}
+        out.append((name, "reduce_scatter", {**env, "SYMMPOOL_REDUCE_SCATTER_ALGORITHM": SYMMPOOL_TWO_STEP}))
+        out.append((name, "all_reduce", {**env, "SYMMPOOL_ALL_REDUCE_ALGORITHM": SYMMPOOL_TWO_STEP}))
+    return out
+
+
+class C10dPeer:
+    """torch.distributed's collectives on one group (nccl, symmpool, nccl-registered);
+    `variant_groups` {(variant, op): group} run the same calls through other groups."""
+
+    def __init__(self, name: str, group, buffers: Buffers, world: int, variant_groups: dict | None = None):
         self.name, self.group, self.buffers, self.world = name, group, buffers, world
+        self.variant_groups = variant_groups or {}
 
     def variants(self, op: str) -> list:
-        return [None] if op in OPS else []
+        return [None] + [v for v, o in self.variant_groups if o == op] if op in OPS else []
 
     def call(self, op: str, variant, nbytes: int) -> Call:
         inp, out = self.buffers.views(op, nbytes, self.world, in_place=op == "all_reduce")
-        g = self.group
+        g = self.group if variant is None else self.variant_groups[(variant, op)]
         if op == "all_gather":
             def run():
                 dist.all_gather_into_tensor(out, inp, group=g)
@@ -179,10 +200,26 @@ class PeerCopyPeer:
         return Call(inp, run, poison=out, compared=compared)
 
 
-def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nbytes: int) -> tuple[dict, dict]:
+def _symm_group_with(symm_backend_name: str, env: dict):
+    """A "symm" group made while `env` is set (its backend reads it then)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return dist.new_group(backend=symm_backend_name)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nbytes: int,
+               two_step_pieces: list[int] = ()) -> tuple[dict, dict]:
     """The groups and buffers of every peer in `names` (nccl always: it is
-    the reference), made in the same order on every rank. Returns
-    ({name: peer}, {name: reason}) for peers whose setup failed."""
+    the reference), made in the same order on every rank; symmpool with a
+    two-step variant per piece size. Returns ({name: peer}, {name: reason})
+    for peers whose setup failed."""
     peers, failed = {}, {}
     nccl = dist.new_group(backend="nccl")
     peers["nccl"] = C10dPeer("nccl", nccl, Buffers.make(
@@ -196,7 +233,9 @@ def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nby
         os.environ["SYMMPOOL_COLLECTIVES"] = "always"
         backend = symm._get_backend(device)
         symm_buffers = Buffers.make(lambda n: backend.allocate_tensor(n, dtype=DTYPE, device=device), nbytes)
-        peers["symmpool"] = C10dPeer("symmpool", symm, symm_buffers, world)
+        variant_groups = {(v, op): _symm_group_with(symm_backend_name, env)
+                          for v, op, env in symmpool_variants(list(two_step_pieces))}
+        peers["symmpool"] = C10dPeer("symmpool", symm, symm_buffers, world, variant_groups)
         peers["nccl-registered"] = C10dPeer("nccl-registered", symm_nccl, symm_buffers, world)
 
     if "torch-symm-mem" in names or "peer-copy" in names:

@@ -30,7 +30,9 @@ import os
 # imported (peers.make_peers sets it again around each "symm" group).
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
                  "SYMMPOOL_DISABLE_MULTICAST": "1"}
-INHERITED_ENV = {k: os.environ.get(k) for k in (*MULTICAST_OFF, "SYMMPOOL_COLLECTIVES", "SYMMPOOL_ALL_REDUCE_ALGORITHM")}
+ENV_OF_NOTE = (*MULTICAST_OFF, "SYMMPOOL_COLLECTIVES", "SYMMPOOL_ALL_REDUCE_ALGORITHM",
+               "SYMMPOOL_REDUCE_SCATTER_ALGORITHM", "SYMMPOOL_TWO_STEP_PIECE_BYTES")
+INHERITED_ENV = {k: os.environ.get(k) for k in ENV_OF_NOTE}
 os.environ.update(MULTICAST_OFF)
 os.environ["SYMMPOOL_COLLECTIVES"] = "always"
 
@@ -109,6 +111,9 @@ def parse_args(argv=None):
     p.add_argument("--graph-calls", type=int, default=20, help="calls captured in one graph")
     p.add_argument("--time-budget", type=float,
                    help="seconds: start no (peer, op, size) past it; the rest is recorded as unavailable")
+    p.add_argument("--two-step-pieces", default="8M",
+                   help="symmpool's two-step reduce-scatter and all-reduce, one variant per piece size "
+                        "(SYMMPOOL_TWO_STEP_PIECE_BYTES), e.g. 2M,8M,32M; '' for none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
@@ -117,6 +122,7 @@ def parse_args(argv=None):
         args.graph_max_bytes = parse_size(args.graph_max_bytes)
         args.ops = parse_names(args.ops, OPS, "ops")
         args.peers = parse_names(args.peers, PEERS, "peers")
+        args.two_step_pieces = [parse_size(x) for x in args.two_step_pieces.split(",") if x.strip()]
     except ValueError as e:
         p.error(str(e))
     if min(args.iters, args.reps, args.graph_calls) < 1 or args.warmup < 0:
@@ -178,7 +184,7 @@ def context_of(args, world: int, device) -> dict:
         "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
         "symmpool_commit": git_commit(), "host": socket.gethostname(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "env": {k: os.environ.get(k) for k in (*MULTICAST_OFF, "SYMMPOOL_COLLECTIVES", "SYMMPOOL_ALL_REDUCE_ALGORITHM")},
+        "env": {k: os.environ.get(k) for k in ENV_OF_NOTE},
         "inherited_env": INHERITED_ENV, "nvlink_gbps_per_direction": NVLINK_GBPS_PER_DIRECTION,
         "dtype": "bfloat16", "sizes": args.sizes, "ops": args.ops, "peers": args.peers, "iters": args.iters,
         "reps": args.reps, "warmup": args.warmup, "graph": args.graph, "graph_max_bytes": args.graph_max_bytes,
@@ -195,6 +201,12 @@ def context_of(args, world: int, device) -> dict:
         "peer_copy": "each rank pulls, from every other rank's torch symm_mem buffer, the chunk it receives "
                      "in an all-gather of this size (copy_ of get_buffer views: cudaMemcpyAsync), ranks at once; "
                      "busbw_gbps is GB/s per direction",
+        "symmpool_variants": "rows of peer symmpool with a variant ran through another \"symm\" group made while "
+                             "SYMMPOOL_*_ALGORITHM named it (and SYMMPOOL_TWO_STEP_PIECE_BYTES its piece), on the "
+                             "same buffers; no variant: the algorithm table's choice",
+        "two_step_pieces": args.two_step_pieces,
+        "algorithms_ran": "per row: symmpool's collectives by the algorithm that ran them during that timing "
+                          "(every peer's row: another peer's should show none)",
         "symm_collectives": "per row: the process's symmpool-run collectives during that timing (symmpool: "
                             "should equal calls_issued; graph replays are not counted, captures are)",
     }
@@ -216,7 +228,8 @@ def main(argv=None) -> int:
         dist.destroy_process_group()
         return 2
 
-    peers, failed = make_peers(args.peers, symmpool.BACKEND_NAME, device, world, rank, max(args.sizes))
+    peers, failed = make_peers(args.peers, symmpool.BACKEND_NAME, device, world, rank, max(args.sizes),
+                               args.two_step_pieces)
     for setup in ranks.gather(failed):  # a peer that failed on any rank is left out on every rank
         failed.update(setup)
     context = context_of(args, world, device)
@@ -246,7 +259,7 @@ def main(argv=None) -> int:
                 results += [row(m, unavailable=why) for m in modes]
                 continue
             results += cells.measure(peers[name], variant, op, nbytes, modes, args, ranks, reference,
-                                     symm_collectives, row)
+                                     symm_collectives, row, algorithms=symmpool._C.algorithm_counts)
         if rank == 0:
             write_json(out, document(context, results))
     del peers, reference  # buffers go before their groups
@@ -265,8 +278,9 @@ def main(argv=None) -> int:
 
 def problems(results: list[dict]) -> list[str]:
     """Rows that are wrong, or that did not run where their peer says: a
-    symmpool row whose calls did not all run on symmpool, another peer's row
-    with calls that did. Unavailable rows are not problems."""
+    symmpool row whose calls did not all run on symmpool (or, for a variant,
+    on its algorithm), another peer's row with calls that did. Unavailable
+    rows are not problems."""
     out = []
     for r in results:
         where = f"{r['peer']} {r['variant'] or ''} {r['op']} {r['bytes']} B {r['mode']}".replace("  ", " ")
@@ -278,6 +292,10 @@ def problems(results: list[dict]) -> list[str]:
         if r["symm_collectives"] != expected:
             out.append(f"{where}: {r['symm_collectives']} of {r['calls_issued']} calls ran on symmpool, "
                        f"expected {expected}")
+        if r["peer"] == "symmpool" and r["variant"] and "algorithms_ran" in r:
+            algorithm = r["variant"].split()[0]  # a symmpool variant is named after its algorithm
+            if r["algorithms_ran"] != {algorithm: r["calls_issued"]}:
+                out.append(f"{where}: ran {r['algorithms_ran']}, expected {r['calls_issued']} x {algorithm}")
     return out
 
 

@@ -51,6 +51,7 @@ SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     : ProcessGroupNCCL(store, rank, size, std::move(options)),
       router_(*this, Environment::from_process(),
               [this](c10::DeviceIndex device) { return communicator(device); }),
+      collective_options_(call_translating_errors([] { return CollectiveOptions::from_environment(); })),
       store_for_heap_(store),
       serial_(next_backend_serial.fetch_add(1)) {
   blocking_wait_ = blocking_wait();
@@ -290,6 +291,7 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
   heap_store_ = std::make_unique<C10dStore>(store_for_heap_);
   SymmetricGroupOptions options;
+  options.collectives = collective_options_;
   options.heap_timeout = timeout;
   options.barrier_timeout = timeout;
   // As ProcessGroupNCCL's watchdog: say what failed, then tear the process

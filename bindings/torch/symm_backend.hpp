@@ -12,6 +12,7 @@
 #include "collective_router.hpp"
 #include "rendezvoused_storages.hpp"
 
+#include <symmpool/collective_options.hpp>
 #include <symmpool/detail/failure_record.hpp>
 #include <symmpool/nccl_registration.hpp>
 #include <symmpool/symmetric_group.hpp>
@@ -95,6 +96,9 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   std::map<c10::DeviceIndex, std::unique_ptr<NcclRegistrationHook>> hooks_;
 
   CollectiveRouter router_;
+  // Read with SYMMPOOL_COLLECTIVES, when the backend is made: groups made
+  // under different settings keep theirs (benchmarks compare algorithms so).
+  const CollectiveOptions collective_options_;
   c10::intrusive_ptr<c10d::Store> store_for_heap_;
   std::unique_ptr<Store> heap_store_;
   std::unique_ptr<SymmetricGroup> group_;  // made by the first call that may run on symmpool

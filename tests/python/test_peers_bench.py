@@ -57,7 +57,26 @@ def test_defaults_are_the_issue_sizes_ops_and_peers():
     assert args.ops == ["all_gather", "reduce_scatter", "all_reduce"]
     assert args.peers == ["symmpool", "nccl", "nccl-registered", "torch-symm-mem", "peer-copy"]
     assert args.graph and args.graph_max_bytes == 8 * MIB and args.time_budget is None
+    assert args.two_step_pieces == [8 * MIB]
     assert not run.parse_args(["--no-graph"]).graph
+    assert run.parse_args(["--two-step-pieces", "2M, 64K"]).two_step_pieces == [2 * MIB, 64 * KIB]
+    assert run.parse_args(["--two-step-pieces", ""]).two_step_pieces == []
+
+
+def test_symmpool_variants_name_the_algorithm_and_piece_their_group_is_made_with():
+    variants = peers.symmpool_variants([8 * MIB, 96 * KIB])
+    assert [(v, op) for v, op, _ in variants] == [("two-step 8M", "reduce_scatter"), ("two-step 8M", "all_reduce"),
+                                                  ("two-step 98304B", "reduce_scatter"),
+                                                  ("two-step 98304B", "all_reduce")]
+    assert variants[0][2] == {"SYMMPOOL_TWO_STEP_PIECE_BYTES": str(8 * MIB),
+                              "SYMMPOOL_REDUCE_SCATTER_ALGORITHM": "two-step"}
+    assert variants[1][2] == {"SYMMPOOL_TWO_STEP_PIECE_BYTES": str(8 * MIB),
+                              "SYMMPOOL_ALL_REDUCE_ALGORITHM": "two-step"}
+    groups = {(v, op): f"group {v} {op}" for v, op, _ in variants}
+    p = peers.C10dPeer("symmpool", "table group", None, 2, groups)
+    assert p.variants("all_gather") == [None]
+    assert p.variants("all_reduce") == [None, "two-step 8M", "two-step 98304B"]
+    assert peers.C10dPeer("nccl", "g", None, 2).variants("reduce_scatter") == [None]
 
 
 def test_sizes_parse_as_ranges_and_lists():
@@ -283,11 +302,14 @@ def cell(monkeypatch):
     args = run.parse_args(["--iters", "4", "--reps", "3", "--warmup", "2", "--graph-calls", "8"])
     counter = iter(range(0, 1000, 7))
 
+    algorithm_counter = iter(range(0, 1000, 3))
+
     def measure(peer, ranks, modes=("eager", "graph")):
         def row(mode, per_rank=None, **fields):
             return run.result_row("fake", None, "all_reduce", 32, mode, 2, per_rank, **fields)
         return cells.measure(peer, None, "all_reduce", 32, list(modes), args, ranks, FakeReference(),
-                             lambda: next(counter), row)
+                             lambda: next(counter), row,
+                             algorithms=lambda: {"two-step": next(algorithm_counter), "one-shot": 5})
     return measure
 
 
@@ -298,6 +320,7 @@ def test_a_cell_checks_then_times_every_mode_and_takes_the_slower_rank(cell):
     assert eager["correct"] is True and eager["unavailable"] is None
     assert eager["time_us_median"] == 12 and eager["calls_issued"] == 2 + 4 * 3 and eager["symm_collectives"] == 7
     assert eager["host_us_median"] == 5  # the slower rank's (rank 1: 4, 5, 6)
+    assert eager["algorithms_ran"] == {"two-step": 3}  # what grew while it was timed, not what stayed
     assert graph["mode"] == "graph" and graph["time_us_median"] == 6 and graph["calls_issued"] == 3 + 8
     assert "host_us_median" not in graph  # a replay has no host time per call
     assert graph["busbw_gbps"] == pytest.approx(32 / 6 / 1e3)
@@ -417,3 +440,12 @@ def test_problems_are_wrong_results_and_calls_run_elsewhere():
     assert found == ["symmpool all_gather 1024 B eager: 9 of 10 calls ran on symmpool, expected 10",
                      "nccl-registered all_gather 1024 B eager: 10 of 10 calls ran on symmpool, expected 0",
                      "nccl all_gather 1024 B eager: result differs from NCCL's"]
+
+
+def test_a_symmpool_variant_must_run_its_own_algorithm():
+    def row(ran):
+        return run.result_row("symmpool", "two-step 8M", "all_reduce", MIB, "eager", 2, [[1.0]], correct=True,
+                              calls_issued=10, symm_collectives=10, algorithms_ran=ran)
+    assert run.problems([row({"two-step": 10})]) == []
+    assert run.problems([row({"two-shot": 10})]) == [
+        "symmpool two-step 8M all_reduce 1048576 B eager: ran {'two-shot': 10}, expected 10 x two-step"]
