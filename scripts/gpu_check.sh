@@ -78,9 +78,10 @@ for stage in $stages; do
       # shellcheck disable=SC2086  # the variable holds several arguments
       run tpops.log $py -m torch.distributed.run --standalone --nproc-per-node="$(nvidia-smi -L | wc -l)" \
         bench/tp_ops/run.py --out "$OUT/tp_ops.json" --time-budget 480 ${TP_OPS_BENCH_ARGS:-} ;;
-    collbench)
+    collbench)  # e.g. COLLBENCH_ARGS="--benchmark_filter=AllReduce"
+      # shellcheck disable=SC2086  # the variable holds several arguments
       run collbench.log build/bench/symmpool_collectives_bench \
-        --benchmark_out="$OUT/collectives_bench.json" --benchmark_out_format=json
+        --benchmark_out="$OUT/collectives_bench.json" --benchmark_out_format=json ${COLLBENCH_ARGS:-}
       run collbench.log $py scripts/table_from_bench.py "$OUT/collectives_bench.json" ;;
   esac
 done
