@@ -74,6 +74,14 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   *error_words_ = detail::ErrorWords{0, 0};
   error_flag_ = &error_words_->missing;
   heap_.sync();  // also a barrier: no peer signals before every pad is zeroed
+  // Ranks that prefer different algorithms would meet in different places
+  // and time out: refuse that here, by name.
+  auto preference = [](const std::optional<Algorithm>& a) { return a ? to_string(*a) : "table"; };
+  heap_.require_same_setting(
+      "the algorithm preference (SYMMPOOL_ALL_REDUCE_ALGORITHM, "
+      "SYMMPOOL_REDUCE_SCATTER_ALGORITHM)",
+      std::string("all_reduce ") + preference(all_reduce_preference_) + ", reduce_scatter " +
+          preference(reduce_scatter_preference_));
   map_signal_pads();
   copies_ = std::make_unique<detail::CopyStreams>(options.copy_streams);
   pipeline_ = std::make_unique<detail::StreamPipeline>();

@@ -29,17 +29,29 @@ class StreamPipeline {
   // follows its pull and its push follows its reduce; the pull of piece k
   // waits for the reduce of piece k - slots, the last one to read that
   // slot. `push` may be empty (no third stage). Every stage's work is done
-  // before later work on `stream` starts. slots in [1, kMaxSlots].
+  // before later work on `stream` starts, also when a stage throws (what
+  // was enqueued is joined, then the error goes on). slots in [1, kMaxSlots].
   void run(int pieces, int slots, cudaStream_t stream, const Stage& pull, const Stage& reduce,
            const Stage& push);
 
  private:
-  cudaStream_t pull_stream_ = nullptr;
-  cudaStream_t push_stream_ = nullptr;
-  cudaEvent_t fork_ = nullptr;
-  cudaEvent_t pushed_ = nullptr;
-  cudaEvent_t pulled_[kMaxSlots] = {};
-  cudaEvent_t reduced_[kMaxSlots] = {};
+  // The side streams and their events. A stream a capture forked stays in
+  // that capture until it ends, so captures get a set of their own: an eager
+  // call meanwhile (on another stream) never touches a captured stream.
+  struct Lanes {
+    cudaStream_t pull = nullptr;
+    cudaStream_t push = nullptr;
+    cudaEvent_t fork = nullptr;
+    cudaEvent_t pulled_last = nullptr;
+    cudaEvent_t pushed = nullptr;
+    cudaEvent_t pulled[kMaxSlots] = {};
+    cudaEvent_t reduced[kMaxSlots] = {};
+  };
+  static void make(Lanes& lanes);
+  static void destroy(Lanes& lanes);
+
+  Lanes eager_;
+  Lanes captured_;
 };
 
 }  // namespace symmpool::detail

@@ -8,7 +8,8 @@ SymmetricGroup::SymmetricGroup(const DriverApi& driver, CachingAllocator& alloca
                                const std::string& name, int rank, int world, SymmetricGroupOptions options)
     : heap_(std::make_unique<SymmetricHeap>(driver, allocator, store, name, rank, world,
                                             HeapOptions{options.heap_timeout})),
-      communicator_(std::make_unique<Communicator>(*heap_, allocator, options.barrier_timeout,
-                                                   std::move(options.on_failure), options.collectives)) {}
+      communicator_(std::make_unique<Communicator>(
+          *heap_, allocator, options.barrier_timeout, std::move(options.on_failure),
+          options.collectives ? *options.collectives : CollectiveOptions::from_environment())) {}
 
 }  // namespace symmpool

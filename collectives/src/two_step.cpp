@@ -56,14 +56,13 @@ void Communicator::two_step_reduce_scatter(const Reduction& r) {
   for (int p = 0; p < n; ++p) chunk.sources.ptr[p] = detail::at(heap_.peer_ptr(r.in, p), ours);
   chunk.sources.ptr[me] = detail::at(r.in, ours);  // read in place: same index, same thread
   chunk.count = r.count;
+  chunk.result = r.out;
   // Peers read every chunk of our input but ours until the end: a result
-  // that would land there goes to staging first.
+  // that would land there goes to staging first. (Local: the barriers and
+  // the pipeline are the same on every rank either way.)
   const bool aliased = detail::overlap(r.in, bytes * static_cast<std::size_t>(n), r.out, bytes) &&
                        r.out != chunk.sources.ptr[me];
-  chunk.result = r.out;
-  enqueue_barrier(r.stream, BarrierKind::kKernel);  // inputs ready everywhere
   void* staged_result = two_step(r, chunk, /*stage_result=*/aliased);
-  enqueue_barrier(r.stream, BarrierKind::kKernel);  // nobody reads our input any more
   if (aliased) detail::copy_on(r.stream, r.out, staged_result, bytes);
   detail::count_algorithm(Algorithm::kTwoStep);
 }
@@ -82,9 +81,7 @@ void Communicator::two_step_all_reduce(const Reduction& r) {
   // Each rank pulls only its own chunk of the peers' inputs and writes only
   // its own chunk of their outputs, after pulling it: in place needs no
   // barrier between the steps.
-  enqueue_barrier(r.stream, BarrierKind::kKernel);  // inputs ready and outputs free everywhere
   two_step(r, chunk, /*stage_result=*/false);
-  enqueue_barrier(r.stream, BarrierKind::kKernel);  // every push landed; nobody reads our input
   detail::count_algorithm(Algorithm::kTwoStep);
 }
 
@@ -92,17 +89,22 @@ void* Communicator::two_step(const Reduction& r, const TwoStepChunk& chunk, bool
   const std::size_t es = element_size(r.type);
   const int n = world(), me = rank();
   // Pieces of whole 16-byte vectors (from the chunk's start), so copies and
-  // loads stay on vectors wherever the chunk itself is aligned.
+  // loads stay on vectors wherever the chunk itself is aligned; no larger
+  // than the chunk, so a small call stages little.
   const std::size_t per_vector = 16 / es;
-  const std::size_t piece =
-      std::max(per_vector, static_cast<std::size_t>(two_step_piece_bytes_) / es / per_vector * per_vector);
-  const int pieces = static_cast<int>((chunk.count + piece - 1) / piece);
+  const std::size_t whole_chunk = (chunk.count + per_vector - 1) / per_vector * per_vector;
+  const std::size_t piece = std::min(
+      whole_chunk,
+      std::max(per_vector, static_cast<std::size_t>(two_step_piece_bytes_) / es / per_vector * per_vector));
+  const int pieces = piece ? static_cast<int>((chunk.count + piece - 1) / piece) : 0;
   const int slots = std::min(pieces, kStagingSlots);
   const std::size_t slot_bytes = piece * es * static_cast<std::size_t>(n - 1);
-  // One scratch buffer: the slots, then the staged result if asked.
-  const std::size_t staging_bytes = slot_bytes * static_cast<std::size_t>(std::max(slots, 1));
-  char* scratch_base =
-      static_cast<char*>(scratch(staging_bytes + (stage_result ? chunk.count * es : 0), r.stream));
+  // One scratch buffer, the slots and then the staged result, taken before
+  // the opening barrier: growing it may wait for earlier work, never for
+  // peers stuck in this call.
+  const std::size_t staging_bytes = slot_bytes * static_cast<std::size_t>(slots);
+  const std::size_t scratch_bytes = staging_bytes + (stage_result ? chunk.count * es : 0);
+  char* scratch_base = scratch_bytes ? static_cast<char*>(scratch(scratch_bytes, r.stream)) : nullptr;
   void* staged_result = stage_result ? scratch_base + staging_bytes : nullptr;
   void* result = staged_result ? staged_result : chunk.result;
   // Peer p's piece in a slot: peers in the order (me + 1), (me + 2), ...
@@ -136,8 +138,10 @@ void* Communicator::two_step(const Reduction& r, const TwoStepChunk& chunk, bool
                       detail::at(result, first_of(k) * es), count_of(k) * es);
     }
   };
+  enqueue_barrier(r.stream, BarrierKind::kKernel);  // inputs ready and outputs free everywhere
   pipeline_->run(pieces, std::max(slots, 1), r.stream, pull, reduce,
                  chunk.push ? detail::StreamPipeline::Stage(push) : detail::StreamPipeline::Stage());
+  enqueue_barrier(r.stream, BarrierKind::kKernel);  // every copy landed; nobody reads our input any more
   return staged_result;
 }
 

@@ -522,6 +522,19 @@ void* SymmetricHeap::peer_ptr(const void* local, int peer, std::size_t bytes) co
   return reinterpret_cast<void*>(peer_base_[static_cast<std::size_t>(peer)] + offset);
 }
 
+void SymmetricHeap::require_same_setting(const std::string& name, const std::string& value) {
+  SYMMPOOL_EXPECTS(name.find('\n') == std::string::npos && value.find('\n') == std::string::npos,
+                   "symmetric heap '" + group_ + "': a setting's name and value must be one line");
+  collective("require_same_setting", [&] {
+    const auto all = exchange("setting " + name, value);
+    for (int r = 0; r < world_; ++r)
+      if (all[static_cast<std::size_t>(r)] != value)
+        throw logic_error("symmetric heap '" + group_ + "': " + name + " is '" +
+                          all[static_cast<std::size_t>(r)] + "' on rank " + std::to_string(r) + " but '" +
+                          value + "' on rank " + std::to_string(rank_) + ": every rank must set it alike");
+  });
+}
+
 void SymmetricHeap::check_symmetric(const void* local, std::size_t bytes, const std::string& what) {
   bool synced = false;
   check_symmetric_and_sync(local, bytes, what, /*sync_if_needed=*/false, &synced);

@@ -43,7 +43,7 @@ struct CollectiveOptions {
   // Set: replaces the barrier timeout the communicator is given (1 s to kLongestBarrierTimeout).
   std::optional<std::chrono::seconds> barrier_timeout;
   // Set: all-reduces that name no algorithm use this one where it can run
-  // (one-shot, two-shot or low-latency), the table's choice elsewhere.
+  // (one-shot, two-shot, two-step or low-latency), the table's choice elsewhere.
   std::optional<Algorithm> all_reduce_algorithm;
   // The same for reduce-scatters (one-shot or two-step).
   std::optional<Algorithm> reduce_scatter_algorithm;

@@ -223,7 +223,7 @@ class Communicator {
   void two_shot(const Reduction& r);
   void two_step_reduce_scatter(const Reduction& r);
   void two_step_all_reduce(const Reduction& r);
-  // Enqueues the two-step pipeline of `chunk` (no barrier); with
+  // Enqueues the two-step pipeline of `chunk` between two barriers; with
   // stage_result, the result lands in scratch, which it returns.
   void* two_step(const Reduction& r, const TwoStepChunk& chunk, bool stage_result);
   void low_latency_all_reduce(const Reduction& r);  // low_latency.cpp

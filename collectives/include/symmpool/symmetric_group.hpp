@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace symmpool {
@@ -24,8 +25,9 @@ struct SymmetricGroupOptions {
   std::chrono::seconds barrier_timeout{Communicator::kDefaultBarrierTimeout};
   // Hears the communicator's failure once; stderr when empty.
   FailureHandler on_failure;
-  // Tuning of the collectives, read from the environment once, here.
-  CollectiveOptions collectives = CollectiveOptions::from_environment();
+  // Tuning of the collectives; unset: read from the environment when the
+  // group forms.
+  std::optional<CollectiveOptions> collectives;
 };
 
 class SymmetricGroup {

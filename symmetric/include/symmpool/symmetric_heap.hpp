@@ -74,6 +74,13 @@ class SymmetricHeap final : public SegmentObserver {
   // map), then syncs so peers unmap them. Returns the bytes given back here.
   std::size_t release_cached();
 
+  // Collective: every rank must hold the same `value` of the setting `name`
+  // (settings that decide which algorithm runs: ranks that differ would
+  // wait for each other in different places). Throws logic_error naming the
+  // setting, the ranks and both values otherwise, which leaves the heap
+  // broken as any failed collective call does.
+  void require_same_setting(const std::string& name, const std::string& value);
+
   // Collective: one granule of device memory at the same offset on every
   // rank whatever the ranks allocated before (an internal slot free on all
   // of them), for symmpool's own state such as signal pads. Peers map it at

@@ -162,6 +162,38 @@ TEST(SymmetricHeapFake, ChecksOfDifferentCallsFailAtOnceNamingBoth) {
   EXPECT_EQ(result, "");
 }
 
+// Settings that decide which algorithm runs must match on every rank:
+// ranks that differ fail at once, each naming the setting and both values,
+// and the heap stays failed.
+TEST(SymmetricHeapFake, RanksWithDifferentSettingsFailAtOnceNamingBoth) {
+  TempStoreDir dir;
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir.path());
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "settings", rank, w,
+                       HeapOptions{std::chrono::seconds(20)});
+    heap.require_same_setting("the preference", "two-step");  // alike: passes
+    try {
+      heap.require_same_setting("the preference", rank == 0 ? "two-shot" : "two-step");
+      RANK_CHECK(false, "rank %d accepted settings that differ", rank);
+    } catch (const logic_error& e) {
+      const std::string text = e.what();
+      const std::string expected = rank == 0
+                                       ? "the preference is 'two-step' on rank 1 but 'two-shot' on rank 0"
+                                       : "the preference is 'two-shot' on rank 0 but 'two-step' on rank 1";
+      RANK_CHECK(text.find(expected) != std::string::npos, "%s", text.c_str());
+    }
+    try {
+      heap.sync();
+      RANK_CHECK(false, "rank %d synced a failed heap", rank);
+    } catch (const collective_error& e) {
+      RANK_CHECK(std::strstr(e.what(), "require_same_setting"), "%s", e.what());
+    }
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
 // A rank killed in the middle of the group's work (here: between two heap
 // exchanges) makes the survivors fail within the timeout, naming it, and
 // the heap stays failed: no later call uses a mapping the ranks disagree on.
