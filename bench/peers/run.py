@@ -114,6 +114,7 @@ def parse_args(argv=None):
     p.add_argument("--two-step-pieces", default="8M",
                    help="symmpool's two-step reduce-scatter and all-reduce, one variant per piece size "
                         "(SYMMPOOL_TWO_STEP_PIECE_BYTES), e.g. 2M,8M,32M; '' for none")
+    p.add_argument("--two-step-from", default="1M", help="smallest size the two-step variants are timed at")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
@@ -123,6 +124,7 @@ def parse_args(argv=None):
         args.ops = parse_names(args.ops, OPS, "ops")
         args.peers = parse_names(args.peers, PEERS, "peers")
         args.two_step_pieces = [parse_size(x) for x in args.two_step_pieces.split(",") if x.strip()]
+        args.two_step_from = parse_size(args.two_step_from)
     except ValueError as e:
         p.error(str(e))
     if min(args.iters, args.reps, args.graph_calls) < 1 or args.warmup < 0:
@@ -204,7 +206,7 @@ def context_of(args, world: int, device) -> dict:
         "symmpool_variants": "rows of peer symmpool with a variant ran through another \"symm\" group made while "
                              "SYMMPOOL_*_ALGORITHM named it (and SYMMPOOL_TWO_STEP_PIECE_BYTES its piece), on the "
                              "same buffers; no variant: the algorithm table's choice",
-        "two_step_pieces": args.two_step_pieces,
+        "two_step_pieces": args.two_step_pieces, "two_step_from_bytes": args.two_step_from,
         "algorithms_ran": "per row: symmpool's collectives by the algorithm that ran them during that timing "
                           "(every peer's row: another peer's should show none)",
         "symm_collectives": "per row: the process's symmpool-run collectives during that timing (symmpool: "
@@ -248,6 +250,8 @@ def main(argv=None) -> int:
     for nbytes in args.sizes:
         modes = ["eager"] + (["graph"] if args.graph and nbytes <= args.graph_max_bytes else [])
         for op, name, variant in plan(args.ops, peers, failed, args.peers):
+            if name == "symmpool" and variant and nbytes < args.two_step_from:
+                continue  # a pipeline of copies is for large messages: not timed below it
             def row(mode, per_rank=None, **fields):
                 return result_row(name, variant, op, nbytes, mode, world, per_rank, **fields)
 
