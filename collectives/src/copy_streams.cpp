@@ -1,5 +1,6 @@
 #include "copy_streams.hpp"
 
+#include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
 
 #include <algorithm>
@@ -10,39 +11,61 @@ void copy_on(cudaStream_t stream, void* dst, const void* src, std::size_t bytes)
   SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
 }
 
-CopyStreams::CopyStreams(int streams) {
-  SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
-  SYMMPOOL_CUDA_TRY(cudaStreamCreateWithFlags(&local_, cudaStreamNonBlocking));
-  SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&local_fork_, cudaEventDisableTiming));
-  SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&local_join_, cudaEventDisableTiming));
+void CopyStreams::make(Lanes& lanes, int streams) {
+  SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&lanes.fork, cudaEventDisableTiming));
+  SYMMPOOL_CUDA_TRY(cudaStreamCreateWithFlags(&lanes.local, cudaStreamNonBlocking));
+  SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&lanes.local_fork, cudaEventDisableTiming));
+  SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&lanes.local_join, cudaEventDisableTiming));
   for (int i = 1; i < streams; ++i) {
     cudaStream_t s = nullptr;
     cudaEvent_t e = nullptr;
     SYMMPOOL_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    side_.push_back(s);
+    lanes.side.push_back(s);
     SYMMPOOL_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    joins_.push_back(e);
+    lanes.joins.push_back(e);
   }
 }
 
+void CopyStreams::destroy(Lanes& lanes) {
+  for (cudaStream_t s : lanes.side) cudaStreamDestroy(s);
+  for (cudaEvent_t e : lanes.joins) cudaEventDestroy(e);
+  for (cudaEvent_t e : {lanes.fork, lanes.local_fork, lanes.local_join})
+    if (e) cudaEventDestroy(e);
+  if (lanes.local) cudaStreamDestroy(lanes.local);
+  lanes = Lanes{};
+}
+
+CopyStreams::CopyStreams(int streams) {
+  ScopeExit undo([this] {
+    destroy(eager_);
+    destroy(captured_);
+  });
+  make(eager_, streams);
+  make(captured_, streams);
+  undo.dismiss();
+}
+
 CopyStreams::~CopyStreams() {
-  for (cudaStream_t s : side_) cudaStreamDestroy(s);
-  for (cudaEvent_t e : joins_) cudaEventDestroy(e);
-  cudaEventDestroy(fork_);
-  cudaStreamDestroy(local_);
-  cudaEventDestroy(local_fork_);
-  cudaEventDestroy(local_join_);
+  destroy(eager_);
+  destroy(captured_);
+}
+
+CopyStreams::Lanes& CopyStreams::lanes_for(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  return capture == cudaStreamCaptureStatusNone ? eager_ : captured_;
 }
 
 void CopyStreams::start_local(const Copy& local, cudaStream_t stream) {
-  SYMMPOOL_CUDA_TRY(cudaEventRecord(local_fork_, stream));
-  SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(local_, local_fork_, 0));
-  if (local.bytes > 0) copy_on(local_, local.dst, local.src, local.bytes);
-  SYMMPOOL_CUDA_TRY(cudaEventRecord(local_join_, local_));
+  Lanes& lanes = lanes_for(stream);
+  SYMMPOOL_CUDA_TRY(cudaEventRecord(lanes.local_fork, stream));
+  SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(lanes.local, lanes.local_fork, 0));
+  if (local.bytes > 0) copy_on(lanes.local, local.dst, local.src, local.bytes);
+  SYMMPOOL_CUDA_TRY(cudaEventRecord(lanes.local_join, lanes.local));
 }
 
 void CopyStreams::join_local(cudaStream_t stream) {
-  SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, local_join_, 0));
+  SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, lanes_for(stream).local_join, 0));
 }
 
 void CopyStreams::issue(const std::vector<Copy>& copies, cudaStream_t stream) {
@@ -50,25 +73,26 @@ void CopyStreams::issue(const std::vector<Copy>& copies, cudaStream_t stream) {
     if (bytes > 0)
       copy_on(s, static_cast<char*>(c.dst) + from, static_cast<const char*>(c.src) + from, bytes);
   };
-  if (side_.empty()) {
+  Lanes& lanes = lanes_for(stream);
+  if (lanes.side.empty()) {
     for (const Copy& c : copies) copy(c, 0, c.bytes, stream);
     return;
   }
-  SYMMPOOL_CUDA_TRY(cudaEventRecord(fork_, stream));
-  for (cudaStream_t s : side_) SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(s, fork_, 0));
-  const std::size_t parts = side_.size() + 1;
+  SYMMPOOL_CUDA_TRY(cudaEventRecord(lanes.fork, stream));
+  for (cudaStream_t s : lanes.side) SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(s, lanes.fork, 0));
+  const std::size_t parts = lanes.side.size() + 1;
   for (const Copy& c : copies) {
     // 16-byte-aligned parts keep every engine on whole vectors.
     const std::size_t part = (c.bytes / parts + 15) / 16 * 16;
     for (std::size_t i = 0; i < parts; ++i) {
       const std::size_t from = std::min(c.bytes, i * part);
       const std::size_t bytes = i + 1 == parts ? c.bytes - from : std::min(part, c.bytes - from);
-      copy(c, from, bytes, i == 0 ? stream : side_[i - 1]);
+      copy(c, from, bytes, i == 0 ? stream : lanes.side[i - 1]);
     }
   }
-  for (std::size_t i = 0; i < side_.size(); ++i) {
-    SYMMPOOL_CUDA_TRY(cudaEventRecord(joins_[i], side_[i]));
-    SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, joins_[i], 0));
+  for (std::size_t i = 0; i < lanes.side.size(); ++i) {
+    SYMMPOOL_CUDA_TRY(cudaEventRecord(lanes.joins[i], lanes.side[i]));
+    SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, lanes.joins[i], 0));
   }
 }
 

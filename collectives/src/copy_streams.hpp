@@ -41,11 +41,23 @@ class CopyStreams {
   void join_local(cudaStream_t stream);
 
  private:
-  std::vector<cudaStream_t> side_;
-  std::vector<cudaEvent_t> joins_;
-  cudaEvent_t fork_ = nullptr;
-  cudaStream_t local_ = nullptr;
-  cudaEvent_t local_fork_ = nullptr, local_join_ = nullptr;
+  // The side streams and their events. A stream a capture forked stays in
+  // that capture until it ends, so captures get a set of their own: an
+  // eager call meanwhile (on another stream, which IssueOrder allows) never
+  // touches a captured stream, where its copies would land in the graph.
+  struct Lanes {
+    std::vector<cudaStream_t> side;
+    std::vector<cudaEvent_t> joins;
+    cudaEvent_t fork = nullptr;
+    cudaStream_t local = nullptr;
+    cudaEvent_t local_fork = nullptr, local_join = nullptr;
+  };
+  static void make(Lanes& lanes, int streams);
+  static void destroy(Lanes& lanes);
+  Lanes& lanes_for(cudaStream_t stream);
+
+  Lanes eager_;
+  Lanes captured_;
 };
 
 }  // namespace symmpool::detail

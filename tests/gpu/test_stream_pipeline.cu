@@ -41,7 +41,8 @@ struct Words {
   int* observed;  // [kPieces]: pushed, read on the caller's stream after run()
   Words() {
     EXPECT_EQ(cudaMalloc(&staging, detail::StreamPipeline::kMaxSlots * sizeof(int)), cudaSuccess);
-    for (int** p : {&reduced, &pushed, &observed}) EXPECT_EQ(cudaMalloc(p, kPieces * sizeof(int)), cudaSuccess);
+    for (int** p : {&reduced, &pushed, &observed})
+      EXPECT_EQ(cudaMalloc(p, kPieces * sizeof(int)), cudaSuccess);
   }
   ~Words() {
     for (int* p : {staging, reduced, pushed, observed}) cudaFree(p);
@@ -82,7 +83,8 @@ void expect_results(Words& w, bool with_push, cudaStream_t s, const char* what) 
   CUDA_OK(cudaStreamSynchronize(s));
   for (int k = 0; k < kPieces; ++k) {
     EXPECT_EQ(reduced[k], k + 1) << what << ": piece " << k << " reduced another piece's pull";
-    if (with_push) EXPECT_EQ(observed[k], 10 * (k + 1)) << what << ": piece " << k << "'s push not seen after run()";
+    if (with_push)
+      EXPECT_EQ(observed[k], 10 * (k + 1)) << what << ": piece " << k << "'s push not seen after run()";
   }
 }
 

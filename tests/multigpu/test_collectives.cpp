@@ -448,6 +448,71 @@ int low_latency_in_sequence(Ctx& c) {
   return failures;
 }
 
+// IssueOrder lets an eager call run while a graph of the same communicator
+// is being captured on another stream. The eager call's side streams must
+// not be the ones the capture forked: its copies would land in the graph
+// (or fail as a capture isolation error) instead of running now. Here an
+// out-of-place copy-engine all-gather (its own slice on a stream of its
+// own) and a two-step all-reduce (the pipeline's streams), each captured
+// and then run eagerly before the capture ends.
+int eager_calls_during_a_capture(Ctx& c) {
+  const int rank = c.rank, world = c.world;
+  int failures = 0;
+  const DataType t = DataType::kBFloat16;
+  const std::size_t n = 70001, bytes = n * 2, total = bytes * world, ar_count = n * world;
+  cudaStream_t eager;
+  RANK_CUDA(cudaStreamCreateWithFlags(&eager, cudaStreamNonBlocking));
+  void* g_in = dev(c, bytes);
+  void* g_out = dev(c, total);
+  void* g_ar = dev(c, total);
+  void* e_in = dev(c, bytes);
+  void* e_out = dev(c, total);
+  void* e_ar = dev(c, total);
+  auto captured = [&] {
+    c.comm->all_gather(g_in, g_out, bytes, c.stream, Algorithm::kCopyEnginePush);
+    c.comm->all_reduce(g_ar, g_ar, ar_count, t, ReduceOp::kSum, c.stream, Algorithm::kTwoStep);
+  };
+  auto eager_calls = [&] {
+    c.comm->all_gather(e_in, e_out, bytes, eager, Algorithm::kCopyEnginePush);
+    c.comm->all_reduce(e_ar, e_ar, ar_count, t, ReduceOp::kSum, eager, Algorithm::kTwoStep);
+  };
+  const unsigned seed = 7000;
+  failures += upload(c, g_in, rank_data(seed, rank, n, t));
+  failures += upload(c, e_in, rank_data(seed + 1, rank, n, t));
+  failures += upload(c, g_ar, rank_data(seed + 2, rank, ar_count, t));
+  failures += upload(c, e_ar, rank_data(seed + 3, rank, ar_count, t));
+  RANK_CUDA(cudaStreamSynchronize(c.stream));
+  captured();  // eager first: symmetry checks and scratch happen outside the capture
+  eager_calls();
+  RANK_CUDA(cudaDeviceSynchronize());
+  failures += upload(c, g_ar, rank_data(seed + 2, rank, ar_count, t));
+  failures += upload(c, e_ar, rank_data(seed + 3, rank, ar_count, t));
+  failures += poison(c, g_out, total);
+  failures += poison(c, e_out, total);
+  RANK_CUDA(cudaStreamSynchronize(c.stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  RANK_CUDA(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
+  captured();
+  eager_calls();  // runs now, on `eager`, while the capture is open
+  RANK_CUDA(cudaStreamEndCapture(c.stream, &graph));
+  RANK_CUDA(cudaStreamSynchronize(eager));
+  failures +=
+      check(c, e_out, expected_all_gather(seed + 1, world, n, t), "eager all_gather during a capture", t, n);
+  failures += check(c, e_ar, expected_reduction(seed + 3, world, ar_count, 0, ar_count, t, ReduceOp::kSum),
+                    "eager two-step all_reduce during a capture", t, ar_count);
+  RANK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  RANK_CUDA(cudaGraphLaunch(exec, c.stream));
+  failures += check(c, g_out, expected_all_gather(seed, world, n, t), "its graph's all_gather", t, n);
+  failures += check(c, g_ar, expected_reduction(seed + 2, world, ar_count, 0, ar_count, t, ReduceOp::kSum),
+                    "its graph's two-step all_reduce", t, ar_count);
+  RANK_CUDA(cudaGraphExecDestroy(exec));
+  RANK_CUDA(cudaGraphDestroy(graph));
+  for (void* p : {g_in, g_out, g_ar, e_in, e_out, e_ar}) release(c, p);
+  RANK_CUDA(cudaStreamDestroy(eager));
+  return failures;
+}
+
 // FSDP2 issues all-gathers on one stream and reduce-scatters on another.
 // The communicator runs its collectives in the order issued, whatever the
 // stream: here each reduction reads what the all-gather just before it
@@ -588,6 +653,7 @@ int collectives_rank(int rank, int world, Rendezvous& rv) {
   failures += back_to_back_and_graph(c);
   failures += low_latency_in_sequence(c);
   failures += collectives_on_two_streams(c);
+  failures += eager_calls_during_a_capture(c);
   if (world > 1) failures += bad_input(c);  // mismatches need two ranks
   RANK_CUDA(cudaStreamSynchronize(c.stream));
   std::printf("[rank %d of %d] %d failures\n", rank, world, failures);
