@@ -51,7 +51,10 @@ void wait_stream(const CUDAStream& to, const CUDAStream& from, at::cuda::CUDAEve
 class WorkspaceUse {
  public:
   WorkspaceUse(FusedWorkspace& ws, c10::DeviceIndex device)
-      : ws_(ws), main_(c10::cuda::getCurrentCUDAStream(device)), capturing_(is_capturing(main_)) {
+      : ws_(ws),
+        main_(c10::cuda::getCurrentCUDAStream(device)),
+        capturing_(is_capturing(main_)),
+        copies_(capturing_ ? ws.captured_copies : ws.copies) {
     TORCH_CHECK(ws.buffer.defined(), "symmpool fused ops: the workspace was never sized");
     // A stream runs its own work in order (cudaStreamPerThread names a
     // different stream in each thread).
@@ -65,7 +68,7 @@ class WorkspaceUse {
   ~WorkspaceUse() {
     if (finished_) return;
     try {
-      if (forked_ || !capturing_) wait_stream(main_, ws_.copies, ws_.joined);
+      if (forked_ || !capturing_) wait_stream(main_, copies_, ws_.joined);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "symmpool fused ops: joining the copy stream after a failed call failed: %s\n",
                    e.what());
@@ -80,13 +83,13 @@ class WorkspaceUse {
   }
 
   const CUDAStream& main() const { return main_; }
-  const CUDAStream& copies() const { return ws_.copies; }
+  const CUDAStream& copies() const { return copies_; }
   at::cuda::CUDAEvent& joined() { return ws_.joined; }
   const at::Tensor& buffer() const { return ws_.buffer; }
 
   // The copy stream starts after what the caller's stream has so far.
   void fork() {
-    wait_stream(ws_.copies, main_, ws_.joined);
+    wait_stream(copies_, main_, ws_.joined);
     forked_ = true;
   }
 
@@ -101,6 +104,7 @@ class WorkspaceUse {
   FusedWorkspace& ws_;
   CUDAStream main_;
   bool capturing_;
+  CUDAStream copies_;  // the workspace's copy stream for eager ops, or for captured ones
   bool forked_ = false;
   bool finished_ = false;
 };

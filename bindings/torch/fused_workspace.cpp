@@ -38,7 +38,12 @@ std::atomic<std::uint64_t> next_workspace_id{1};
 }  // namespace
 
 FusedWorkspace::FusedWorkspace(c10::DeviceIndex device, std::uint64_t backend_serial)
-    : own_copies(device), copies(own_copies.get()), id(next_workspace_id++), backend_serial(backend_serial) {}
+    : own_copies(device),
+      copies(own_copies.get()),
+      own_captured_copies(device),
+      captured_copies(own_captured_copies.get()),
+      id(next_workspace_id++),
+      backend_serial(backend_serial) {}
 
 OwnStream::OwnStream(c10::DeviceIndex device) : device_(device) {
   c10::cuda::CUDAGuard guard(device);

@@ -51,6 +51,11 @@ struct FusedWorkspace {
   at::Tensor buffer;  // uint8, rendezvoused; undefined until the first growth
   OwnStream own_copies;
   c10::cuda::CUDAStream copies;
+  // The copy stream of ops being captured: a stream a capture forked stays
+  // in that capture until it ends, so an eager op meanwhile (on another
+  // stream) must not fork `copies` again from outside it.
+  OwnStream own_captured_copies;
+  c10::cuda::CUDAStream captured_copies;
   at::cuda::CUDAEvent last_use;               // on the stream that last used `buffer`, after that use
   cudaStream_t last_use_stream = nullptr;     // that stream: an op on it again needs no wait
   at::cuda::CUDAEvent joined;                 // one stream's work so far, for another to wait on

@@ -189,8 +189,9 @@ def _poison_workspace(group_name, device):
 
 
 def fused_ops_replay_in_cuda_graphs_and_compile(rank: int, world: int) -> None:
-    """The fused ops captured in a CUDA graph (workspace reserved first) and
-    compiled with torch.compile(fullgraph=True) give what eager gives."""
+    """The fused ops captured in a CUDA graph (workspace reserved first), run
+    eagerly while that capture is open, and compiled with
+    torch.compile(fullgraph=True) give what eager gives."""
     import symmpool
 
     device = init_group(rank, world, "cpu:gloo,cuda:symm")
@@ -209,8 +210,18 @@ def fused_ops_replay_in_cuda_graphs_and_compile(rank: int, world: int) -> None:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     static_a = A_shard.clone()
-    with torch.cuda.graph(graph):
+    side = torch.cuda.Stream()
+    # Relaxed: the eager op below may allocate while the capture is open.
+    with torch.cuda.graph(graph, capture_error_mode="relaxed"):
         captured = step(static_a, B, C)
+        # The same group's ops run eagerly on another stream while the
+        # capture is open: their copies must run now, not on the copy
+        # stream the capture took (that failed: error 905).
+        with torch.cuda.stream(side):
+            during = step(A_shard, B, C)
+    side.synchronize()
+    for got, want, what in zip(during, eager, ("gathered A", "reduce-scattered product")):
+        _close(got, want, f"rank {rank} eager during a capture: {what}")
     for replay in range(3):
         fresh = torch.randn(64, 128, generator=gen).to(torch.bfloat16).to(device)
         static_a.copy_(fresh)
