@@ -111,7 +111,7 @@ def parse_args(argv=None):
     p.add_argument("--graph-calls", type=int, default=20, help="calls captured in one graph")
     p.add_argument("--time-budget", type=float,
                    help="seconds: start no (peer, op, size) past it; the rest is recorded as unavailable")
-    p.add_argument("--two-step-pieces", default="8M",
+    p.add_argument("--two-step-pieces", default="32M",
                    help="symmpool's two-step reduce-scatter and all-reduce, one variant per piece size "
                         "(SYMMPOOL_TWO_STEP_PIECE_BYTES), e.g. 2M,8M,32M; '' for none")
     p.add_argument("--two-step-from", default="1M", help="smallest size the two-step variants are timed at")

@@ -2,6 +2,7 @@
 // barriers, or one kernel (small messages) reads every peer and meets them
 // inside.
 
+#include "capture_state.hpp"
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
 #include "kernels.hpp"
@@ -63,10 +64,11 @@ void Communicator::enqueue_all_gather(const void* in, void* out, std::size_t byt
   // Out of place, our own slice is a copy within this GPU that no peer
   // reads or writes: it needs no barrier, and on a stream of its own it runs
   // beside the copies over NVLink (after them, it added its whole time).
-  if (!in_place) copies_->start_local({detail::at(out, slice(me)), in, bytes_per_rank}, stream);
+  detail::CopyStreams& lanes = copies_->for_call(capturing());
+  if (!in_place) lanes.start_local({detail::at(out, slice(me)), in, bytes_per_rank}, stream);
   enqueue_barrier(stream, kind);  // inputs ready and outputs free everywhere
-  copies_->issue(copies, stream);
-  if (!in_place) copies_->join_local(stream);
+  lanes.issue(copies, stream);
+  if (!in_place) lanes.join_local(stream);
   enqueue_barrier(stream, kind);  // every copy landed; nobody reuses a buffer a peer still reads
   detail::count_algorithm(algorithm);
 }

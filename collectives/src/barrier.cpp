@@ -107,9 +107,7 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   // Stream-op barriers carry an epoch counted on the host, which a graph
   // would replay unchanged (every replay after the first would pass at
   // once); captured barriers count on the device instead.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-  if (kind == BarrierKind::kKernel || capture != cudaStreamCaptureStatusNone) {
+  if (kind == BarrierKind::kKernel || capturing()) {
     SYMMPOOL_CUDA_TRY(detail::launch_barrier(peer_signals(), n, kernel_epoch_, stream));
     return;
   }

@@ -5,6 +5,7 @@
 // and all_reduce), low_latency.cpp, with reduction.cpp and scratch.cpp for what they share;
 // peer_memory.cpp serves patterns users write themselves.
 
+#include "capture_state.hpp"
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
 #include "event_pool.hpp"
@@ -83,8 +84,8 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
       std::string("all_reduce ") + preference(all_reduce_preference_) + ", reduce_scatter " +
           preference(reduce_scatter_preference_));
   map_signal_pads();
-  copies_ = std::make_unique<detail::CopyStreams>(options.copy_streams);
-  pipeline_ = std::make_unique<detail::StreamPipeline>();
+  copies_ = std::make_unique<detail::EagerAndCaptured<detail::CopyStreams>>(options.copy_streams);
+  pipelines_ = std::make_unique<detail::EagerAndCaptured<detail::StreamPipeline>>();
   events_ = detail::EventPool::make();
   order_ = std::make_unique<detail::IssueOrder>();
   if (!on_failure)
@@ -134,7 +135,17 @@ std::uint64_t Communicator::issued() const { return monitor_->issued(); }
 void Communicator::in_order(cudaStream_t stream, const char* op, std::size_t bytes,
                             const std::function<void()>& enqueue) {
   const unsigned long long capture = order_->begin(stream);
+  call_capture_ = capture;
+  detail::ScopeExit call_ended([this] { call_capture_ = 0; });
   try {
+    // A rank that ran its last call elsewhere first proves that its peers
+    // are at this same call: an algorithm that makes no symmetry exchange
+    // (low-latency, a barrier) would otherwise pair the ranks' different calls.
+    if (exchange_next_check_) {
+      detail::RelaxedCaptureMode relaxed;  // host-only work: allowed under capture
+      heap_.check_same_call(call_label());
+      exchange_next_check_ = false;
+    }
     enqueue();  // a throw (say, a buffer that is not symmetric) leaves the order as it was
   } catch (const not_symmetric_error&) {
     throw;  // the same verdict on every rank: the caller may use NCCL
@@ -158,8 +169,8 @@ bool Communicator::in_heap(const void* ptr, std::size_t bytes) const {
 }
 
 // A rank that ran a call elsewhere while a peer ran it here (not SPMD) must
-// not pair its next call with that peer's on a cached verdict: the next
-// check exchanges, and the call numbers it carries tell the ranks apart.
+// not pair its next call with that peer's: its next call here starts with
+// an exchange (in_order), and the call numbers it carries tell the ranks apart.
 void Communicator::count_call_run_elsewhere() {
   ++calls_;
   exchange_next_check_ = true;
@@ -177,7 +188,7 @@ std::string Communicator::call_label() const { return std::string(call_op_) + " 
 bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* what) {
   if (!in_heap(ptr, bytes)) return false;
   auto it = checked_.find({ptr, bytes});
-  if (it != checked_.end() && !heap_.needs_sync() && !exchange_next_check_) return it->second.empty();
+  if (it != checked_.end() && !heap_.needs_sync()) return it->second.empty();
   // A buffer not seen yet, or segments changed here: one exchange decides
   // the verdict and, if any rank's segments changed, a sync on every rank.
   std::string why_not;
@@ -188,7 +199,6 @@ bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* 
   } catch (const not_symmetric_error& e) {
     why_not = e.what();  // the same verdict on every rank
   }
-  exchange_next_check_ = false;
   if (synced) checked_.clear();
   checked_[{ptr, bytes}] = why_not;
   return why_not.empty();

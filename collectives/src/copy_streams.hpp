@@ -3,7 +3,10 @@
 // alone or split over it and side streams (so more copy engines move one
 // peer's data), joined back before the caller's stream goes on; and a copy
 // within this GPU on a stream of its own, beside them. Forks and joins are
-// events, so the copies can be captured in a CUDA graph.
+// events, so the copies can be captured in a CUDA graph. One set serves
+// either eager calls or captures, never both (EagerAndCaptured).
+
+#include "cuda_handles.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -26,9 +29,6 @@ class CopyStreams {
   // `streams` in [1, 8]: 1 issues every copy on the caller's stream.
   // Creates its side streams on the current device.
   explicit CopyStreams(int streams);
-  ~CopyStreams();
-  CopyStreams(const CopyStreams&) = delete;
-  CopyStreams& operator=(const CopyStreams&) = delete;
 
   // Each copy is cut into one part per stream, in order.
   void issue(const std::vector<Copy>& copies, cudaStream_t stream);
@@ -41,23 +41,12 @@ class CopyStreams {
   void join_local(cudaStream_t stream);
 
  private:
-  // The side streams and their events. A stream a capture forked stays in
-  // that capture until it ends, so captures get a set of their own: an
-  // eager call meanwhile (on another stream, which IssueOrder allows) never
-  // touches a captured stream, where its copies would land in the graph.
-  struct Lanes {
-    std::vector<cudaStream_t> side;
-    std::vector<cudaEvent_t> joins;
-    cudaEvent_t fork = nullptr;
-    cudaStream_t local = nullptr;
-    cudaEvent_t local_fork = nullptr, local_join = nullptr;
-  };
-  static void make(Lanes& lanes, int streams);
-  static void destroy(Lanes& lanes);
-  Lanes& lanes_for(cudaStream_t stream);
-
-  Lanes eager_;
-  Lanes captured_;
+  std::vector<UniqueStream> side_;
+  std::vector<UniqueEvent> joins_;  // one per side stream
+  UniqueEvent fork_ = new_event();
+  UniqueStream local_ = new_stream();
+  UniqueEvent local_fork_ = new_event();
+  UniqueEvent local_join_ = new_event();
 };
 
 }  // namespace symmpool::detail

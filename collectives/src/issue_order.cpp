@@ -1,22 +1,12 @@
 #include "issue_order.hpp"
 
+#include "capture_state.hpp"
+
 #include <symmpool/error.hpp>
 
 #include <utility>
 
 namespace symmpool::detail {
-
-namespace {
-
-// The capture `stream` belongs to, or 0 outside captures (ids start at 1).
-unsigned long long capture_of(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  unsigned long long id = 0;
-  SYMMPOOL_CUDA_TRY(cudaStreamGetCaptureInfo(stream, &status, &id));
-  return status == cudaStreamCaptureStatusActive ? id : 0;
-}
-
-}  // namespace
 
 unsigned long long IssueOrder::begin(cudaStream_t stream) {
   const unsigned long long capture = capture_of(stream);

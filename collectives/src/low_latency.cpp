@@ -22,7 +22,7 @@ void Communicator::low_latency_all_reduce(const Reduction& r) {
   // output: in place is safe, an output that overlaps otherwise goes to
   // scratch first (decided locally, so the algorithm stays the same on every rank).
   const bool aliased = r.in != r.out && detail::overlap(r.in, r.bytes(), r.out, r.bytes());
-  if (aliased) launch.out = scratch(r.bytes(), r.stream);
+  if (aliased) launch.out = scratch(r.bytes());
   launch.count = r.count;
   launch.type = r.type;
   launch.scale = r.scale;

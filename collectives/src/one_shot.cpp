@@ -22,7 +22,7 @@ void Communicator::one_shot(const Reduction& r, std::size_t in_count, std::size_
   // Peers read our input until the end: results that would land on it go to
   // scratch first.
   const bool aliased = detail::overlap(r.in, in_bytes, r.out, r.bytes());
-  if (aliased) launch.out.ptr[0] = scratch(r.bytes(), r.stream);
+  if (aliased) launch.out.ptr[0] = scratch(r.bytes());
   if (!fused) enqueue_barrier(r.stream, BarrierKind::kKernel);
   SYMMPOOL_CUDA_TRY(detail::launch_reduce(launch, r.stream));
   if (!fused) enqueue_barrier(r.stream, BarrierKind::kKernel);

@@ -3,6 +3,7 @@
 // point-to-point signals on the signal pads (stream memops eagerly, kernels
 // in CUDA graphs).
 
+#include "capture_state.hpp"
 #include "event_pool.hpp"
 #include "failure_monitor.hpp"
 #include "kernels.hpp"
@@ -93,9 +94,7 @@ void Communicator::point_to_point(const char* op, int peer, cudaStream_t stream,
                                   const std::function<cudaError_t()>& kernel) {
   check_peer(peer, op);
   check_errors();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-  const bool captured = capture != cudaStreamCaptureStatusNone;
+  const bool captured = detail::capture_of(stream) != 0;
   if (captured) {  // a kernel that was not captured changed no count, here or at the peer
     SYMMPOOL_CUDA_TRY(kernel());
     monitor_->record_point_to_point(op, peer, nullptr, captured);

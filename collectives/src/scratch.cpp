@@ -11,13 +11,10 @@ namespace symmpool {
 // Plain device memory: peers never read it, and taking it from the heap
 // would map segments on some ranks only (a timing-dependent reuse decides),
 // which breaks the ranks' equal layouts.
-void* Communicator::scratch(std::size_t bytes, cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-  const bool capturing = capture != cudaStreamCaptureStatusNone;
+void* Communicator::scratch(std::size_t bytes) {
   if (scratch_bytes_ < bytes) {
     detail::RelaxedCaptureMode relaxed;
-    if (scratch_ && (scratch_captured_ || capturing)) {
+    if (scratch_ && (scratch_captured_ || capturing())) {
       retired_scratch_.push_back(scratch_);  // a graph may use it: kept until we go
     } else if (scratch_) {
       SYMMPOOL_CUDA_TRY(cudaFree(scratch_));  // synchronizes with queued work that uses it
@@ -28,7 +25,7 @@ void* Communicator::scratch(std::size_t bytes, cudaStream_t stream) {
     SYMMPOOL_CUDA_TRY(cudaMalloc(&scratch_, bytes));
     scratch_bytes_ = bytes;
   }
-  scratch_captured_ = scratch_captured_ || capturing;
+  scratch_captured_ = scratch_captured_ || capturing();
   return scratch_;
 }
 

@@ -5,9 +5,14 @@
 // (copy engines send the result to the peers, on another stream of its
 // own), so that piece k + 1 is pulled while piece k is reduced and pushed.
 // Forks and joins are events, so a pipeline can be captured in a CUDA graph.
+// One pipeline serves either eager calls or captures, never both
+// (EagerAndCaptured).
+
+#include "cuda_handles.hpp"
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <functional>
 
 namespace symmpool::detail {
@@ -21,9 +26,6 @@ class StreamPipeline {
 
   // Creates its streams and events on the current device.
   StreamPipeline();
-  ~StreamPipeline();
-  StreamPipeline(const StreamPipeline&) = delete;
-  StreamPipeline& operator=(const StreamPipeline&) = delete;
 
   // Enqueues `pieces` pieces after `stream`'s work so far: piece k's reduce
   // follows its pull and its push follows its reduce; the pull of piece k
@@ -35,23 +37,13 @@ class StreamPipeline {
            const Stage& push);
 
  private:
-  // The side streams and their events. A stream a capture forked stays in
-  // that capture until it ends, so captures get a set of their own: an eager
-  // call meanwhile (on another stream) never touches a captured stream.
-  struct Lanes {
-    cudaStream_t pull = nullptr;
-    cudaStream_t push = nullptr;
-    cudaEvent_t fork = nullptr;
-    cudaEvent_t pulled_last = nullptr;
-    cudaEvent_t pushed = nullptr;
-    cudaEvent_t pulled[kMaxSlots] = {};
-    cudaEvent_t reduced[kMaxSlots] = {};
-  };
-  static void make(Lanes& lanes);
-  static void destroy(Lanes& lanes);
-
-  Lanes eager_;
-  Lanes captured_;
+  UniqueStream pull_ = new_stream();
+  UniqueStream push_ = new_stream();
+  UniqueEvent fork_ = new_event();
+  UniqueEvent joined_ = new_event();  // a side stream's end, joined after a failure
+  UniqueEvent pushed_ = new_event();
+  std::array<UniqueEvent, kMaxSlots> pulled_;   // per slot: its piece arrived
+  std::array<UniqueEvent, kMaxSlots> reduced_;  // per slot: its piece was reduced (the slot is free)
 };
 
 }  // namespace symmpool::detail

@@ -535,6 +535,12 @@ void SymmetricHeap::require_same_setting(const std::string& name, const std::str
   });
 }
 
+void SymmetricHeap::check_same_call(const std::string& call) {
+  SYMMPOOL_EXPECTS(call.find('\n') == std::string::npos,
+                   "symmetric heap '" + group_ + "': a call's label must be one line");
+  collective("check_same_call", [&] { exchange("call " + call, ""); });
+}
+
 void SymmetricHeap::check_symmetric(const void* local, std::size_t bytes, const std::string& what) {
   bool synced = false;
   check_symmetric_and_sync(local, bytes, what, /*sync_if_needed=*/false, &synced);

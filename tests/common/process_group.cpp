@@ -19,6 +19,14 @@
 
 namespace symmpool::test {
 
+bool ranks_share_gpu() {
+  const char* v = std::getenv("SYMMPOOL_TEST_RANKS_SHARE_GPU");
+  return v && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0 || std::strcmp(v, "yes") == 0 ||
+               std::strcmp(v, "on") == 0);
+}
+
+int device_of_rank(int rank) { return ranks_share_gpu() ? 0 : rank; }
+
 std::string shared_store_dir() {
   // Removed when this process exits; the ranks leave with _exit, so only the
   // parent that made it removes it, after they are gone.

@@ -20,6 +20,20 @@ int count_gpus_in_child();
   const int gpus = ::symmpool::test::count_gpus_in_child(); \
   if (gpus < (need)) GTEST_SKIP() << "needs " << (need) << " or more CUDA GPUs, this machine has " << gpus
 
+// SYMMPOOL_TEST_RANKS_SHARE_GPU=1 (tests only: the heap then lets ranks on
+// one GPU form) runs a multi-GPU test with every rank on GPU 0, so its
+// 2-rank paths run on a 1-GPU machine (timings there mean nothing).
+bool ranks_share_gpu();
+// The GPU `rank` uses: its own, or GPU 0 when ranks share it.
+int device_of_rank(int rank);
+
+// As SYMMPOOL_GPUS_OR_SKIP, but one GPU is enough when ranks share it.
+#define SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, need)                                                   \
+  const int gpus = ::symmpool::test::count_gpus_in_child();                                           \
+  if (gpus < (need) && !(gpus >= 1 && ::symmpool::test::ranks_share_gpu()))                           \
+  GTEST_SKIP() << "needs " << (need) << " or more CUDA GPUs (or SYMMPOOL_TEST_RANKS_SHARE_GPU=1 and " \
+               << "one), this machine has " << gpus
+
 // A directory for the FileStore of every rank this test binary forks, made
 // on the first call (call it in the parent before run_ranks) and removed
 // when the parent exits.

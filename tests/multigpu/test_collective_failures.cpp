@@ -36,13 +36,13 @@ namespace symmpool::test {
 // rank that never came, the handler hears it once, and every later call
 // raises it at once. Each case has its own group (a failed one stays failed).
 TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
-  SYMMPOOL_GPUS_OR_SKIP(gpus, 2);
+  SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
   shared_store_dir();
   constexpr int kTimeout = 10;
   ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(kTimeout).c_str(), 1);
   std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
-    const int device = rank;
+    const int device = device_of_rank(rank);
     RANK_CUDA(cudaSetDevice(device));
     FileStore store(shared_store_dir());
     CachingAllocator& alloc = device_allocator(device);
@@ -61,6 +61,7 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
     for (int g = 0; g < kGroups; ++g) {
       Group& group = groups[g];
       SymmetricGroupOptions options;
+      options.heap_timeout = std::chrono::seconds(kTimeout);  // an exchange by mistake fails as soon
       options.on_failure = [&group](const std::string& m) {
         ++group.handled;
         group.heard = m;
@@ -68,10 +69,14 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
       group.members = std::make_unique<SymmetricGroup>(
           real_driver(), alloc, store, "dies" + std::to_string(g), rank, world, std::move(options));
       group.comm = &group.members->communicator();
-      // While both ranks are here: a symmetric buffer that a fused
-      // all-gather has already used, so what follows needs no heap exchange.
-      group.comm->all_gather(gathered + rank * kBytes, gathered, kBytes, s, Algorithm::kKernel);
     }
+    // While both ranks are here: a symmetric buffer that a fused all-gather
+    // has already used, so what follows needs no heap exchange. After every
+    // group formed: a later group's internal slot may map a segment of the
+    // allocator they share, which makes the earlier heaps sync (an exchange)
+    // at their next check.
+    for (Group& group : groups)
+      group.comm->all_gather(gathered + rank * kBytes, gathered, kBytes, s, Algorithm::kKernel);
     RANK_CUDA(cudaStreamSynchronize(s));
     if (rank == 1) return 0;  // leaves after setting up
     struct Case {
@@ -132,6 +137,91 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
   EXPECT_EQ(result, "");
 }
 
+// Not SPMD: rank 0 ran a call elsewhere (NCCL took it: a plain buffer on
+// that rank only) while rank 1 ran it here, then both call here. Neither the
+// low-latency all-reduce nor a barrier makes a symmetry exchange of its own,
+// so nothing but the call number tells the ranks apart: rank 0 proves it is
+// at the same call before it enqueues, and every rank raises within the
+// timeout instead of pairing its call #3 with rank 1's call #2. Where both
+// ran calls elsewhere, but a different number, they raise at once.
+TEST(Collectives, CallsThatDifferBetweenRanksFailEveryRankLoudly) {
+  SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
+  shared_store_dir();
+  constexpr int kTimeout = 10;
+  ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(kTimeout).c_str(), 1);
+  std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
+    int failures = 0;
+    const int device = device_of_rank(rank);
+    RANK_CUDA(cudaSetDevice(device));
+    FileStore store(shared_store_dir());
+    CachingAllocator& alloc = device_allocator(device);
+    cudaStream_t s;
+    RANK_CUDA(cudaStreamCreate(&s));
+    constexpr std::size_t kBytes = 4096;
+    auto* buffer = static_cast<char*>(alloc.allocate(kBytes, reinterpret_cast<CUstream>(s)));
+    RANK_CUDA(cudaMemsetAsync(buffer, 0, kBytes, s));
+    struct Case {
+      const char* name;
+      int elsewhere[2];  // calls each rank runs elsewhere, then
+      int here[2];       // calls it runs here
+      double at_most_s;  // until every rank raised
+      std::function<void(Communicator&)> enqueue;
+    };
+    const Case cases[] = {
+        {"low-latency all-reduce",
+         {1, 0},
+         {1, 2},
+         kTimeout + 1.5,
+         [&](Communicator& c) {
+           c.all_reduce(buffer, buffer, kBytes / 4, DataType::kFloat32, ReduceOp::kSum, s,
+                        Algorithm::kLowLatency);
+         }},
+        {"stream-op barrier",
+         {1, 0},
+         {1, 2},
+         kTimeout + 1.5,
+         [&](Communicator& c) { c.barrier(s, BarrierKind::kStreamOps); }},
+        {"low-latency all-reduce, both ran elsewhere",
+         {2, 1},
+         {1, 1},
+         1.0,
+         [&](Communicator& c) {
+           c.all_reduce(buffer, buffer, kBytes / 4, DataType::kFloat32, ReduceOp::kSum, s,
+                        Algorithm::kLowLatency);
+         }},
+    };
+    int g = 0;
+    for (const Case& c : cases) {
+      SymmetricGroupOptions options;
+      options.heap_timeout = std::chrono::seconds(kTimeout);
+      options.on_failure = [](const std::string&) {};
+      SymmetricGroup group(real_driver(), alloc, store, "differ" + std::to_string(g++), rank, world,
+                           std::move(options));
+      Communicator& comm = group.communicator();
+      c.enqueue(comm);  // call #1, alike on both ranks
+      RANK_CUDA(cudaStreamSynchronize(s));
+      const auto start = std::chrono::steady_clock::now();
+      std::string raised;
+      try {
+        for (int i = 0; i < c.elsewhere[rank]; ++i) comm.count_call_run_elsewhere();
+        for (int i = 0; i < c.here[rank]; ++i) c.enqueue(comm);
+        RANK_CUDA(cudaStreamSynchronize(s));
+        comm.check_errors();
+      } catch (const collective_error& e) {
+        raised = e.what();
+      }
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::printf("[rank %d] %s: raised after %.1f s: %s\n", rank, c.name, waited, raised.c_str());
+      RANK_EXPECT(!raised.empty(), "%s: calls that differ between ranks went through", c.name);
+      RANK_EXPECT(raised.find(" #") != std::string::npos, "the error names no call: %s", raised.c_str());
+      RANK_EXPECT(waited < c.at_most_s, "%s: raised after %.1f s", c.name, waited);
+    }
+    return failures;
+  });
+  ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
+  EXPECT_EQ(result, "");
+}
+
 // A communicator whose construction fails after it took its internal slot
 // (its peer joined allocate_internal, then never came to the sync that
 // follows) gives the slot back: the next communicator of this process takes
@@ -176,6 +266,7 @@ TEST(Collectives, TwoRanksOnOneGpuAreRefusedByName) {
   shared_store_dir();
   std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
+    ::unsetenv("SYMMPOOL_TEST_RANKS_SHARE_GPU");  // the tests-only switch that allows it
     RANK_CUDA(cudaSetDevice(0));
     FileStore store(shared_store_dir());
     try {

@@ -57,7 +57,7 @@ def test_defaults_are_the_issue_sizes_ops_and_peers():
     assert args.ops == ["all_gather", "reduce_scatter", "all_reduce"]
     assert args.peers == ["symmpool", "nccl", "nccl-registered", "torch-symm-mem", "peer-copy"]
     assert args.graph and args.graph_max_bytes == 8 * MIB and args.time_budget is None
-    assert args.two_step_pieces == [8 * MIB] and args.two_step_from == MIB
+    assert args.two_step_pieces == [32 * MIB] and args.two_step_from == MIB
     assert not run.parse_args(["--no-graph"]).graph
     assert run.parse_args(["--two-step-pieces", "2M, 64K"]).two_step_pieces == [2 * MIB, 64 * KIB]
     assert run.parse_args(["--two-step-pieces", ""]).two_step_pieces == []

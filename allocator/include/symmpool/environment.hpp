@@ -35,8 +35,8 @@ struct Environment {
   // two-step, the same for reduce-scatters.
   std::string all_reduce_algorithm;
   std::string reduce_scatter_algorithm;
-  // SYMMPOOL_TWO_STEP_PIECE_BYTES: bytes of one rank's chunk that the
-  // two-step algorithms move and reduce per pipeline step.
+  // SYMMPOOL_TWO_STEP_PIECE_BYTES: the most bytes of one rank's chunk that
+  // the two-step algorithms move and reduce per pipeline step.
   std::string two_step_piece_bytes;
   // SYMMPOOL_HOST_ID: this node's identity, like NCCL_HOSTID, where hostname
   // and boot id cannot tell nodes apart (tests use it to make one machine

@@ -11,8 +11,9 @@
 //                             it can run, in place of the table's (as NCCL_ALGO)
 //   SYMMPOOL_REDUCE_SCATTER_ALGORITHM  one-shot or two-step: the same for
 //                             reduce-scatters
-//   SYMMPOOL_TWO_STEP_PIECE_BYTES  what the two-step algorithms move and
+//   SYMMPOOL_TWO_STEP_PIECE_BYTES  the most the two-step algorithms move and
 //                             reduce per pipeline step, of one rank's chunk
+//                             (a chunk is cut into two pieces at least)
 
 #include <symmpool/collective_types.hpp>
 #include <symmpool/environment.hpp>
@@ -34,7 +35,9 @@ struct CollectiveOptions {
   // A piece long enough that a copy's start-up is small beside it, short
   // enough that the pipeline fills quickly; staging holds 3 pieces per peer.
   // Not measured yet on 2 GPUs: the variable is there to sweep it.
-  static constexpr int kDefaultTwoStepPieceBytes = 8 << 20;
+  // Best at 64 MiB, 256 MiB and 1 GiB on 2 H200s among 4-32 MiB (bench/results/
+  // collectives_h200x2_2026-11-24_two-step-pieces-and-low-latency.json).
+  static constexpr int kDefaultTwoStepPieceBytes = 32 << 20;
   static constexpr int kSmallestTwoStepPieceBytes = 64 << 10;
   static constexpr int kLargestTwoStepPieceBytes = 256 << 20;
 

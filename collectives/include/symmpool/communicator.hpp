@@ -53,6 +53,8 @@ namespace symmpool {
 
 namespace detail {
 class CopyStreams;
+template <class Lanes>
+class EagerAndCaptured;
 class EventPool;
 class FailureMonitor;
 class FailureRecord;
@@ -182,6 +184,9 @@ class Communicator {
   // records it; a failure other than not_symmetric_error or bad arguments
   // fails the communicator.
   void in_order(cudaStream_t stream, const char* op, std::size_t bytes, const std::function<void()>& enqueue);
+  // Whether the call in_order is enqueueing goes into a CUDA graph capture:
+  // asked of the driver once per call, when it begins.
+  bool capturing() const { return call_capture_ != 0; }
   // Shared verdicts: one exchange per buffer not seen before (or after a
   // sync), tagged with the call number, so ranks at different calls fail
   // loudly instead of pairing up; a buffer outside the heap needs none.
@@ -234,8 +239,8 @@ class Communicator {
   // of the two ranks would no longer match).
   void point_to_point(const char* op, int peer, cudaStream_t stream, const std::function<void()>& stream_ops,
                       const std::function<cudaError_t()>& kernel);
-  // At least `bytes` of plain device memory for work enqueued on `stream` (scratch.cpp).
-  void* scratch(std::size_t bytes, cudaStream_t stream);
+  // At least `bytes` of plain device memory for the call in_order is enqueueing (scratch.cpp).
+  void* scratch(std::size_t bytes);
 
   SymmetricHeap& heap_;
   CachingAllocator& allocator_;
@@ -255,14 +260,16 @@ class Communicator {
   std::array<std::uint32_t, kMaxRanks> stream_op_sent_{};      // host-side, per peer: eager signal()s
   std::array<std::uint32_t, kMaxRanks> stream_op_received_{};  // host-side, per peer: eager wait()s
   detail::PadPointers peer_pads_{};                            // every rank's pads, mapped here
-  int timeout_seconds_ = 0;                             // barriers' patience (argument or options' override)
-  long long timeout_cycles_ = 0;                        // the same in clock cycles, for the kernels
-  int max_blocks_ = 0;                                  // grid cap of unsynchronised reductions
-  std::unique_ptr<detail::CopyStreams> copies_;         // where copy-engine copies are issued
-  std::unique_ptr<detail::StreamPipeline> pipeline_;    // the two-step algorithms' streams
+  int timeout_seconds_ = 0;       // barriers' patience (argument or options' override)
+  long long timeout_cycles_ = 0;  // the same in clock cycles, for the kernels
+  int max_blocks_ = 0;            // grid cap of unsynchronised reductions
+  // Where copy-engine copies are issued, and the two-step algorithms' streams.
+  std::unique_ptr<detail::EagerAndCaptured<detail::CopyStreams>> copies_;
+  std::unique_ptr<detail::EagerAndCaptured<detail::StreamPipeline>> pipelines_;
   std::shared_ptr<detail::EventPool> events_;           // the ends of calls: one event each, shared
   detail::SharedEvent end_of_last_call_;                // until the caller takes it
   std::unique_ptr<detail::IssueOrder> order_;           // collectives run in the order issued
+  unsigned long long call_capture_ = 0;                 // the capture in_order's enqueue goes into (0: eager)
   std::unique_ptr<detail::StreamOpWatchdog> watchdog_;  // times out stream-op waits
   void* internal_ = nullptr;                            // our internal heap slot: pads and epochs
   detail::ErrorWords* error_words_ = nullptr;           // host-mapped: set by a barrier that timed out
@@ -274,7 +281,7 @@ class Communicator {
   std::vector<void*> retired_scratch_;  // outgrown but in graphs: freed with us
   std::uint64_t calls_ = 0;             // collectives asked of us or run elsewhere, same on every rank
   const char* call_op_ = "";            // the current call's op; with calls_, what symmetry exchanges carry
-  bool exchange_next_check_ = false;    // a call ran elsewhere: verify alignment at the next check
+  bool exchange_next_check_ = false;    // a call ran elsewhere: the next call here verifies alignment
   // Buffers seen symmetric (empty) or not (why not), until the next sync.
   std::map<std::pair<const void*, std::size_t>, std::string> checked_;
   RendezvousRegistry rendezvoused_;  // ranges peers may be read at, while their allocation lives

@@ -81,6 +81,12 @@ class SymmetricHeap final : public SegmentObserver {
   // broken as any failed collective call does.
   void require_same_setting(const std::string& name, const std::string& value);
 
+  // Collective: every rank must be at the same `call` (a collective's name
+  // and number, one line). Ranks at different calls raise divergence_error
+  // naming both; a rank that never comes, timeout_error. For callers whose
+  // call makes no other exchange that would show it.
+  void check_same_call(const std::string& call);
+
   // Collective: one granule of device memory at the same offset on every
   // rank whatever the ranks allocated before (an internal slot free on all
   // of them), for symmpool's own state such as signal pads. Peers map it at

@@ -28,7 +28,7 @@ TEST(CollectiveOptions, UnsetVariablesKeepTheDefaults) {
   EXPECT_FALSE(options.barrier_timeout.has_value());
   EXPECT_FALSE(options.all_reduce_algorithm.has_value());
   EXPECT_FALSE(options.reduce_scatter_algorithm.has_value());
-  EXPECT_EQ(options.two_step_piece_bytes, 8 << 20);
+  EXPECT_EQ(options.two_step_piece_bytes, 32 << 20);
 }
 
 TEST(CollectiveOptions, ReadsEachVariable) {

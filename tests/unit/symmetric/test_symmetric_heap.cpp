@@ -194,6 +194,37 @@ TEST(SymmetricHeapFake, RanksWithDifferentSettingsFailAtOnceNamingBoth) {
   EXPECT_EQ(result, "");
 }
 
+// Ranks at the same call pass check_same_call; ranks at different calls
+// raise divergence_error, each naming both calls, and the heap stays failed.
+TEST(SymmetricHeapFake, RanksAtDifferentCallsFailAtOnceNamingBoth) {
+  TempStoreDir dir;
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir.path());
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "calls", rank, w,
+                       HeapOptions{std::chrono::seconds(20)});
+    heap.check_same_call("all_reduce #2");  // alike: passes
+    try {
+      heap.check_same_call(rank == 0 ? "all_reduce #4" : "all_reduce #3");
+      RANK_CHECK(false, "rank %d went on at a call its peer is not at", rank);
+    } catch (const divergence_error& e) {
+      const std::string text = e.what();
+      const std::string expected =
+          rank == 0 ? "rank 1 is at 'call all_reduce #3' where rank 0 is at 'call all_reduce #4'"
+                    : "rank 0 is at 'call all_reduce #4' where rank 1 is at 'call all_reduce #3'";
+      RANK_CHECK(text.find(expected) != std::string::npos, "%s", text.c_str());
+    }
+    try {
+      heap.sync();
+      RANK_CHECK(false, "rank %d synced a failed heap", rank);
+    } catch (const collective_error& e) {
+      RANK_CHECK(std::strstr(e.what(), "check_same_call"), "%s", e.what());
+    }
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
 // A rank killed in the middle of the group's work (here: between two heap
 // exchanges) makes the survivors fail within the timeout, naming it, and
 // the heap stays failed: no later call uses a mapping the ranks disagree on.

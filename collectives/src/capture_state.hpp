@@ -1,0 +1,38 @@
+#pragma once
+// Whether work enqueued on a stream goes into a CUDA graph capture. A
+// collective asks once, when it begins (IssueOrder), and hands the answer
+// down: every driver query costs host time on the eager hot path.
+
+#include <symmpool/error.hpp>
+
+#include <cuda_runtime_api.h>
+
+namespace symmpool::detail {
+
+// The capture `stream` belongs to, or 0 outside captures (ids start at 1).
+inline unsigned long long capture_of(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  SYMMPOOL_CUDA_TRY(cudaStreamGetCaptureInfo(stream, &status, &id));
+  return status == cudaStreamCaptureStatusActive ? id : 0;
+}
+
+// Two sets of a collective's side streams, one for eager calls and one for
+// captures. A side stream a capture forked stays in that capture until it
+// ends, so an eager call meanwhile (on another stream, which IssueOrder
+// allows) must never touch it: its work would land in the graph, or its
+// waits on eager events would fail the capture.
+template <class Lanes>
+class EagerAndCaptured {
+ public:
+  template <class... Args>
+  explicit EagerAndCaptured(const Args&... args) : eager_(args...), captured_(args...) {}
+
+  Lanes& for_call(bool captured) { return captured ? captured_ : eager_; }
+
+ private:
+  Lanes eager_;
+  Lanes captured_;
+};
+
+}  // namespace symmpool::detail
