@@ -26,6 +26,9 @@ void Communicator::all_reduce(const void* in, void* out, std::size_t count, Data
   in_order(stream, "all_reduce", r.bytes(), [&] { enqueue_all_reduce(r, algorithm); });
 }
 
+static_assert(kLowLatencyTableBytes <= Communicator::kLowLatencyMaxBytes,
+              "the table picks low-latency where it cannot run");
+
 void Communicator::enqueue_all_reduce(const Reduction& r, Algorithm algorithm) {
   const std::size_t bytes = r.bytes();
   const bool explicit_choice = algorithm != Algorithm::kAuto;
@@ -40,7 +43,8 @@ void Communicator::enqueue_all_reduce(const Reduction& r, Algorithm algorithm) {
                                                      std::to_string(world()) + " ranks, got " +
                                                      std::to_string(bytes));
     if (usable) return low_latency_all_reduce(r);
-    algorithm = by_table;  // a preference from the environment, where it cannot run
+    // A preference from the environment, or the table, where it cannot run.
+    algorithm = by_table == Algorithm::kLowLatency ? Algorithm::kTwoShot : by_table;
   }
   if (algorithm == Algorithm::kTwoShot || algorithm == Algorithm::kTwoStep) {
     // Both write peers' outputs while they read our input: the buffers must

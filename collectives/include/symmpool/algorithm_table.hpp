@@ -22,6 +22,9 @@ enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce };
 enum class Engine { kSymmpool, kNccl };
 
 inline constexpr std::size_t kMiB = std::size_t{1} << 20;
+// Where the table picks the low-latency all-reduce: up to its limit
+// (Communicator::kLowLatencyMaxBytes; a slot too small for it falls back to two-shot).
+inline constexpr std::size_t kLowLatencyTableBytes = 32 * 1024;
 inline constexpr std::size_t kAnySize = std::numeric_limits<std::size_t>::max();
 
 // The largest size of each op that symmpool runs at one world size.
@@ -55,7 +58,6 @@ constexpr Engine choose_engine(CollectiveKind op, std::size_t bytes, int world) 
 
 // Same `bytes` as choose_engine.
 constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int world) {
-  (void)world;
   switch (op) {
     // 2 ranks: kernel 202 vs push 178 GB/s at 16 MiB, push 252 vs kernel 221
     // at 64 MiB (uncapped grid); 4 ranks: kernel 46.8 vs push 65.1 us at 16 MiB, push
@@ -64,9 +66,14 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
       return bytes <= 16 * kMiB ? Algorithm::kKernel : Algorithm::kCopyEnginePush;
     case CollectiveKind::kReduceScatter:  // one-shot beat two-step at every size, 2 and 4 ranks
       return Algorithm::kOneShot;
+    // 2 ranks, in a CUDA graph: low-latency 2.92 / 3.55 / 3.72 us at 1 / 8 / 32 KiB
+    // against two-shot's 4.89 / 5.19 / 5.66 and NCCL's 5.88 / 6.63 / 6.97, same
+    // process and buffers (collectives_h200x2_2026-11-24_two-step-pieces-and-low-latency.json,
+    // one run: 1.4-1.7x, beyond the 15% runs vary); 4 ranks: not measured.
     // In place, 2 ranks: two-shot 5.7 vs one-shot 6.7 us at 8 KiB (uncapped grid),
     // 321 vs 281 GB/s at 1 GiB; 4 ranks: two-shot won at every size.
     case CollectiveKind::kAllReduce:
+      if (world == 2 && bytes <= kLowLatencyTableBytes) return Algorithm::kLowLatency;
       return Algorithm::kTwoShot;  // (all_reduce falls back to one-shot where two-shot cannot run)
   }
   return Algorithm::kOneShot;
