@@ -227,13 +227,13 @@ TEST(Collectives, CallsThatDifferBetweenRanksFailEveryRankLoudly) {
 // follows) gives the slot back: the next communicator of this process takes
 // the same slot, so later groups' offsets do not shift.
 TEST(Collectives, ACommunicatorThatFailsToFormGivesItsSlotBack) {
-  SYMMPOOL_GPUS_OR_SKIP(gpus, 2);
+  SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
   shared_store_dir();
   std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
-    RANK_CUDA(cudaSetDevice(rank));
+    RANK_CUDA(cudaSetDevice(device_of_rank(rank)));
     FileStore store(shared_store_dir());
-    CachingAllocator& alloc = device_allocator(rank);
+    CachingAllocator& alloc = device_allocator(device_of_rank(rank));
     SymmetricHeap heap(real_driver(), alloc, store, "half-formed", rank, world,
                        HeapOptions{std::chrono::seconds(3)});
     const std::uint64_t free_before = alloc.free_internal_slots();
