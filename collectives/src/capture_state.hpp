@@ -9,7 +9,15 @@
 
 namespace symmpool::detail {
 
-// The capture `stream` belongs to, or 0 outside captures (ids start at 1).
+// Whether `stream` is capturing, a capture the driver invalidated included
+// (work enqueued there fails with a CUDA error instead of running eagerly).
+inline bool is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  SYMMPOOL_CUDA_TRY(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// The active capture `stream` belongs to, or 0 outside captures (ids start at 1).
 inline unsigned long long capture_of(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;

@@ -94,7 +94,9 @@ void Communicator::point_to_point(const char* op, int peer, cudaStream_t stream,
                                   const std::function<cudaError_t()>& kernel) {
   check_peer(peer, op);
   check_errors();
-  const bool captured = detail::capture_of(stream) != 0;
+  // An invalidated capture takes the kernel path too: its enqueue fails with
+  // a CUDA error that leaves the communicator sound (no stream-op count moved).
+  const bool captured = detail::is_capturing(stream);
   if (captured) {  // a kernel that was not captured changed no count, here or at the peer
     SYMMPOOL_CUDA_TRY(kernel());
     monitor_->record_point_to_point(op, peer, nullptr, captured);

@@ -127,7 +127,9 @@ TEST(StreamPipeline, ACapturedPipelineReplaysInOrder) {
     w.poison(s);
     CUDA_OK(cudaGraphLaunch(exec, s));
     expect_results(w, true, s, "graph replay");
-    // An eager run between replays uses streams of its own.
+    // An eager run between replays, on the same pipeline now that the
+    // capture has ended (the communicator keeps a second one for eager
+    // calls made while a capture is open: EagerAndCaptured).
     w.poison(s);
     enqueue(pipeline, w, 3, true, {20000, 0, 0}, s);
     expect_results(w, true, s, "eager between replays");

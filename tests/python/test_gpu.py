@@ -143,13 +143,13 @@ def test_an_asymmetric_user_allocation_keeps_collectives_correct():
     run_workers(dist_failures.asymmetric_user_allocation_keeps_collectives_correct, gpu_count(), timeout=200)
 
 
-# Low-latency makes no symmetry exchange: only the call-number check that
-# follows a call run elsewhere tells the ranks' differing calls apart.
+# Two-shot checks its buffers (an exchange that carries the call number);
+# low-latency checks none: only the call-number check that follows a call
+# run elsewhere tells the ranks' differing calls apart.
 @needs_two
-@pytest.mark.parametrize("algorithm", ["table", "low-latency"])
+@pytest.mark.parametrize("algorithm", ["two-shot", "low-latency"])
 def test_a_plain_tensor_on_one_rank_fails_every_rank_loudly(algorithm, monkeypatch):
-    if algorithm != "table":
-        monkeypatch.setenv("SYMMPOOL_ALL_REDUCE_ALGORITHM", algorithm)
+    monkeypatch.setenv("SYMMPOOL_ALL_REDUCE_ALGORITHM", algorithm)
     run_workers(dist_failures.plain_tensor_on_one_rank_fails_loudly, gpu_count(), timeout=120)
 
 

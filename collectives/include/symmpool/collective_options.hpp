@@ -33,10 +33,13 @@ struct CollectiveOptions {
   static constexpr int kMostCopyStreams = 8;
   static constexpr std::chrono::seconds kLongestBarrierTimeout{86400};
   // A piece long enough that a copy's start-up is small beside it, short
-  // enough that the pipeline fills quickly; staging holds 3 pieces per peer.
-  // Not measured yet on 2 GPUs: the variable is there to sweep it.
-  // Best at 64 MiB, 256 MiB and 1 GiB on 2 H200s among 4-32 MiB (bench/results/
-  // collectives_h200x2_2026-11-24_two-step-pieces-and-low-latency.json).
+  // enough that the pipeline fills quickly; staging holds 3 pieces per peer
+  // (96 MiB at 2 ranks, 672 MiB at 8: two-step is opt-in until measured).
+  // The all-reduce's best cap at 64 MiB, 256 MiB and 1 GiB on 2 H200s among
+  // 4-32 MiB, read under the half-chunk rule from runs made before it; the
+  // reduce-scatter's best was 32 MiB at 1 GiB but 8 MiB at 64 and 256 MiB
+  // (bench/results/collectives_h200x2_2026-11-24_two-step-pieces-and-low-latency.json,
+  // one run each). The variable is there to sweep it.
   static constexpr int kDefaultTwoStepPieceBytes = 32 << 20;
   static constexpr int kSmallestTwoStepPieceBytes = 64 << 10;
   static constexpr int kLargestTwoStepPieceBytes = 256 << 20;
