@@ -70,9 +70,14 @@ RouteDecision CollectiveRouter::run_on_symmpool(CollectiveKind kind, const at::T
   Communicator* comm = call_translating_errors([&] { return communicator_(device.index()); });
   if (!comm) return nccl(RouteReason::kGroupSpansNodes);
   // Plain tensors go to NCCL without asking the peers (they pass plain
-  // tensors too, or the call numbers stop matching and the group fails).
-  if (!comm->in_heap(input.data_ptr(), input.nbytes()) ||
-      !comm->in_heap(output.data_ptr(), output.nbytes())) {
+  // tensors too, or the call numbers stop matching and the group fails),
+  // unless the algorithm reads no peer's buffer: a small all-reduce runs
+  // low-latency on any memory, faster than NCCL, and leaves the next call
+  // no alignment check to make.
+  const bool any_memory =
+      kind == CollectiveKind::kAllReduce && comm->all_reduce_takes_any_memory(input.nbytes());
+  if (!any_memory && (!comm->in_heap(input.data_ptr(), input.nbytes()) ||
+                      !comm->in_heap(output.data_ptr(), output.nbytes()))) {
     comm->count_call_run_elsewhere();
     return nccl(RouteReason::kNotInHeap);
   }

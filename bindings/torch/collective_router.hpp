@@ -36,7 +36,8 @@ class CollectiveRouter {
   // Where one collective runs. Outputs on another device than the inputs
   // raise. A call symmpool may take goes to NCCL when the group spans nodes,
   // or when a buffer is outside this rank's heap (plain tensors: decided
-  // without asking the peers, counted as a call run elsewhere); otherwise it
+  // without asking the peers, counted as a call run elsewhere) and the
+  // algorithm needs symmetric memory (all but a low-latency all-reduce); otherwise it
   // is enqueued on the current stream, and goes to NCCL when its buffers are
   // not symmetric on every rank (one check that every rank sees). Any other
   // failure raises: it is never hidden behind NCCL. `op`: reductions only.

@@ -29,11 +29,19 @@ void Communicator::all_reduce(const void* in, void* out, std::size_t count, Data
 static_assert(kLowLatencyTableBytes <= Communicator::kLowLatencyMaxBytes,
               "the table picks low-latency where it cannot run");
 
+Algorithm Communicator::auto_all_reduce_algorithm(std::size_t bytes) const {
+  return all_reduce_preference_.value_or(choose_algorithm(CollectiveKind::kAllReduce, bytes, world()));
+}
+
+bool Communicator::all_reduce_takes_any_memory(std::size_t bytes) const {
+  return auto_all_reduce_algorithm(bytes) == Algorithm::kLowLatency && bytes <= low_latency_max_bytes();
+}
+
 void Communicator::enqueue_all_reduce(const Reduction& r, Algorithm algorithm) {
   const std::size_t bytes = r.bytes();
   const bool explicit_choice = algorithm != Algorithm::kAuto;
   const Algorithm by_table = choose_algorithm(CollectiveKind::kAllReduce, bytes, world());
-  if (!explicit_choice) algorithm = all_reduce_preference_.value_or(by_table);
+  if (!explicit_choice) algorithm = auto_all_reduce_algorithm(bytes);
   detail::expect_algorithm(runs_all_reduce(algorithm), algorithm, "all_reduce");
   if (algorithm == Algorithm::kLowLatency) {
     // By size alone, the same on every rank (low_latency.cpp deals with overlaps).

@@ -91,3 +91,59 @@ def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
                 assert torch.equal(t.cpu(), e), f"rank {rank}: replay {replay} of {t.numel()} differs"
     print(f"[rank {rank}] {ran} low-latency all-reduces and their replays matched gloo", flush=True)
     dist.destroy_process_group()
+
+
+def plain_tensors_take_low_latency_by_the_table(rank: int, world: int) -> None:
+    """With the table (no preference), 2 ranks: an all-reduce of plain
+    tensors up to 32 KiB runs low-latency, which reads no peer's buffer,
+    instead of going to NCCL, eagerly and in a CUDA graph, bit for bit as
+    gloo's reference, and no call is counted as run elsewhere. Larger plain
+    all-reduces still go to NCCL (where NCCL can run: not with ranks sharing
+    a GPU)."""
+    import symmpool
+
+    from dist_common import ranks_share_gpu
+
+    os.environ.pop("SYMMPOOL_COLLECTIVES", None)
+    os.environ.pop("SYMMPOOL_ALL_REDUCE_ALGORITHM", None)
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+    gen = torch.Generator().manual_seed(300 + rank)
+    not_in_heap = "buffer not in symmpool heap"
+
+    def counts() -> tuple[int, int]:
+        return symmpool._C.algorithm_counts()["low-latency"], symmpool._C.routing_counts()[not_in_heap]
+
+    low_latency0, elsewhere0 = counts()
+    calls = 0
+    for dtype in DTYPES:
+        for n in (1, 1001, 32 * 1024 // torch.tensor([], dtype=dtype).element_size()):
+            t = small_integers(n, dtype, device, gen)  # torch's own allocator: not in the heap
+            expected = reduction_reference(t, dist.ReduceOp.SUM)
+            dist.all_reduce(t)
+            calls += 1
+            assert torch.equal(t.cpu(), expected), f"rank {rank}: plain {dtype} n={n} differs"
+    graphed = torch.zeros(4093, dtype=torch.bfloat16, device=device)
+    dist.all_reduce(graphed)  # eager once, as graph users warm up
+    calls += 1
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(graphed)
+    for replay in range(3):
+        fresh = small_integers(graphed.numel(), torch.bfloat16, device, gen)
+        expected = reduction_reference(fresh, dist.ReduceOp.SUM)
+        graphed.copy_(fresh)
+        torch.cuda.synchronize()
+        graph.replay()
+        assert torch.equal(graphed.cpu(), expected), f"rank {rank}: plain replay {replay} differs"
+    low_latency1, elsewhere1 = counts()
+    assert (low_latency1 - low_latency0, elsewhere1 - elsewhere0) == (calls + 1, 0), (
+        low_latency1 - low_latency0, elsewhere1 - elsewhere0, calls)  # + 1: the captured call
+    if not ranks_share_gpu():
+        t = small_integers(32 * 1024 // 4 + 1, torch.float32, device, gen)
+        expected = reduction_reference(t, dist.ReduceOp.SUM)
+        dist.all_reduce(t)
+        assert torch.equal(t.cpu(), expected), f"rank {rank}: the larger plain all-reduce differs"
+        assert counts() == (low_latency1, elsewhere1 + 1), counts()
+    print(f"[rank {rank}] {calls} plain all-reduces ran low-latency", flush=True)
+    dist.destroy_process_group()

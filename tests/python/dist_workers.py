@@ -206,7 +206,8 @@ def routing_decisions_are_counted_and_traced(rank: int, world: int) -> None:
         n = 1024
         symm_in = backend.allocate_tensor(n, dtype=torch.bfloat16, device=device).fill_(1)
         symm_out = backend.allocate_tensor(n * world, dtype=torch.bfloat16, device=device)
-        plain = torch.ones(n, dtype=torch.bfloat16, device=device)
+        plain = torch.ones(32 * 1024, dtype=torch.bfloat16, device=device)  # past low-latency's 32 KiB
+        small_plain = torch.ones(n, dtype=torch.bfloat16, device=device)
         ints = backend.allocate_tensor(n, dtype=torch.int32, device=device).fill_(1)
         calls = [  # what the trace says, then the call
             (f"all_gather of {symm_out.nbytes} bytes -> symmpool: SYMMPOOL_COLLECTIVES=always",
@@ -214,6 +215,11 @@ def routing_decisions_are_counted_and_traced(rank: int, world: int) -> None:
             (f"all_reduce of {plain.nbytes} bytes -> NCCL: buffer not in symmpool heap",
              lambda: dist.all_reduce(plain)),
             (f"all_reduce of {ints.nbytes} bytes -> NCCL: dtype not supported", lambda: dist.all_reduce(ints)),
+        ]
+        if world == 2:  # low-latency by the table: plain memory is enough
+            calls.append((f"all_reduce of {small_plain.nbytes} bytes -> symmpool: SYMMPOOL_COLLECTIVES=always",
+                          lambda: dist.all_reduce(small_plain)))
+        calls += [
             (f"all_reduce of {symm_in.nbytes} bytes -> NCCL: reduce op not supported",
              lambda: dist.all_reduce(symm_in, op=dist.ReduceOp.MAX)),
         ]

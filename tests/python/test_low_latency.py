@@ -14,3 +14,14 @@ def test_low_latency_all_reduce_matches_gloo():
 @one_gpu_only
 def test_low_latency_all_reduce_with_two_ranks_sharing_one_gpu():
     run_sharing_one_gpu(dist_low_latency.low_latency_all_reduce_matches_gloo, 2, timeout=300)
+
+
+# The table picks low-latency at 2 ranks only: 2 ranks, on 2 GPUs or sharing one.
+@needs_two
+def test_plain_tensors_take_low_latency_by_the_table():
+    run_workers(dist_low_latency.plain_tensors_take_low_latency_by_the_table, 2, timeout=300)
+
+
+@one_gpu_only
+def test_plain_tensors_take_low_latency_with_two_ranks_sharing_one_gpu():
+    run_sharing_one_gpu(dist_low_latency.plain_tensors_take_low_latency_by_the_table, 2, timeout=300)

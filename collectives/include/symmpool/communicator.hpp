@@ -169,6 +169,11 @@ class Communicator {
   // The largest all_reduce the low-latency algorithm takes here, in bytes:
   // kLowLatencyMaxBytes unless the internal slot is too small for it.
   std::size_t low_latency_max_bytes() const { return low_latency_max_bytes_; }
+  // Whether an all_reduce of `bytes` left to kAuto runs an algorithm that
+  // reads no peer's buffer (low-latency), so that its buffers may be any
+  // device memory of this GPU: decided by the size, the world size and the
+  // settings alone, the same on every rank, without asking the peers.
+  bool all_reduce_takes_any_memory(std::size_t bytes) const;
   // Tests only: sets the epoch of the last low-latency call (every rank the
   // same value, with no call of this communicator in flight anywhere), so
   // that a test can reach the wrap after 2^32 calls without making them.
@@ -216,6 +221,8 @@ class Communicator {
   // two_step.cpp serve both, reduction.cpp holds what they share.
   void enqueue_reduce_scatter(const Reduction& r, Algorithm algorithm);
   void enqueue_all_reduce(const Reduction& r, Algorithm algorithm);
+  // What kAuto runs for an all_reduce of `bytes`: the preference, else the table.
+  Algorithm auto_all_reduce_algorithm(std::size_t bytes) const;
   float scale(ReduceOp op) const;
   // What every reduction kernel starts from: r's type, scale, count and
   // output, the grid cap; the algorithm fills in its inputs.
