@@ -187,10 +187,19 @@ std::string Communicator::call_label() const { return std::string(call_op_) + " 
 
 bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* what) {
   if (!in_heap(ptr, bytes)) return false;
+  // Verdicts hold until this rank unmaps a segment (release_cached does, on
+  // every rank at once). A segment this rank mapped alone (an allocation
+  // its peers did not make) changes no verdict: asking the peers then, on
+  // this rank only, would wait for an exchange they never make.
+  const std::uint64_t unmaps = heap_.local_unmaps();
+  if (unmaps != unmaps_at_verdicts_) {
+    checked_.clear();
+    unmaps_at_verdicts_ = unmaps;
+  }
   auto it = checked_.find({ptr, bytes});
-  if (it != checked_.end() && !heap_.needs_sync()) return it->second.empty();
-  // A buffer not seen yet, or segments changed here: one exchange decides
-  // the verdict and, if any rank's segments changed, a sync on every rank.
+  if (it != checked_.end()) return it->second.empty();
+  // A buffer not seen yet: one exchange decides the verdict and, if any
+  // rank's segments changed since its last sync, a sync on every rank.
   std::string why_not;
   bool synced = false;
   detail::RelaxedCaptureMode relaxed;  // may map peer segments: allowed under capture

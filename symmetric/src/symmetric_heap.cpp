@@ -245,11 +245,17 @@ void SymmetricHeap::on_segment_unmapping(const Segment& segment) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   local_.erase(segment.id);
   ++local_generation_;
+  ++local_unmaps_;
 }
 
 bool SymmetricHeap::needs_sync() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return local_generation_ != synced_generation_;
+}
+
+std::uint64_t SymmetricHeap::local_unmaps() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return local_unmaps_;
 }
 
 int SymmetricHeap::export_fd(std::uint64_t id) {

@@ -1,7 +1,9 @@
 // How symmpool's collectives fail when the group is broken: a peer that
 // stops coming times out with an error naming it (and work queued behind
-// drains), a communicator that fails to form leaves nothing behind, and
-// ranks that share a GPU are refused when their heap forms.
+// drains), ranks whose calls differ fail instead of pairing them, a
+// communicator that fails to form leaves nothing behind, and ranks that
+// share a GPU are refused when their heap forms; and what must not fail: a
+// rank that allocated alone keeps working with its peers.
 
 #include "process_group.hpp"
 #include "rank_checks.hpp"
@@ -14,6 +16,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace symmpool::test {
 
@@ -215,6 +219,62 @@ TEST(Collectives, CallsThatDifferBetweenRanksFailEveryRankLoudly) {
       RANK_EXPECT(!raised.empty(), "%s: calls that differ between ranks went through", c.name);
       RANK_EXPECT(raised.find(" #") != std::string::npos, "the error names no call: %s", raised.c_str());
       RANK_EXPECT(waited < c.at_most_s, "%s: raised after %.1f s", c.name, waited);
+    }
+    return failures;
+  });
+  ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
+  EXPECT_EQ(result, "");
+}
+
+// Not a failure: a rank that maps a segment its peers did not (an
+// allocation made on that rank only) keeps using the verdicts it cached.
+// It used to ask its peers again, alone, because its segments had changed
+// since the last sync: it waited for an exchange they never made, and both
+// ranks failed after the timeout.
+TEST(Collectives, AnAllocationOnOneRankOnlyKeepsCachedVerdicts) {
+  SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
+  shared_store_dir();
+  constexpr int kTimeout = 10;
+  ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(kTimeout).c_str(), 1);
+  std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
+    int failures = 0;
+    const int device = device_of_rank(rank);
+    RANK_CUDA(cudaSetDevice(device));
+    FileStore store(shared_store_dir());
+    CachingAllocator& alloc = device_allocator(device);
+    cudaStream_t s;
+    RANK_CUDA(cudaStreamCreate(&s));
+    SymmetricGroupOptions options;
+    options.heap_timeout = std::chrono::seconds(kTimeout);
+    options.on_failure = [](const std::string&) {};
+    SymmetricGroup group(real_driver(), alloc, store, "one-sided", rank, world, std::move(options));
+    Communicator& comm = group.communicator();
+    constexpr std::size_t kCount = 4096;
+    auto* buffer = static_cast<float*>(alloc.allocate(kCount * sizeof(float), reinterpret_cast<CUstream>(s)));
+    std::vector<float> host(kCount);
+    auto all_reduce_and_check = [&](const char* when) {
+      std::fill(host.begin(), host.end(), static_cast<float>(rank + 1));
+      RANK_CUDA(cudaMemcpyAsync(buffer, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice, s));
+      comm.all_reduce(buffer, buffer, kCount, DataType::kFloat32, ReduceOp::kSum, s, Algorithm::kTwoShot);
+      RANK_CUDA(cudaMemcpyAsync(host.data(), buffer, kCount * sizeof(float), cudaMemcpyDeviceToHost, s));
+      RANK_CUDA(cudaStreamSynchronize(s));
+      comm.check_errors();
+      const auto wrong = std::count_if(host.begin(), host.end(), [](float v) { return v != 3.0f; });
+      RANK_EXPECT(wrong == 0, "%s: %ld of %zu values are not 3", when, static_cast<long>(wrong), kCount);
+      return 0;
+    };
+    try {
+      if (all_reduce_and_check("first call") != 0) return 1;  // checks the buffer: cached from here on
+      void* extra = nullptr;
+      if (rank == 1)
+        extra = alloc.allocate(64 << 20, reinterpret_cast<CUstream>(s));  // a new segment here only
+      const auto start = std::chrono::steady_clock::now();
+      if (all_reduce_and_check("after rank 1's own allocation") != 0) return 1;
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      RANK_EXPECT(took < kTimeout / 2.0, "the call took %.1f s", took);
+      if (extra) alloc.deallocate(extra, reinterpret_cast<CUstream>(s));
+    } catch (const std::exception& e) {
+      RANK_EXPECT(false, "%s", e.what());
     }
     return failures;
   });

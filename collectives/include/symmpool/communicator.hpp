@@ -289,9 +289,10 @@ class Communicator {
   std::uint64_t calls_ = 0;             // collectives asked of us or run elsewhere, same on every rank
   const char* call_op_ = "";            // the current call's op; with calls_, what symmetry exchanges carry
   bool exchange_next_check_ = false;    // a call ran elsewhere: the next call here verifies alignment
-  // Buffers seen symmetric (empty) or not (why not), until the next sync.
+  // Buffers seen symmetric (empty) or not (why not), until the next sync or local unmap.
   std::map<std::pair<const void*, std::size_t>, std::string> checked_;
-  RendezvousRegistry rendezvoused_;  // ranges peers may be read at, while their allocation lives
+  std::uint64_t unmaps_at_verdicts_ = 0;  // heap_.local_unmaps() when checked_ was last valid
+  RendezvousRegistry rendezvoused_;       // ranges peers may be read at, while their allocation lives
 };
 
 }  // namespace symmpool
