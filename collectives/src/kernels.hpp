@@ -63,7 +63,12 @@ cudaError_t launch_reduce(const ReduceLaunch& launch, cudaStream_t stream);
 // after finishing e - 2, the last reader of that region. That needs the
 // communicator's calls to run one at a time on the GPU (IssueOrder; a graph
 // replayed beside eager calls of the same communicator is the caller's to
-// order, as for every collective).
+// order, as for every collective). A rank's last packet carries ~epoch as its
+// second flag: ranks whose calls have different sizes (in 8-byte units) each
+// wait for a packet that never comes and time out, instead of the smaller
+// one summing the first part of the larger one's input. (~epoch never
+// matches a stale packet: it has the other parity, which lives in the other
+// region.)
 constexpr std::size_t kPacketBytes = 16;  // carries 8 bytes of data
 struct LowLatencyLaunch {
   const void* in = nullptr;

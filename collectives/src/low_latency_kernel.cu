@@ -75,9 +75,11 @@ __global__ void __launch_bounds__(kThreads)
   const auto* in = static_cast<const T*>(a.in);
   const std::size_t my_slot = (parity * a.world + a.rank) * a.slot_packets;
 
+  // The last unit's second flag says where this rank's input ends (kernels.hpp).
+  auto second_flag = [&](std::size_t u) { return u + 1 == units ? ~epoch : epoch; };
   for (std::size_t u = first; u < units; u += stride) {
     const uint2 w = load_unit(in, u, a.count, in_aligned);
-    const uint4 packet = make_uint4(w.x, epoch, w.y, epoch);
+    const uint4 packet = make_uint4(w.x, epoch, w.y, second_flag(u));
 #pragma unroll
     for (int p = 0; p < kMaxRanks; ++p)
       if (p < a.world && p != a.rank)
@@ -97,12 +99,13 @@ __global__ void __launch_bounds__(kThreads)
         w = load_unit(in, u, a.count, in_aligned);
       } else {
         const uint4* slot = mine + (parity * a.world + p) * a.slot_packets + u;
+        const std::uint32_t second = second_flag(u);
         uint4 v = make_uint4(0, 0, 0, 0);
         if (!failed)
           failed = !wait_until(
               [&] {
                 v = load_packet(slot);
-                return v.y == epoch && v.w == epoch;
+                return v.y == epoch && v.w == second;
               },
               p, a.error_flag, a.timeout_cycles);
         w = make_uint2(v.x, v.z);

@@ -226,6 +226,55 @@ TEST(Collectives, CallsThatDifferBetweenRanksFailEveryRankLoudly) {
   EXPECT_EQ(result, "");
 }
 
+// Low-latency all-reduces of different sizes on the two ranks (not SPMD):
+// every rank raises within the timeout, the smaller one included, which
+// once summed the first part of the larger one's input and went on.
+TEST(Collectives, LowLatencyAllReducesOfDifferentSizesFailEveryRank) {
+  SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
+  shared_store_dir();
+  constexpr int kTimeout = 10;
+  ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(kTimeout).c_str(), 1);
+  std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
+    int failures = 0;
+    const int device = device_of_rank(rank);
+    RANK_CUDA(cudaSetDevice(device));
+    FileStore store(shared_store_dir());
+    CachingAllocator& alloc = device_allocator(device);
+    cudaStream_t s;
+    RANK_CUDA(cudaStreamCreate(&s));
+    SymmetricGroupOptions options;
+    options.heap_timeout = std::chrono::seconds(kTimeout);
+    options.on_failure = [](const std::string&) {};
+    SymmetricGroup group(real_driver(), alloc, store, "sizes", rank, world, std::move(options));
+    Communicator& comm = group.communicator();
+    constexpr std::size_t kCount = 2048;  // floats
+    auto* buffer = static_cast<float*>(alloc.allocate(kCount * sizeof(float), reinterpret_cast<CUstream>(s)));
+    RANK_CUDA(cudaMemsetAsync(buffer, 0, kCount * sizeof(float), s));
+    auto all_reduce = [&](std::size_t count) {
+      comm.all_reduce(buffer, buffer, count, DataType::kFloat32, ReduceOp::kSum, s, Algorithm::kLowLatency);
+    };
+    all_reduce(kCount / 2);  // alike: passes
+    RANK_CUDA(cudaStreamSynchronize(s));
+    const auto start = std::chrono::steady_clock::now();
+    std::string raised;
+    try {
+      all_reduce(rank == 0 ? kCount / 2 : kCount);
+      RANK_CUDA(cudaStreamSynchronize(s));
+      comm.check_errors();
+    } catch (const collective_error& e) {
+      raised = e.what();
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("[rank %d] sizes that differ: raised after %.1f s: %s\n", rank, waited, raised.c_str());
+    RANK_EXPECT(raised.find("all_reduce #2") != std::string::npos, "rank %d: %s", rank,
+                raised.empty() ? "went through" : raised.c_str());
+    RANK_EXPECT(waited < kTimeout + 1.5, "raised after %.1f s", waited);
+    return failures;
+  });
+  ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
+  EXPECT_EQ(result, "");
+}
+
 // Not a failure: a rank that maps a segment its peers did not (an
 // allocation made on that rank only) keeps using the verdicts it cached.
 // It used to ask its peers again, alone, because its segments had changed
