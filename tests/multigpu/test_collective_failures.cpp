@@ -28,6 +28,50 @@
 
 namespace symmpool::test {
 
+namespace {
+
+constexpr int kTimeout = 10;  // seconds: every barrier's and heap exchange's patience here
+
+// SYMMPOOL_BARRIER_TIMEOUT=kTimeout for the ranks a test forks, unset when it ends.
+class BarrierTimeout {
+ public:
+  BarrierTimeout() { ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(kTimeout).c_str(), 1); }
+  ~BarrierTimeout() { ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT"); }
+  BarrierTimeout(const BarrierTimeout&) = delete;
+  BarrierTimeout& operator=(const BarrierTimeout&) = delete;
+};
+
+// A group whose heap exchanges also give up after kTimeout (an exchange by
+// mistake fails as soon as a barrier would), with `on_failure` (silent when empty).
+SymmetricGroupOptions group_options(FailureHandler on_failure = {}) {
+  SymmetricGroupOptions options;
+  options.heap_timeout = std::chrono::seconds(kTimeout);
+  options.on_failure = on_failure ? std::move(on_failure) : [](const std::string&) {};
+  return options;
+}
+
+// What `calls` raised once `s` drained (empty: nothing), and after how long.
+struct Raised {
+  std::string what;
+  double seconds = 0;
+};
+Raised raised_by(Communicator& comm, cudaStream_t s, const std::function<void()>& calls) {
+  const auto start = std::chrono::steady_clock::now();
+  Raised r;
+  try {
+    calls();
+    const cudaError_t e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess) r.what = std::string("cudaStreamSynchronize: ") + cudaGetErrorString(e);
+    comm.check_errors();
+  } catch (const collective_error& e) {
+    r.what = e.what();
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+}  // namespace
+
 // Both barrier kinds give up on a peer that left, after
 // SYMMPOOL_BARRIER_TIMEOUT: the kernel by itself, the stream-memop one
 // (cuStreamWaitValue32 waits forever) through the communicator's watchdog.
@@ -42,8 +86,7 @@ namespace symmpool::test {
 TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
   SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
   shared_store_dir();
-  constexpr int kTimeout = 10;
-  ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(kTimeout).c_str(), 1);
+  const BarrierTimeout timeout;
   std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
     const int device = device_of_rank(rank);
@@ -64,14 +107,12 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
     auto* gathered = static_cast<char*>(alloc.allocate(kBytes * world, reinterpret_cast<CUstream>(s)));
     for (int g = 0; g < kGroups; ++g) {
       Group& group = groups[g];
-      SymmetricGroupOptions options;
-      options.heap_timeout = std::chrono::seconds(kTimeout);  // an exchange by mistake fails as soon
-      options.on_failure = [&group](const std::string& m) {
+      auto heard = [&group](const std::string& m) {
         ++group.handled;
         group.heard = m;
       };
       group.members = std::make_unique<SymmetricGroup>(
-          real_driver(), alloc, store, "dies" + std::to_string(g), rank, world, std::move(options));
+          real_driver(), alloc, store, "dies" + std::to_string(g), rank, world, group_options(heard));
       group.comm = &group.members->communicator();
     }
     // While both ranks are here: a symmetric buffer that a fused all-gather
@@ -137,7 +178,6 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
     for (Group& g : groups) g.members.reset();  // returns: nothing waits on the dead peer
     return failures;
   });
-  ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
   EXPECT_EQ(result, "");
 }
 
@@ -151,8 +191,7 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
 TEST(Collectives, CallsThatDifferBetweenRanksFailEveryRankLoudly) {
   SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
   shared_store_dir();
-  constexpr int kTimeout = 10;
-  ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(kTimeout).c_str(), 1);
+  const BarrierTimeout timeout;
   std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
     const int device = device_of_rank(rank);
@@ -196,33 +235,24 @@ TEST(Collectives, CallsThatDifferBetweenRanksFailEveryRankLoudly) {
     };
     int g = 0;
     for (const Case& c : cases) {
-      SymmetricGroupOptions options;
-      options.heap_timeout = std::chrono::seconds(kTimeout);
-      options.on_failure = [](const std::string&) {};
       SymmetricGroup group(real_driver(), alloc, store, "differ" + std::to_string(g++), rank, world,
-                           std::move(options));
+                           group_options());
       Communicator& comm = group.communicator();
       c.enqueue(comm);  // call #1, alike on both ranks
       RANK_CUDA(cudaStreamSynchronize(s));
-      const auto start = std::chrono::steady_clock::now();
-      std::string raised;
-      try {
+      const Raised raised = raised_by(comm, s, [&] {
         for (int i = 0; i < c.elsewhere[rank]; ++i) comm.count_call_run_elsewhere();
         for (int i = 0; i < c.here[rank]; ++i) c.enqueue(comm);
-        RANK_CUDA(cudaStreamSynchronize(s));
-        comm.check_errors();
-      } catch (const collective_error& e) {
-        raised = e.what();
-      }
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::printf("[rank %d] %s: raised after %.1f s: %s\n", rank, c.name, waited, raised.c_str());
-      RANK_EXPECT(!raised.empty(), "%s: calls that differ between ranks went through", c.name);
-      RANK_EXPECT(raised.find(" #") != std::string::npos, "the error names no call: %s", raised.c_str());
-      RANK_EXPECT(waited < c.at_most_s, "%s: raised after %.1f s", c.name, waited);
+      });
+      std::printf("[rank %d] %s: raised after %.1f s: %s\n", rank, c.name, raised.seconds,
+                  raised.what.c_str());
+      RANK_EXPECT(!raised.what.empty(), "%s: calls that differ between ranks went through", c.name);
+      RANK_EXPECT(raised.what.find(" #") != std::string::npos, "the error names no call: %s",
+                  raised.what.c_str());
+      RANK_EXPECT(raised.seconds < c.at_most_s, "%s: raised after %.1f s", c.name, raised.seconds);
     }
     return failures;
   });
-  ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
   EXPECT_EQ(result, "");
 }
 
@@ -232,8 +262,7 @@ TEST(Collectives, CallsThatDifferBetweenRanksFailEveryRankLoudly) {
 TEST(Collectives, LowLatencyAllReducesOfDifferentSizesFailEveryRank) {
   SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
   shared_store_dir();
-  constexpr int kTimeout = 10;
-  ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(kTimeout).c_str(), 1);
+  const BarrierTimeout timeout;
   std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
     const int device = device_of_rank(rank);
@@ -242,10 +271,7 @@ TEST(Collectives, LowLatencyAllReducesOfDifferentSizesFailEveryRank) {
     CachingAllocator& alloc = device_allocator(device);
     cudaStream_t s;
     RANK_CUDA(cudaStreamCreate(&s));
-    SymmetricGroupOptions options;
-    options.heap_timeout = std::chrono::seconds(kTimeout);
-    options.on_failure = [](const std::string&) {};
-    SymmetricGroup group(real_driver(), alloc, store, "sizes", rank, world, std::move(options));
+    SymmetricGroup group(real_driver(), alloc, store, "sizes", rank, world, group_options());
     Communicator& comm = group.communicator();
     constexpr std::size_t kCount = 2048;  // floats
     auto* buffer = static_cast<float*>(alloc.allocate(kCount * sizeof(float), reinterpret_cast<CUstream>(s)));
@@ -255,23 +281,14 @@ TEST(Collectives, LowLatencyAllReducesOfDifferentSizesFailEveryRank) {
     };
     all_reduce(kCount / 2);  // alike: passes
     RANK_CUDA(cudaStreamSynchronize(s));
-    const auto start = std::chrono::steady_clock::now();
-    std::string raised;
-    try {
-      all_reduce(rank == 0 ? kCount / 2 : kCount);
-      RANK_CUDA(cudaStreamSynchronize(s));
-      comm.check_errors();
-    } catch (const collective_error& e) {
-      raised = e.what();
-    }
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("[rank %d] sizes that differ: raised after %.1f s: %s\n", rank, waited, raised.c_str());
-    RANK_EXPECT(raised.find("all_reduce #2") != std::string::npos, "rank %d: %s", rank,
-                raised.empty() ? "went through" : raised.c_str());
-    RANK_EXPECT(waited < kTimeout + 1.5, "raised after %.1f s", waited);
+    const Raised raised = raised_by(comm, s, [&] { all_reduce(rank == 0 ? kCount / 2 : kCount); });
+    std::printf("[rank %d] sizes that differ: raised after %.1f s: %s\n", rank, raised.seconds,
+                raised.what.c_str());
+    RANK_EXPECT(raised.what.find("all_reduce #2") != std::string::npos, "rank %d: %s", rank,
+                raised.what.empty() ? "went through" : raised.what.c_str());
+    RANK_EXPECT(raised.seconds < kTimeout + 1.5, "raised after %.1f s", raised.seconds);
     return failures;
   });
-  ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
   EXPECT_EQ(result, "");
 }
 
@@ -283,8 +300,7 @@ TEST(Collectives, LowLatencyAllReducesOfDifferentSizesFailEveryRank) {
 TEST(Collectives, AnAllocationOnOneRankOnlyKeepsCachedVerdicts) {
   SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
   shared_store_dir();
-  constexpr int kTimeout = 10;
-  ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(kTimeout).c_str(), 1);
+  const BarrierTimeout timeout;
   std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
     const int device = device_of_rank(rank);
@@ -293,10 +309,7 @@ TEST(Collectives, AnAllocationOnOneRankOnlyKeepsCachedVerdicts) {
     CachingAllocator& alloc = device_allocator(device);
     cudaStream_t s;
     RANK_CUDA(cudaStreamCreate(&s));
-    SymmetricGroupOptions options;
-    options.heap_timeout = std::chrono::seconds(kTimeout);
-    options.on_failure = [](const std::string&) {};
-    SymmetricGroup group(real_driver(), alloc, store, "one-sided", rank, world, std::move(options));
+    SymmetricGroup group(real_driver(), alloc, store, "one-sided", rank, world, group_options());
     Communicator& comm = group.communicator();
     constexpr std::size_t kCount = 4096;
     auto* buffer = static_cast<float*>(alloc.allocate(kCount * sizeof(float), reinterpret_cast<CUstream>(s)));
@@ -327,7 +340,6 @@ TEST(Collectives, AnAllocationOnOneRankOnlyKeepsCachedVerdicts) {
     }
     return failures;
   });
-  ::unsetenv("SYMMPOOL_BARRIER_TIMEOUT");
   EXPECT_EQ(result, "");
 }
 

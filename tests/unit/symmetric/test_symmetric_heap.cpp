@@ -11,10 +11,13 @@
 
 #include <dirent.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <string>
 
 namespace symmpool::test {
 
@@ -162,67 +165,66 @@ TEST(SymmetricHeapFake, ChecksOfDifferentCallsFailAtOnceNamingBoth) {
   EXPECT_EQ(result, "");
 }
 
-// Settings that decide which algorithm runs must match on every rank:
-// ranks that differ fail at once, each naming the setting and both values,
-// and the heap stays failed.
-TEST(SymmetricHeapFake, RanksWithDifferentSettingsFailAtOnceNamingBoth) {
+// Two ranks make a heap call alike (it passes), then one that differs
+// between them (`step` names it): each rank raises Error at once, its text
+// holding expected[rank], and the heap stays failed, naming `step`.
+template <class Error>
+std::string a_differing_step_fails_for_good(const char* heap_name, const char* step,
+                                            const std::function<void(SymmetricHeap&, int rank)>& alike,
+                                            const std::function<void(SymmetricHeap&, int rank)>& differing,
+                                            const std::array<std::string, 2>& expected) {
   TempStoreDir dir;
-  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+  return run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
     auto alloc = fake_allocator(rank);
     FileStore store(dir.path());
-    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "settings", rank, w,
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, heap_name, rank, w,
                        HeapOptions{std::chrono::seconds(20)});
-    heap.require_same_setting("the preference", "two-step");  // alike: passes
+    alike(heap, rank);
     try {
-      heap.require_same_setting("the preference", rank == 0 ? "two-shot" : "two-step");
-      RANK_CHECK(false, "rank %d accepted settings that differ", rank);
-    } catch (const logic_error& e) {
+      differing(heap, rank);
+      RANK_CHECK(false, "rank %d went on past a %s that differs between ranks", rank, step);
+    } catch (const Error& e) {
       const std::string text = e.what();
-      const std::string expected = rank == 0
-                                       ? "the preference is 'two-step' on rank 1 but 'two-shot' on rank 0"
-                                       : "the preference is 'two-shot' on rank 0 but 'two-step' on rank 1";
-      RANK_CHECK(text.find(expected) != std::string::npos, "%s", text.c_str());
+      RANK_CHECK(text.find(expected[static_cast<std::size_t>(rank)]) != std::string::npos, "%s",
+                 text.c_str());
     }
     try {
       heap.sync();
       RANK_CHECK(false, "rank %d synced a failed heap", rank);
     } catch (const collective_error& e) {
-      RANK_CHECK(std::strstr(e.what(), "require_same_setting"), "%s", e.what());
+      RANK_CHECK(std::strstr(e.what(), step), "%s", e.what());
     }
     return 0;
   });
-  EXPECT_EQ(result, "");
+}
+
+// Settings that decide which algorithm runs must match on every rank:
+// ranks that differ fail at once, each naming the setting and both values,
+// and the heap stays failed.
+TEST(SymmetricHeapFake, RanksWithDifferentSettingsFailAtOnceNamingBoth) {
+  EXPECT_EQ(a_differing_step_fails_for_good<logic_error>(
+                "settings", "require_same_setting",
+                [](SymmetricHeap& heap, int) { heap.require_same_setting("the preference", "two-step"); },
+                [](SymmetricHeap& heap, int rank) {
+                  heap.require_same_setting("the preference", rank == 0 ? "two-shot" : "two-step");
+                },
+                {"the preference is 'two-step' on rank 1 but 'two-shot' on rank 0",
+                 "the preference is 'two-shot' on rank 0 but 'two-step' on rank 1"}),
+            "");
 }
 
 // Ranks at the same call pass check_same_call; ranks at different calls
 // raise divergence_error, each naming both calls, and the heap stays failed.
 TEST(SymmetricHeapFake, RanksAtDifferentCallsFailAtOnceNamingBoth) {
-  TempStoreDir dir;
-  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
-    auto alloc = fake_allocator(rank);
-    FileStore store(dir.path());
-    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "calls", rank, w,
-                       HeapOptions{std::chrono::seconds(20)});
-    heap.check_same_call("all_reduce #2");  // alike: passes
-    try {
-      heap.check_same_call(rank == 0 ? "all_reduce #4" : "all_reduce #3");
-      RANK_CHECK(false, "rank %d went on at a call its peer is not at", rank);
-    } catch (const divergence_error& e) {
-      const std::string text = e.what();
-      const std::string expected =
-          rank == 0 ? "rank 1 is at 'call all_reduce #3' where rank 0 is at 'call all_reduce #4'"
-                    : "rank 0 is at 'call all_reduce #4' where rank 1 is at 'call all_reduce #3'";
-      RANK_CHECK(text.find(expected) != std::string::npos, "%s", text.c_str());
-    }
-    try {
-      heap.sync();
-      RANK_CHECK(false, "rank %d synced a failed heap", rank);
-    } catch (const collective_error& e) {
-      RANK_CHECK(std::strstr(e.what(), "check_same_call"), "%s", e.what());
-    }
-    return 0;
-  });
-  EXPECT_EQ(result, "");
+  EXPECT_EQ(
+      a_differing_step_fails_for_good<divergence_error>(
+          "calls", "check_same_call", [](SymmetricHeap& heap, int) { heap.check_same_call("all_reduce #2"); },
+          [](SymmetricHeap& heap, int rank) {
+            heap.check_same_call(rank == 0 ? "all_reduce #4" : "all_reduce #3");
+          },
+          {"rank 1 is at 'call all_reduce #3' where rank 0 is at 'call all_reduce #4'",
+           "rank 0 is at 'call all_reduce #4' where rank 1 is at 'call all_reduce #3'"}),
+      "");
 }
 
 // A rank killed in the middle of the group's work (here: between two heap
