@@ -187,14 +187,15 @@ std::string Communicator::call_label() const { return std::string(call_op_) + " 
 
 bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* what) {
   if (!in_heap(ptr, bytes)) return false;
-  // Verdicts hold until this rank unmaps a segment (release_cached does, on
-  // every rank at once). A segment this rank mapped alone (an allocation
-  // its peers did not make) changes no verdict: asking the peers then, on
-  // this rank only, would wait for an exchange they never make.
-  const std::uint64_t unmaps = heap_.local_unmaps();
-  if (unmaps != unmaps_at_verdicts_) {
+  // Verdicts hold until release_cached unmaps published segments, on every
+  // rank at once. A segment this rank mapped or unmapped alone (an
+  // allocation its peers did not make, a local empty_cache) changes no
+  // verdict: asking the peers then, on this rank only, would wait for an
+  // exchange they never make.
+  const std::uint64_t releases = heap_.releases();
+  if (releases != releases_at_verdicts_) {
     checked_.clear();
-    unmaps_at_verdicts_ = unmaps;
+    releases_at_verdicts_ = releases;
   }
   auto it = checked_.find({ptr, bytes});
   if (it != checked_.end()) return it->second.empty();

@@ -245,7 +245,6 @@ void SymmetricHeap::on_segment_unmapping(const Segment& segment) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   local_.erase(segment.id);
   ++local_generation_;
-  ++local_unmaps_;
 }
 
 bool SymmetricHeap::needs_sync() const {
@@ -253,9 +252,9 @@ bool SymmetricHeap::needs_sync() const {
   return local_generation_ != synced_generation_;
 }
 
-std::uint64_t SymmetricHeap::local_unmaps() const {
+std::uint64_t SymmetricHeap::releases() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return local_unmaps_;
+  return releases_;
 }
 
 int SymmetricHeap::export_fd(std::uint64_t id) {
@@ -466,6 +465,7 @@ std::size_t SymmetricHeap::release_cached() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       published_.clear();  // peers drop what we release at the sync below
+      ++releases_;
     }
     return allocator_.empty_cache();
   });

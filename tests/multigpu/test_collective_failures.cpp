@@ -293,10 +293,11 @@ TEST(Collectives, LowLatencyAllReducesOfDifferentSizesFailEveryRank) {
 }
 
 // Not a failure: a rank that maps a segment its peers did not (an
-// allocation made on that rank only) keeps using the verdicts it cached.
-// It used to ask its peers again, alone, because its segments had changed
-// since the last sync: it waited for an exchange they never made, and both
-// ranks failed after the timeout.
+// allocation made on that rank only), or unmaps it again, keeps using the
+// verdicts it cached. It used to ask its peers again, alone, because its
+// segments had changed since the last sync (later: because it had unmapped
+// one): it waited for an exchange they never made, and both ranks failed
+// after the timeout.
 TEST(Collectives, AnAllocationOnOneRankOnlyKeepsCachedVerdicts) {
   SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
   shared_store_dir();
@@ -334,7 +335,15 @@ TEST(Collectives, AnAllocationOnOneRankOnlyKeepsCachedVerdicts) {
       if (all_reduce_and_check("after rank 1's own allocation") != 0) return 1;
       const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       RANK_EXPECT(took < kTimeout / 2.0, "the call took %.1f s", took);
-      if (extra) alloc.deallocate(extra, reinterpret_cast<CUstream>(s));
+      if (extra) {  // and unmaps it alone (a local empty_cache, an out-of-memory retry)
+        alloc.deallocate(extra, reinterpret_cast<CUstream>(s));
+        RANK_CUDA(cudaStreamSynchronize(s));
+        RANK_EXPECT(alloc.empty_cache() > 0, "rank 1's own segment was not released");
+      }
+      const auto restart = std::chrono::steady_clock::now();
+      if (all_reduce_and_check("after rank 1 released its own segment") != 0) return 1;
+      const double retook = std::chrono::duration<double>(std::chrono::steady_clock::now() - restart).count();
+      RANK_EXPECT(retook < kTimeout / 2.0, "the call after the release took %.1f s", retook);
     } catch (const std::exception& e) {
       RANK_EXPECT(false, "%s", e.what());
     }

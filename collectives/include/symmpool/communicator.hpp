@@ -291,7 +291,7 @@ class Communicator {
   bool exchange_next_check_ = false;    // a call ran elsewhere: the next call here verifies alignment
   // Buffers seen symmetric (empty) or not (why not), until the next sync or local unmap.
   std::map<std::pair<const void*, std::size_t>, std::string> checked_;
-  std::uint64_t unmaps_at_verdicts_ = 0;  // heap_.local_unmaps() when checked_ was last valid
+  std::uint64_t releases_at_verdicts_ = 0;  // heap_.releases() when checked_ was last valid
   RendezvousRegistry rendezvoused_;       // ranges peers may be read at, while their allocation lives
 };
 

@@ -108,11 +108,11 @@ class SymmetricHeap final : public SegmentObserver {
   // True when this rank mapped or unmapped a segment since its last sync():
   // peers may not see it yet.
   bool needs_sync() const;
-  // Segments this rank has unmapped so far. Only an unmap can change the
-  // memory behind an address peers already map (a new segment lies where
-  // nothing was): a symmetry verdict taken before the count last moved may
-  // be stale, one taken since holds whatever this rank mapped meanwhile.
-  std::uint64_t local_unmaps() const;
+  // release_cached() calls so far: the same on every rank. Only they unmap
+  // segments peers map (the others were never published, so no verdict can
+  // name them): a symmetry verdict taken before the count last moved may be
+  // stale, one taken since holds whatever this rank mapped or unmapped alone.
+  std::uint64_t releases() const;
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -161,7 +161,7 @@ class SymmetricHeap final : public SegmentObserver {
   std::map<std::uint64_t, Piece> local_;  // by segment id
   std::set<std::uint64_t> published_;     // ids of local_ at the last sync(): all export_fd serves
   std::uint64_t local_generation_ = 0;    // bumped on every local map/unmap
-  std::uint64_t local_unmaps_ = 0;        // local unmaps so far
+  std::uint64_t releases_ = 0;            // release_cached() calls so far
   std::uint64_t synced_generation_ = 0;   // local_generation_ at the last sync()
   std::string failure_;                   // first failure of a collective call (sticky)
   std::vector<CUdeviceptr> peer_base_;
