@@ -3,6 +3,7 @@
 // that lets a kernel meet its peers itself, and the watchdog that times out
 // stream-memop waits.
 
+#include "call_check.hpp"
 #include "failure_monitor.hpp"
 #include "kernels.hpp"
 #include "relaxed_capture.hpp"
@@ -88,10 +89,11 @@ detail::PeerSignals Communicator::peer_signals() const {
   return s;
 }
 
-detail::BlockSync Communicator::block_sync(bool fused) const {
+detail::BlockSync Communicator::block_sync(bool fused) {
   detail::BlockSync s;
   s.enabled = fused;
   s.signals = peer_signals();
+  if (fused) s.signals.call = call_check_->take();
   s.block_epochs = block_epochs_;
   return s;
 }
@@ -99,16 +101,26 @@ detail::BlockSync Communicator::block_sync(bool fused) const {
 void Communicator::barrier(cudaStream_t stream, BarrierKind kind) {
   check_errors();
   begin_call("barrier");
+  // No digest: a call of one meeting cannot compare one. A peer past it may
+  // already have written its next call's digest; the calls that move data
+  // meet at least twice, so a peer can write its next digest only after
+  // this rank's second signal, sent once this rank has compared.
+  call_check_->take();
   in_order(stream, "barrier", 0, [&] { enqueue_barrier(stream, kind); });
 }
 
 void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   const int n = world();
+  // A kernel barrier compares the call's digest at the call's first
+  // meeting; stream-op barriers check arrival only.
+  const std::uint32_t call = call_check_->take();
   // Stream-op barriers carry an epoch counted on the host, which a graph
   // would replay unchanged (every replay after the first would pass at
   // once); captured barriers count on the device instead.
   if (kind == BarrierKind::kKernel || capturing()) {
-    SYMMPOOL_CUDA_TRY(detail::launch_barrier(peer_signals(), n, kernel_epoch_, stream));
+    detail::PeerSignals signals = peer_signals();
+    signals.call = call;
+    SYMMPOOL_CUDA_TRY(detail::launch_barrier(signals, n, kernel_epoch_, stream));
     return;
   }
   // SM-free: write our epoch into each peer's pad, then wait on our own

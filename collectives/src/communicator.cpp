@@ -5,6 +5,7 @@
 // and all_reduce), low_latency.cpp, with reduction.cpp and scratch.cpp for what they share;
 // peer_memory.cpp serves patterns users write themselves.
 
+#include "call_check.hpp"
 #include "capture_state.hpp"
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
@@ -46,7 +47,10 @@ std::array<std::uint64_t, kAlgorithmCount> algorithm_counts() {
 Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
                            std::chrono::seconds barrier_timeout, FailureHandler on_failure,
                            const CollectiveOptions& options)
-    : heap_(heap), allocator_(allocator), rendezvoused_(allocator) {
+    : heap_(heap),
+      allocator_(allocator),
+      call_check_(std::make_unique<detail::CallCheck>()),
+      rendezvoused_(allocator) {
   const int longest = static_cast<int>(kLongestBarrierTimeout.count());
   SYMMPOOL_EXPECTS(barrier_timeout.count() >= 1 && barrier_timeout.count() <= longest,
                    "symmpool: the barrier timeout must be 1 to " + std::to_string(longest) + " s, got " +
@@ -72,7 +76,7 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   allocate_signal_pads();
   SYMMPOOL_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&error_words_), sizeof(detail::ErrorWords),
                                   cudaHostAllocMapped));
-  *error_words_ = detail::ErrorWords{0, 0};
+  *error_words_ = detail::ErrorWords{0, 0, 0};
   error_flag_ = &error_words_->missing;
   heap_.sync();  // also a barrier: no peer signals before every pad is zeroed
   // Ranks that prefer different algorithms would meet in different places
@@ -180,6 +184,7 @@ void Communicator::begin_call(const char* op) {
   end_of_last_call_.reset();  // a call that enqueues nothing has no end
   call_op_ = op;
   ++calls_;
+  call_check_->begin(calls_, op);
 }
 
 // Built only when a check needs it: not on every call's hot path.
@@ -197,6 +202,9 @@ bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* 
     checked_.clear();
     releases_at_verdicts_ = releases;
   }
+  // Peers will address this buffer at our offset: the call's first meeting
+  // compares it with theirs, cached verdict or not.
+  call_check_->add_buffer(reinterpret_cast<std::uintptr_t>(ptr) - allocator_.va_base(), bytes);
   auto it = checked_.find({ptr, bytes});
   if (it != checked_.end()) return it->second.empty();
   // A buffer not seen yet: one exchange decides the verdict and, if any

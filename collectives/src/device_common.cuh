@@ -3,6 +3,8 @@
 // waits on peers that give up after a timeout, and the element types'
 // conversions to the fp32 that reductions accumulate in.
 
+#include "error_words.hpp"
+
 #include <symmpool/detail/peer_pointers.hpp>
 
 #include <cuda_bf16.h>
@@ -31,12 +33,31 @@ using SystemWord = cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system>;
 // never on the fast path): about 1 ms.
 constexpr long long kFlagLookCycles = 2'000'000;
 
+// error_flag points at ErrorWords' `missing`, the kernels' way in to all three.
+static_assert(sizeof(ErrorWords) == 3 * sizeof(int) && alignof(ErrorWords) == alignof(int),
+              "error_flag[1] is `acknowledged`, error_flag[2] `differing`");
+
+// Holds the stream until the host has the failure on record (and has
+// aborted, where asked): nothing after this collective may run as if it had
+// succeeded. Bounded, in case the host never looks.
+__device__ __forceinline__ void hold_until_acknowledged(int* error_flag, long long timeout_cycles) {
+  const long long gave_up = clock64();
+  while (*static_cast<volatile int*>(error_flag + 1) == 0 && clock64() - gave_up < timeout_cycles) {
+  }
+}
+
+// `peer`'s call differs from ours: the communicator fails, naming it.
+__device__ __forceinline__ void report_differing(int peer, int* error_flag, long long timeout_cycles) {
+  atomicCAS(error_flag + 2, 0, peer + 1);  // before the code that sends the host to read it
+  __threadfence_system();
+  atomicCAS(error_flag, 0, kCallsDiffer);
+  hold_until_acknowledged(error_flag, timeout_cycles);
+}
+
 // Spins until `arrived()` holds. Gives up after `timeout_cycles`, or as
 // soon as another wait of this communicator gave up (the flag is set):
 // collectives queued behind a failed one then drain instead of each waiting
-// out its own timeout. error_flag points at ErrorWords (failure_monitor.hpp):
-// [0] missing rank + 1, [1] the host's acknowledgement. Returns whether it
-// arrived.
+// out its own timeout. Returns whether it arrived.
 template <typename Arrived>
 __device__ __forceinline__ bool wait_until(Arrived arrived, int peer, int* error_flag, long long timeout_cycles) {
   const long long start = clock64();
@@ -45,12 +66,7 @@ __device__ __forceinline__ bool wait_until(Arrived arrived, int peer, int* error
     const long long now = clock64();
     if (now - start > timeout_cycles) {
       atomicCAS(error_flag, 0, peer + 1);
-      // Hold the stream until the host has the failure on record (and has
-      // aborted, where asked): nothing after this collective may run as if
-      // it had succeeded. Bounded, in case the host never looks.
-      const long long gave_up = clock64();
-      while (*static_cast<volatile int*>(error_flag + 1) == 0 && clock64() - gave_up < timeout_cycles) {
-      }
+      hold_until_acknowledged(error_flag, timeout_cycles);
       return false;
     }
     if (now > next_look) {

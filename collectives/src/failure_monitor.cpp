@@ -124,8 +124,15 @@ void FailureMonitor::fail_missing(int missing_rank) {
                  " s (peer dead, or the ranks' collectives differ); the communicator is unusable");
 }
 
+void FailureMonitor::fail_differing(int rank) {
+  finish_failure("symmpool: " + describe_unfinished() + " on rank " + std::to_string(rank_) + " of " +
+                 std::to_string(world_) + " failed: rank " + std::to_string(rank) +
+                 " is at another call, or passed symmetric buffers at other offsets of the heap (ranks "
+                 "that allocate differently place tensors differently); the communicator is unusable");
+}
+
 void FailureMonitor::fail(const std::string& reason) {
-  if (volatile_read(words_->missing) == 0) volatile_write(words_->missing, -1);  // kernels drain
+  if (volatile_read(words_->missing) == 0) volatile_write(words_->missing, kFailedOnHost);  // kernels drain
   finish_failure("symmpool: communicator of rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
                  " failed after " + std::to_string(issued()) + " collectives: " + reason +
                  "; the communicator is unusable");
@@ -138,8 +145,13 @@ void FailureMonitor::finish_failure(const std::string& message) {
 }
 
 void FailureMonitor::poll() {
+  if (failure_->failed()) return;
+  const int differing = volatile_read(words_->differing);  // written before `missing`
   const int missing = volatile_read(words_->missing);
-  if (missing > 0 && !failure_->failed()) fail_missing(missing - 1);
+  if (missing == kCallsDiffer && differing > 0)
+    fail_differing(differing - 1);
+  else if (missing > 0)
+    fail_missing(missing - 1);
 }
 
 void FailureMonitor::watch() {

@@ -11,6 +11,8 @@
 //   asks) before it lets the stalled kernel go on. So no stream gets past a
 //   failed collective before the failure is on record.
 
+#include "error_words.hpp"
+
 #include <symmpool/detail/failure_record.hpp>
 #include <symmpool/detail/shared_event.hpp>
 
@@ -30,12 +32,6 @@
 #include <utility>
 
 namespace symmpool::detail {
-
-// Host-mapped words the device and the host share.
-struct ErrorWords {
-  int missing;       // 0, or 1 + the rank a barrier waited for in vain (-1: failed on the host)
-  int acknowledged;  // set by the host once the failure is on record: stalled kernels may end
-};
 
 class FailureMonitor {
  public:
@@ -62,6 +58,8 @@ class FailureMonitor {
   // watchdog), or `reason` says what broke on the host. Idempotent.
   void fail_missing(int missing_rank);
   void fail(const std::string& reason);
+  // A kernel found that `rank`'s call differs from ours (its digest).
+  void fail_differing(int rank);
 
   // Handles a failure the kernels reported but the thread did not see yet.
   void poll();

@@ -19,32 +19,54 @@ __device__ __forceinline__ void signal(std::uint32_t* pad, std::uint32_t epoch,
 }
 
 // Waits until `pad` reaches `epoch` (wrap-safe), or gives up (wait_until).
-__device__ __forceinline__ void wait_for(std::uint32_t* pad, std::uint32_t epoch,
+__device__ __forceinline__ bool wait_for(std::uint32_t* pad, std::uint32_t epoch,
                                          cuda::std::memory_order order, int peer, int* error_flag,
                                          long long timeout_cycles) {
   SystemWord word(*pad);
-  wait_until([&] { return static_cast<int>(word.load(order) - epoch) >= 0; }, peer, error_flag,
-             timeout_cycles);
+  return wait_until([&] { return static_cast<int>(word.load(order) - epoch) >= 0; }, peer, error_flag,
+                    timeout_cycles);
+}
+
+// Rank t's digest of its current call, as it wrote it into our call row.
+__device__ __forceinline__ std::uint32_t digest_of_peer(const PeerSignals& s, int t) {
+  return SystemWord(s.my_pads[kCallRow * kMaxRanks + t]).load(cuda::std::memory_order_relaxed);
 }
 
 // Thread t < world signals rank t on `row` and waits for rank t's signal.
-__device__ __forceinline__ void signal_and_wait(const PeerSignals& s, int world, int row, std::uint32_t epoch,
+// With a call digest (a call's first meeting, call_check.hpp) it first
+// writes ours into rank t's call row and, once rank t's signal came,
+// compares rank t's with ours. Returns false where they differ (the
+// communicator then fails, naming rank t): the caller must not touch peers.
+__device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world, int row, std::uint32_t epoch,
                                                 cuda::std::memory_order signal_order,
-                                                cuda::std::memory_order wait_order) {
+                                                cuda::std::memory_order wait_order, std::uint32_t call) {
   const int t = threadIdx.x;
-  if (t < world) {
-    signal(pick(s.peers.peer, t) + row * kMaxRanks + s.rank, epoch, signal_order);
-    wait_for(s.my_pads + row * kMaxRanks + t, epoch, wait_order, t, s.error_flag, s.timeout_cycles);
+  if (t >= world) return true;
+  if (call != 0) {
+    SystemWord(pick(s.peers.peer, t)[kCallRow * kMaxRanks + s.rank])
+        .store(call, cuda::std::memory_order_relaxed);
+    signal_order = cuda::std::memory_order_release;  // our digest lands before our signal
+    wait_order = cuda::std::memory_order_acquire;    // theirs is read after theirs
   }
+  signal(pick(s.peers.peer, t) + row * kMaxRanks + s.rank, epoch, signal_order);
+  const bool arrived =
+      wait_for(s.my_pads + row * kMaxRanks + t, epoch, wait_order, t, s.error_flag, s.timeout_cycles);
+  // A wait that gave up has set the flag already.
+  if (!arrived || call == 0 || digest_of_peer(s, t) == call) return true;
+  report_differing(t, s.error_flag, s.timeout_cycles);
+  return false;
 }
 
 // Between copies or kernels of one collective: what came before on every
-// rank is visible to what comes after on every rank.
+// rank is visible to what comes after on every rank. At a call's first
+// meeting (signals.call) it also checks that every rank is at the same call
+// with the same buffers; the copies or kernels after it run all the same,
+// on a communicator that has failed.
 __global__ void barrier_kernel(PeerSignals signals, int world, std::uint32_t* epoch_counter) {
   const std::uint32_t epoch = *epoch_counter + 1;
   __syncwarp();  // every lane read the counter before lane 0 moves it on
   signal_and_wait(signals, world, kKernelBarrierRow, epoch, cuda::std::memory_order_release,
-                  cuda::std::memory_order_acquire);
+                  cuda::std::memory_order_acquire, signals.call);
   if (threadIdx.x == 0) *epoch_counter = epoch;
 }
 
@@ -70,14 +92,18 @@ struct BlockMeeting {
   int world;
   std::uint32_t epoch = 0;
 
-  // Inputs are ready everywhere: later reads of peers see them.
-  __device__ __forceinline__ void start() {
-    if (!sync.enabled) return;
+  // Inputs are ready everywhere: later reads of peers see them. False
+  // where a peer is at another call or passed other buffers (the kernel must
+  // then leave peers alone and end).
+  __device__ __forceinline__ bool start() {
+    if (!sync.enabled) return true;
+    bool same_call = true;
     if (threadIdx.x < world) {
       epoch = sync.block_epochs[blockIdx.x];
-      meet(epoch + 1, cuda::std::memory_order_relaxed, cuda::std::memory_order_acquire);
+      same_call = meet(epoch + 1, cuda::std::memory_order_relaxed, cuda::std::memory_order_acquire,
+                       sync.signals.call);
     }
-    __syncthreads();
+    return __syncthreads_and(same_call) != 0;
   }
   // Every peer is done with this rank's buffers, and this block's writes
   // to peers are visible to them.
@@ -85,14 +111,14 @@ struct BlockMeeting {
     if (!sync.enabled) return;
     __syncthreads();
     if (threadIdx.x < world) {
-      meet(epoch + 2, cuda::std::memory_order_release, cuda::std::memory_order_relaxed);
+      meet(epoch + 2, cuda::std::memory_order_release, cuda::std::memory_order_relaxed, /*call=*/0);
       if (threadIdx.x == 0) sync.block_epochs[blockIdx.x] = epoch + 2;
     }
   }
-  __device__ __forceinline__ void meet(std::uint32_t value, cuda::std::memory_order signal_order,
-                                       cuda::std::memory_order wait_order) {
-    signal_and_wait(sync.signals, world, kFirstBlockRow + static_cast<int>(blockIdx.x), value, signal_order,
-                    wait_order);
+  __device__ __forceinline__ bool meet(std::uint32_t value, cuda::std::memory_order signal_order,
+                                       cuda::std::memory_order wait_order, std::uint32_t call) {
+    return signal_and_wait(sync.signals, world, kFirstBlockRow + static_cast<int>(blockIdx.x), value,
+                           signal_order, wait_order, call);
   }
 };
 
@@ -114,7 +140,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     reduce_kernel(BlockSync sync, PeerPointers in, OutPointers out, ReduceScalars r, bool vectorized) {
   BlockMeeting meeting{sync, r.world};
-  meeting.start();
+  if (!meeting.start()) return;
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -159,7 +185,7 @@ __global__ void __launch_bounds__(kThreads)
     gather_copy_kernel(BlockSync sync, PeerPointers src, char* dst, std::size_t bytes, int world,
                        bool vectorized) {
   BlockMeeting meeting{sync, world};
-  meeting.start();
+  if (!meeting.start()) return;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t vectors = vectorized ? bytes / 16 : 0;

@@ -14,7 +14,7 @@ float Communicator::scale(ReduceOp op) const {
   return op == ReduceOp::kAvg ? 1.0f / static_cast<float>(world()) : 1.0f;
 }
 
-detail::ReduceLaunch Communicator::reduce_launch(const Reduction& r, bool fused) const {
+detail::ReduceLaunch Communicator::reduce_launch(const Reduction& r, bool fused) {
   detail::ReduceLaunch launch;
   launch.sync = block_sync(fused);
   launch.out.ptr[0] = r.out;

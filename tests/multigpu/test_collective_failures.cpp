@@ -1,9 +1,10 @@
 // How symmpool's collectives fail when the group is broken: a peer that
 // stops coming times out with an error naming it (and work queued behind
-// drains), ranks whose calls differ fail instead of pairing them, a
-// communicator that fails to form leaves nothing behind, and ranks that
-// share a GPU are refused when their heap forms; and what must not fail: a
-// rank that allocated alone keeps working with its peers.
+// drains), ranks whose calls differ (or whose buffers lie at other
+// offsets) fail instead of pairing them, a communicator that fails to form
+// leaves nothing behind, and ranks that share a GPU are refused when their
+// heap forms; and what must not fail: a rank that allocated alone keeps
+// working with its peers.
 
 #include "process_group.hpp"
 #include "rank_checks.hpp"
@@ -287,6 +288,84 @@ TEST(Collectives, LowLatencyAllReducesOfDifferentSizesFailEveryRank) {
     RANK_EXPECT(raised.what.find("all_reduce #2") != std::string::npos, "rank %d: %s", rank,
                 raised.what.empty() ? "went through" : raised.what.c_str());
     RANK_EXPECT(raised.seconds < kTimeout + 1.5, "raised after %.1f s", raised.seconds);
+    return failures;
+  });
+  EXPECT_EQ(result, "");
+}
+
+// Ranks whose calls pass symmetric buffers at different offsets, each
+// buffer symmetric and its verdict cached (ranks that allocate differently
+// shift later tensors onto addresses checked for others): every rank
+// raises at once, naming the rank whose call differs. They used to pair
+// the wrong buffers without a word. An all-gather against an all-reduce at
+// the same call number fails the same way.
+TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
+  SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
+  shared_store_dir();
+  const BarrierTimeout timeout;
+  std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
+    int failures = 0;
+    const int device = device_of_rank(rank);
+    RANK_CUDA(cudaSetDevice(device));
+    FileStore store(shared_store_dir());
+    CachingAllocator& alloc = device_allocator(device);
+    cudaStream_t s;
+    RANK_CUDA(cudaStreamCreate(&s));
+    constexpr std::size_t kLarge = std::size_t{4} << 20;  // two-shot chunks over 1 MiB: barrier kernels
+    auto* a = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
+    auto* b = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
+    RANK_CUDA(cudaMemsetAsync(a, 0, kLarge, s));
+    RANK_CUDA(cudaMemsetAsync(b, 0, kLarge, s));
+    auto all_reduce = [&](std::size_t bytes) {
+      return [&, bytes](Communicator& c, char* x) {
+        c.all_reduce(x, x, bytes / 4, DataType::kFloat32, ReduceOp::kSum, s, Algorithm::kTwoShot);
+      };
+    };
+    auto all_gather = [&](Algorithm algorithm) {  // in place, 4 KiB per rank
+      return
+          [&, algorithm](Communicator& c, char* x) { c.all_gather(x + rank * 4096, x, 4096, s, algorithm); };
+    };
+    struct Case {
+      const char* name;
+      std::function<void(Communicator&, char*)> call;
+      std::function<void(Communicator&, char*)> rank0_call;  // empty: `call`
+    };
+    const Case cases[] = {
+        {"two-shot all-reduce, one fused kernel", all_reduce(16384), {}},
+        {"two-shot all-reduce between barriers", all_reduce(kLarge), {}},
+        {"copy-engine all-gather", all_gather(Algorithm::kCopyEnginePull), {}},
+        {"kernel all-gather", all_gather(Algorithm::kKernel), {}},
+        {"reduce-scatter",
+         [&](Communicator& c, char* x) {
+           c.reduce_scatter(x, x + kLarge / 2, 1024, DataType::kFloat32, ReduceOp::kSum, s);
+         },
+         {}},
+        {"an all-gather against an all-reduce", all_reduce(kLarge), all_gather(Algorithm::kCopyEnginePull)},
+    };
+    int g = 0;
+    for (const Case& c : cases) {
+      SymmetricGroup group(real_driver(), alloc, store, "offsets" + std::to_string(g++), rank, world,
+                           group_options());
+      Communicator& comm = group.communicator();
+      // Alike on both ranks: each buffer's verdicts are cached from here on.
+      for (const auto* call : {&c.call, &c.rank0_call}) {
+        if (!*call) continue;
+        (*call)(comm, a);
+        (*call)(comm, b);
+      }
+      RANK_CUDA(cudaStreamSynchronize(s));
+      comm.check_errors();
+      // Rank 0 takes b where rank 1 takes a.
+      const auto& mine = rank == 0 && c.rank0_call ? c.rank0_call : c.call;
+      const Raised raised = raised_by(comm, s, [&] { mine(comm, rank == 0 ? b : a); });
+      std::printf("[rank %d] %s: raised after %.1f s: %s\n", rank, c.name, raised.seconds,
+                  raised.what.c_str());
+      RANK_EXPECT(!raised.what.empty(), "%s: calls on buffers at other offsets went through", c.name);
+      RANK_EXPECT(
+          raised.what.find("rank " + std::to_string(1 - rank) + " is at another call") != std::string::npos,
+          "%s: the error does not name the peer's call: %s", c.name, raised.what.c_str());
+      RANK_EXPECT(raised.seconds < 3.0, "%s: raised after %.1f s", c.name, raised.seconds);
+    }
     return failures;
   });
   EXPECT_EQ(result, "");

@@ -52,6 +52,7 @@
 namespace symmpool {
 
 namespace detail {
+class CallCheck;
 class CopyStreams;
 template <class Lanes>
 class EagerAndCaptured;
@@ -210,7 +211,8 @@ class Communicator {
   detail::StreamOpWatchdog& stream_op_watchdog();  // made on first use
   detail::PeerSignals peer_signals() const;        // every rank's pads and our patience, for the kernels
   // Barriers around a kernel unless the kernel meets its peers itself.
-  detail::BlockSync block_sync(bool fused) const;
+  // With `fused`, the kernel's first meeting is the call's first: it takes the call's digest.
+  detail::BlockSync block_sync(bool fused);
 
   // all_gather.cpp
   void enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
@@ -226,7 +228,7 @@ class Communicator {
   float scale(ReduceOp op) const;
   // What every reduction kernel starts from: r's type, scale, count and
   // output, the grid cap; the algorithm fills in its inputs.
-  detail::ReduceLaunch reduce_launch(const Reduction& r, bool fused) const;
+  detail::ReduceLaunch reduce_launch(const Reduction& r, bool fused);
   // Every rank's input holds in_count elements; this rank reduces r.count
   // of them from src_offset on.
   void one_shot(const Reduction& r, std::size_t in_count, std::size_t src_offset);
@@ -288,11 +290,13 @@ class Communicator {
   std::vector<void*> retired_scratch_;  // outgrown but in graphs: freed with us
   std::uint64_t calls_ = 0;             // collectives asked of us or run elsewhere, same on every rank
   const char* call_op_ = "";            // the current call's op; with calls_, what symmetry exchanges carry
-  bool exchange_next_check_ = false;    // a call ran elsewhere: the next call here verifies alignment
+  // The current call's digest (number, op, symmetric buffers' offsets), for its first meeting.
+  std::unique_ptr<detail::CallCheck> call_check_;
+  bool exchange_next_check_ = false;  // a call ran elsewhere: the next call here verifies alignment
   // Buffers seen symmetric (empty) or not (why not), until the next sync or local unmap.
   std::map<std::pair<const void*, std::size_t>, std::string> checked_;
   std::uint64_t releases_at_verdicts_ = 0;  // heap_.releases() when checked_ was last valid
-  RendezvousRegistry rendezvoused_;       // ranges peers may be read at, while their allocation lives
+  RendezvousRegistry rendezvoused_;         // ranges peers may be read at, while their allocation lives
 };
 
 }  // namespace symmpool

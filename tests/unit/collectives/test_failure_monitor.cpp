@@ -1,6 +1,7 @@
-// The failure monitor's numbering, without a GPU (captured calls make no
-// events): the collectives' numbers stay the same on every rank however
-// many signals and waits each rank made.
+// The failure monitor without a GPU (captured calls make no events): the
+// collectives' numbers stay the same on every rank however many signals and
+// waits each rank made; what the kernels report in the error words becomes
+// an error naming the rank.
 
 #include "failure_monitor.hpp"
 
@@ -24,8 +25,31 @@ TEST(FailureMonitor, SignalsAndWaitsDoNotShiftTheCollectivesNumbers) {
   EXPECT_EQ(monitor.issued(), 2u) << "signals and waits were counted as collectives";
   monitor.fail("test");
   EXPECT_NE(handled.find("failed after 2 collectives: test"), std::string::npos) << handled;
-  EXPECT_EQ(words.missing, -1);
+  EXPECT_EQ(words.missing, detail::kFailedOnHost);
   EXPECT_EQ(words.acknowledged, 1);
+}
+
+TEST(FailureMonitor, AKernelsReportOfADifferingCallNamesTheRank) {
+  detail::ErrorWords words{};
+  std::string handled;
+  int handled_times = 0;
+  detail::FailureMonitor monitor(0, 1, 4, std::chrono::seconds(5), &words, [&](const std::string& message) {
+    handled = message;
+    ++handled_times;
+  });
+  monitor.poll();
+  EXPECT_EQ(handled_times, 0);
+  words.differing = 3 + 1;  // as report_differing writes them: the rank first, then the code
+  words.missing = detail::kCallsDiffer;
+  monitor.poll();
+  monitor.poll();
+  EXPECT_EQ(handled_times, 1);
+  EXPECT_NE(handled.find("on rank 1 of 4 failed: rank 3 is at another call, or passed symmetric buffers at "
+                         "other offsets"),
+            std::string::npos)
+      << handled;
+  EXPECT_EQ(words.acknowledged, 1);
+  EXPECT_EQ(words.missing, detail::kCallsDiffer);
 }
 
 }  // namespace symmpool::test

@@ -29,8 +29,9 @@ enum PadRow : int {
   kFirstBlockRow = 2,                            // kMaxSyncBlocks rows follow
   kSignalRow = kFirstBlockRow + kMaxSyncBlocks,  // point-to-point signals of kernels (in CUDA graphs)
   kStreamOpSignalRow,                            // point-to-point signals of stream memops (eager)
+  kCallRow,                                      // each rank's digest of its current call (call_check.hpp)
 };
-constexpr int kPadRows = kStreamOpSignalRow + 1;
+constexpr int kPadRows = kCallRow + 1;
 
 // What a kernel needs to signal its peers and wait for their signals (the
 // kernels take the world size on its own: they loop over it too).
@@ -38,8 +39,11 @@ struct PeerSignals {
   PadPointers peers{};  // pads of every rank, mapped here
   std::uint32_t* my_pads = nullptr;
   int rank = 0;
-  int* error_flag = nullptr;     // host-mapped: 1 + a rank that never signalled
+  int* error_flag = nullptr;     // host-mapped ErrorWords: 1 + a rank that never signalled, ...
   long long timeout_cycles = 0;  // how long a wait lasts before it gives up
+  // Nonzero at a call's first meeting: the call's digest, written into each
+  // peer's call row before the signal and compared with theirs after the wait.
+  std::uint32_t call = 0;
 };
 
 // What a kernel needs to meet its peers at its start and its end.
