@@ -57,6 +57,37 @@ __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world,
   return false;
 }
 
+// A block meeting's start: thread t < world writes `value` and our call
+// digest into rank t's start word for this block, in one 64-bit store, and
+// waits for rank t's; then compares rank t's digest with ours (where
+// `call` is nonzero). Rank t cannot write this word again before its next
+// call, which waits for this block's end meeting: what is read after the
+// wait is rank t's digest for this call. Returns false where they differ.
+__device__ __forceinline__ bool start_meeting(const PeerSignals& s, int world, std::uint32_t value,
+                                              std::uint32_t call) {
+  using StartWord = cuda::atomic_ref<std::uint64_t, cuda::thread_scope_system>;
+  const int t = threadIdx.x;
+  if (t >= world) return true;
+  const int slot = static_cast<int>(blockIdx.x) * kMaxRanks;
+  auto start_words = [](std::uint32_t* pads) {
+    return reinterpret_cast<std::uint64_t*>(reinterpret_cast<char*>(pads) + kStartWordsOffset);
+  };
+  StartWord(start_words(pick(s.peers.peer, t))[slot + s.rank])
+      .store((std::uint64_t{value} << 32) | call, cuda::std::memory_order_relaxed);
+  StartWord word(start_words(s.my_pads)[slot + t]);
+  std::uint64_t seen = 0;
+  const bool arrived = wait_until(
+      [&] {
+        seen = word.load(cuda::std::memory_order_acquire);
+        return static_cast<int>(static_cast<std::uint32_t>(seen >> 32) - value) >= 0;
+      },
+      t, s.error_flag, s.timeout_cycles);
+  const auto digest = static_cast<std::uint32_t>(seen);
+  if (!arrived || call == 0 || digest == call) return true;
+  report_differing(t, s.error_flag, s.timeout_cycles);
+  return false;
+}
+
 // Between copies or kernels of one collective: what came before on every
 // rank is visible to what comes after on every rank. At a call's first
 // meeting (signals.call) it also checks that every rank is at the same call
@@ -85,8 +116,9 @@ __global__ void wait_kernel(PeerSignals signals, int peer, std::uint32_t* receiv
 }
 
 // Start and end meetings of a block-synchronised kernel: each block uses
-// its own pad row and epoch, so blocks never wait for each other. Only
-// threads below `world` take part; each keeps the block's epoch itself.
+// its own start words, pad row and epoch, so blocks never wait for each
+// other. Only threads below `world` take part; each keeps the block's epoch
+// itself.
 struct BlockMeeting {
   const BlockSync& sync;
   int world;
@@ -100,8 +132,7 @@ struct BlockMeeting {
     bool same_call = true;
     if (threadIdx.x < world) {
       epoch = sync.block_epochs[blockIdx.x];
-      same_call = meet(epoch + 1, cuda::std::memory_order_relaxed, cuda::std::memory_order_acquire,
-                       sync.signals.call);
+      same_call = start_meeting(sync.signals, world, epoch + 1, sync.signals.call);
     }
     return __syncthreads_and(same_call) != 0;
   }
@@ -111,14 +142,10 @@ struct BlockMeeting {
     if (!sync.enabled) return;
     __syncthreads();
     if (threadIdx.x < world) {
-      meet(epoch + 2, cuda::std::memory_order_release, cuda::std::memory_order_relaxed, /*call=*/0);
+      signal_and_wait(sync.signals, world, kFirstBlockRow + static_cast<int>(blockIdx.x), epoch + 2,
+                      cuda::std::memory_order_release, cuda::std::memory_order_relaxed, /*call=*/0);
       if (threadIdx.x == 0) sync.block_epochs[blockIdx.x] = epoch + 2;
     }
-  }
-  __device__ __forceinline__ bool meet(std::uint32_t value, cuda::std::memory_order signal_order,
-                                       cuda::std::memory_order wait_order, std::uint32_t call) {
-    return signal_and_wait(sync.signals, world, kFirstBlockRow + static_cast<int>(blockIdx.x), value,
-                           signal_order, wait_order, call);
   }
 };
 

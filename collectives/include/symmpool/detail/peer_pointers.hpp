@@ -1,6 +1,7 @@
 #pragma once
 // Per-rank device pointers and barrier state handed to kernels by value.
 
+#include <cstddef>
 #include <cstdint>
 
 namespace symmpool::detail {
@@ -32,6 +33,11 @@ enum PadRow : int {
   kCallRow,                                      // each rank's digest of its current call (call_check.hpp)
 };
 constexpr int kPadRows = kCallRow + 1;
+// Block meetings' start signals: 64-bit words [kMaxSyncBlocks][kMaxRanks]
+// at this byte offset of every rank's pads, each holding the meeting's
+// value (high half) and the call's digest (low half): one store carries
+// both, so the digest needs no fence to arrive with the signal.
+constexpr std::size_t kStartWordsOffset = 2048;
 
 // What a kernel needs to signal its peers and wait for their signals (the
 // kernels take the world size on its own: they loop over it too).
