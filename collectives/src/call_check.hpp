@@ -9,6 +9,8 @@
 // the wait each compares what its peers wrote with its own, so such calls
 // fail every rank instead of pairing buffers that differ.
 
+#include "error_words.hpp"
+
 #include <cstddef>
 #include <cstdint>
 
@@ -25,7 +27,7 @@ class CallCheck {
   // A symmetric buffer of this call, `offset` bytes into the heap.
   void add_buffer(std::size_t offset, std::size_t bytes) { state_ = mix(mix(state_, offset), bytes); }
   // The digest for the call's first meeting (never 0, which means "no
-  // check"), then 0 for the later ones: once this rank signalled a later
+  // check", nor kFailedRankDigest), then 0 for the later ones: once this rank signalled a later
   // meeting, a peer may go on to its next call and overwrite its digest
   // before this rank reads it. A call of one meeting (a barrier) takes it
   // unused for the same reason.
@@ -33,7 +35,7 @@ class CallCheck {
     if (taken_) return 0;
     taken_ = true;
     const auto digest = static_cast<std::uint32_t>(state_ ^ (state_ >> 32));
-    return digest != 0 ? digest : 1;
+    return digest != 0 && digest != kFailedRankDigest ? digest : 1;
   }
 
  private:

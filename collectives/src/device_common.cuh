@@ -46,31 +46,44 @@ __device__ __forceinline__ void hold_until_acknowledged(int* error_flag, long lo
   }
 }
 
-// `peer`'s call differs from ours: the communicator fails, naming it.
-__device__ __forceinline__ void report_differing(int peer, int* error_flag, long long timeout_cycles) {
-  atomicCAS(error_flag + 2, 0, peer + 1);  // before the code that sends the host to read it
+// `peer`'s call, whose digest is `theirs`, differs from ours: the
+// communicator fails, naming it (and saying whether it had failed itself).
+__device__ __forceinline__ void report_differing(int peer, std::uint32_t theirs, int* error_flag,
+                                                 long long timeout_cycles) {
+  const int differing = peer + 1 + (theirs == kFailedRankDigest ? kPeerHadFailed : 0);
+  atomicCAS(error_flag + 2, 0, differing);  // before the code that sends the host to read it
   __threadfence_system();
   atomicCAS(error_flag, 0, kCallsDiffer);
   hold_until_acknowledged(error_flag, timeout_cycles);
 }
 
+struct NothingToSay {
+  __device__ void operator()() const {}
+};
+
 // Spins until `arrived()` holds. Gives up after `timeout_cycles`, or as
 // soon as another wait of this communicator gave up (the flag is set):
 // collectives queued behind a failed one then drain instead of each waiting
-// out its own timeout. Returns whether it arrived.
-template <typename Arrived>
-__device__ __forceinline__ bool wait_until(Arrived arrived, int peer, int* error_flag, long long timeout_cycles) {
+// out its own timeout. A wait that gives up calls `give_up()` first (before
+// it holds the stream). Returns whether it arrived.
+template <typename Arrived, typename GiveUp = NothingToSay>
+__device__ __forceinline__ bool wait_until(Arrived arrived, int peer, int* error_flag, long long timeout_cycles,
+                                           GiveUp give_up = {}) {
   const long long start = clock64();
   long long next_look = start + kFlagLookCycles;
   while (!arrived()) {
     const long long now = clock64();
     if (now - start > timeout_cycles) {
+      give_up();
       atomicCAS(error_flag, 0, peer + 1);
       hold_until_acknowledged(error_flag, timeout_cycles);
       return false;
     }
     if (now > next_look) {
-      if (*static_cast<volatile int*>(error_flag) != 0) return false;
+      if (*static_cast<volatile int*>(error_flag) != 0) {
+        give_up();
+        return false;
+      }
       next_look = now + kFlagLookCycles;
     }
   }

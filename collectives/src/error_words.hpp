@@ -9,9 +9,14 @@ struct ErrorWords {
   // kCallsDiffer (then `differing` names the rank). Nonzero: kernels drain.
   int missing;
   int acknowledged;  // set by the host once the failure is on record: stalled kernels may end
-  int differing;     // 0, or 1 + a rank whose call differs from ours (call_check.hpp)
+  // 0, or 1 + a rank whose call differs from ours (call_check.hpp), plus
+  // kPeerHadFailed where that rank's digest says its communicator failed.
+  int differing;
 };
 constexpr int kFailedOnHost = -1;
 constexpr int kCallsDiffer = -2;
+constexpr int kPeerHadFailed = 1 << 16;
+// The digest a failed rank writes over its own in its peers' pads; no call has it.
+constexpr unsigned kFailedRankDigest = 0xffffffffu;
 
 }  // namespace symmpool::detail

@@ -1,5 +1,7 @@
 #include "failure_monitor.hpp"
 
+#include "relaxed_capture.hpp"
+
 #include <symmpool/error.hpp>
 
 #include <cstdio>
@@ -92,6 +94,9 @@ std::uint64_t FailureMonitor::issued() const {
 }
 
 void FailureMonitor::retire_finished() {
+  // The caller's thread may be capturing in global mode (torch.cuda.graph),
+  // which refuses cudaEventQuery and would invalidate the capture.
+  RelaxedCaptureMode relaxed;
   while (!entries_.empty() && entries_.front().done &&
          cudaEventQuery(entries_.front().done.get()) == cudaSuccess)
     entries_.pop_front();    // its event goes back to the pool once no Work holds it either
@@ -124,11 +129,14 @@ void FailureMonitor::fail_missing(int missing_rank) {
                  " s (peer dead, or the ranks' collectives differ); the communicator is unusable");
 }
 
-void FailureMonitor::fail_differing(int rank) {
+void FailureMonitor::fail_differing(int rank, bool peer_had_failed) {
+  const std::string why =
+      peer_had_failed ? " had failed before (its communicator is unusable: see its error)"
+                      : " is at another call, or passed symmetric buffers at other offsets of the heap "
+                        "(ranks that allocate differently place tensors differently)";
   finish_failure("symmpool: " + describe_unfinished() + " on rank " + std::to_string(rank_) + " of " +
-                 std::to_string(world_) + " failed: rank " + std::to_string(rank) +
-                 " is at another call, or passed symmetric buffers at other offsets of the heap (ranks "
-                 "that allocate differently place tensors differently); the communicator is unusable");
+                 std::to_string(world_) + " failed: rank " + std::to_string(rank) + why +
+                 "; the communicator is unusable");
 }
 
 void FailureMonitor::fail(const std::string& reason) {
@@ -149,7 +157,7 @@ void FailureMonitor::poll() {
   const int differing = volatile_read(words_->differing);  // written before `missing`
   const int missing = volatile_read(words_->missing);
   if (missing == kCallsDiffer && differing > 0)
-    fail_differing(differing - 1);
+    fail_differing((differing & (kPeerHadFailed - 1)) - 1, (differing & kPeerHadFailed) != 0);
   else if (missing > 0)
     fail_missing(missing - 1);
 }

@@ -58,8 +58,9 @@ class FailureMonitor {
   // watchdog), or `reason` says what broke on the host. Idempotent.
   void fail_missing(int missing_rank);
   void fail(const std::string& reason);
-  // A kernel found that `rank`'s call differs from ours (its digest).
-  void fail_differing(int rank);
+  // A kernel found that `rank`'s call differs from ours (its digest), or
+  // that `rank` had failed.
+  void fail_differing(int rank, bool peer_had_failed = false);
 
   // Handles a failure the kernels reported but the thread did not see yet.
   void poll();

@@ -19,12 +19,28 @@ __device__ __forceinline__ void signal(std::uint32_t* pad, std::uint32_t epoch,
 }
 
 // Waits until `pad` reaches `epoch` (wrap-safe), or gives up (wait_until).
+template <typename GiveUp = NothingToSay>
 __device__ __forceinline__ bool wait_for(std::uint32_t* pad, std::uint32_t epoch,
                                          cuda::std::memory_order order, int peer, int* error_flag,
-                                         long long timeout_cycles) {
+                                         long long timeout_cycles, GiveUp give_up = {}) {
   SystemWord word(*pad);
   return wait_until([&] { return static_cast<int>(word.load(order) - epoch) >= 0; }, peer, error_flag,
-                    timeout_cycles);
+                    timeout_cycles, give_up);
+}
+
+// This rank gave up on rank t at a meeting, and its kernels will drain,
+// signalling as they go: a rank t that comes later must not take those
+// signals for its call's. Written over our digests in rank t's call row and
+// start words (their low halves: the values stay), before any later signal
+// of ours, kFailedRankDigest fails rank t's next check, naming us.
+__device__ __forceinline__ void tell_peer_we_gave_up(const PeerSignals& s, int t) {
+  std::uint32_t* theirs = pick(s.peers.peer, t);
+  SystemWord(theirs[kCallRow * kMaxRanks + s.rank]).store(kFailedRankDigest, cuda::std::memory_order_relaxed);
+  auto* starts = reinterpret_cast<std::uint32_t*>(reinterpret_cast<char*>(theirs) + kStartWordsOffset);
+  for (int b = 0; b < kMaxSyncBlocks; ++b)  // a start word is two words, its digest the first
+    SystemWord(starts[2 * (b * kMaxRanks + s.rank)])
+        .store(kFailedRankDigest, cuda::std::memory_order_relaxed);
+  __threadfence_system();
 }
 
 // Rank t's digest of its current call, as it wrote it into our call row.
@@ -49,11 +65,12 @@ __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world,
     wait_order = cuda::std::memory_order_acquire;    // theirs is read after theirs
   }
   signal(pick(s.peers.peer, t) + row * kMaxRanks + s.rank, epoch, signal_order);
-  const bool arrived =
-      wait_for(s.my_pads + row * kMaxRanks + t, epoch, wait_order, t, s.error_flag, s.timeout_cycles);
-  // A wait that gave up has set the flag already.
-  if (!arrived || call == 0 || digest_of_peer(s, t) == call) return true;
-  report_differing(t, s.error_flag, s.timeout_cycles);
+  const bool arrived = wait_for(s.my_pads + row * kMaxRanks + t, epoch, wait_order, t, s.error_flag,
+                                s.timeout_cycles, [&] { tell_peer_we_gave_up(s, t); });
+  if (!arrived || call == 0) return true;  // a wait that gave up has set the flag already
+  const std::uint32_t theirs = digest_of_peer(s, t);
+  if (theirs == call) return true;
+  report_differing(t, theirs, s.error_flag, s.timeout_cycles);
   return false;
 }
 
@@ -81,10 +98,10 @@ __device__ __forceinline__ bool start_meeting(const PeerSignals& s, int world, s
         seen = word.load(cuda::std::memory_order_acquire);
         return static_cast<int>(static_cast<std::uint32_t>(seen >> 32) - value) >= 0;
       },
-      t, s.error_flag, s.timeout_cycles);
+      t, s.error_flag, s.timeout_cycles, [&] { tell_peer_we_gave_up(s, t); });
   const auto digest = static_cast<std::uint32_t>(seen);
   if (!arrived || call == 0 || digest == call) return true;
-  report_differing(t, s.error_flag, s.timeout_cycles);
+  report_differing(t, digest, s.error_flag, s.timeout_cycles);
   return false;
 }
 

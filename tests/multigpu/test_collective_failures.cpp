@@ -1,10 +1,10 @@
 // How symmpool's collectives fail when the group is broken: a peer that
 // stops coming times out with an error naming it (and work queued behind
-// drains), ranks whose calls differ (or whose buffers lie at other
-// offsets) fail instead of pairing them, a communicator that fails to form
-// leaves nothing behind, and ranks that share a GPU are refused when their
-// heap forms; and what must not fail: a rank that allocated alone keeps
-// working with its peers.
+// drains; a rank later than the timeout fails too), ranks whose calls
+// differ (or whose buffers lie at other offsets) fail instead of pairing
+// them, a communicator that fails to form leaves nothing behind, and ranks
+// that share a GPU are refused when their heap forms; and what must not
+// fail: a rank that allocated alone keeps working with its peers.
 
 #include "process_group.hpp"
 #include "rank_checks.hpp"
@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace symmpool::test {
@@ -365,6 +366,62 @@ TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
           raised.what.find("rank " + std::to_string(1 - rank) + " is at another call") != std::string::npos,
           "%s: the error does not name the peer's call: %s", c.name, raised.what.c_str());
       RANK_EXPECT(raised.seconds < 3.0, "%s: raised after %.1f s", c.name, raised.seconds);
+    }
+    return failures;
+  });
+  EXPECT_EQ(result, "");
+}
+
+// A peer that comes after the others gave up on it (TORCH_NCCL_ASYNC_ERROR_
+// HANDLING=0: the failed rank goes on, and its queued kernels drain and
+// signal): the late rank raises too, naming the rank that had failed. It
+// used to pass that rank's signals and return what its draining kernels
+// left, without a word.
+TEST(Collectives, APeerLaterThanTheTimeoutFailsInsteadOfPassing) {
+  SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
+  shared_store_dir();
+  const BarrierTimeout timeout;
+  std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
+    int failures = 0;
+    const int device = device_of_rank(rank);
+    RANK_CUDA(cudaSetDevice(device));
+    FileStore store(shared_store_dir());
+    CachingAllocator& alloc = device_allocator(device);
+    cudaStream_t s;
+    RANK_CUDA(cudaStreamCreate(&s));
+    constexpr std::size_t kLarge = std::size_t{4} << 20;
+    auto* buffer = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
+    RANK_CUDA(cudaMemsetAsync(buffer, 0, kLarge, s));
+    struct Case {
+      const char* name;
+      std::size_t bytes;
+    };
+    const Case cases[] = {{"two-shot all-reduce, one fused kernel", 16384},
+                          {"two-shot all-reduce between barriers", kLarge}};
+    std::vector<std::unique_ptr<SymmetricGroup>> groups;  // all formed before any is used
+    for (int g = 0; g < 2; ++g)
+      groups.push_back(std::make_unique<SymmetricGroup>(
+          real_driver(), alloc, store, "late" + std::to_string(g), rank, world, group_options()));
+    for (int g = 0; g < 2; ++g) {
+      const Case& c = cases[g];
+      Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
+      auto all_reduce = [&] {
+        comm.all_reduce(buffer, buffer, c.bytes / 4, DataType::kFloat32, ReduceOp::kSum, s,
+                        Algorithm::kTwoShot);
+      };
+      all_reduce();  // alike and in time: the buffer's verdict is cached
+      RANK_CUDA(cudaStreamSynchronize(s));
+      comm.check_errors();
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(kTimeout + 2));
+      const Raised raised = raised_by(comm, s, all_reduce);
+      std::printf("[rank %d] %s: raised after %.1f s: %s\n", rank, c.name, raised.seconds,
+                  raised.what.c_str());
+      RANK_EXPECT(!raised.what.empty(), "%s: the call went through", c.name);
+      const std::string expected = rank == 0 ? "rank 1 did not arrive" : "rank 0 had failed before";
+      RANK_EXPECT(raised.what.find(expected) != std::string::npos, "%s: expected '%s' in: %s", c.name,
+                  expected.c_str(), raised.what.c_str());
+      RANK_EXPECT(raised.seconds < (rank == 0 ? kTimeout + 1.5 : 3.0), "%s: raised after %.1f s", c.name,
+                  raised.seconds);
     }
     return failures;
   });
