@@ -118,9 +118,19 @@ struct Fusing {
   std::shared_ptr<FusedWorkspace> workspace;
 };
 
+// `t` as a matrix of its last dimension's rows; unlike reshape(-1, K), also
+// where K is 0 (a rank left no columns by an uneven split).
+at::Tensor as_rows(const at::Tensor& t) {
+  const std::int64_t rows = c10::multiply_integers(t.sizes().begin(), t.sizes().end() - 1);
+  return t.reshape({rows, t.size(-1)});
+}
+
 // Whether symmpool serves the call, with a workspace of `nbytes`: the same
 // answer on every rank (it looks only at what every rank shares: the
-// group, `tensors`' devices and emptiness, the workspace's verdict), counted.
+// group, `tensors`' devices, the workspace's size and verdict), counted.
+// `nbytes` is what moves between ranks (the gathered shard, the scattered
+// product), the same on every rank; inner sizes may differ (an uneven split
+// of K leaves one rank's A without columns), so they decide nothing.
 Fusing fusing(Op op, c10d::ProcessGroup& group, c10::string_view group_name,
               std::initializer_list<const at::Tensor*> tensors, std::int64_t nbytes) {
   const char* why_not = nullptr;
@@ -128,8 +138,7 @@ Fusing fusing(Op op, c10d::ProcessGroup& group, c10::string_view group_name,
   const at::Tensor& first = **tensors.begin();
   if (!std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor* t) { return t->is_cuda(); })) {
     why_not = "CPU tensors";
-  } else if (std::any_of(tensors.begin(), tensors.end(),
-                         [](const at::Tensor* t) { return t->numel() == 0; })) {
+  } else if (nbytes == 0) {
     why_not = "empty tensors";
   } else if (group.getSize() == 1) {
     why_not = "one rank";
@@ -202,7 +211,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> fused_all_gather_matmul(const at
   const std::int64_t last = A_shard.dim() - 1;
   // Along K: A @ B sums each shard @ (its rank's rows of B), accumulated as they arrive.
   if (gather_dim == last) {
-    const at::Tensor x = A_shard.reshape({-1, A_shard.size(-1)});
+    const at::Tensor x = as_rows(A_shard);
     auto [shards, outs] = all_gather_matmul(f.backend, x, Bs, 1, *f.workspace);
     std::vector<std::int64_t> lead = A_shard.sizes().slice(0, last).vec();
     lead.push_back(-1);
@@ -211,7 +220,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> fused_all_gather_matmul(const at
     return {A, outs};
   }
   const at::Tensor x = A_shard.movedim(gather_dim, 0);
-  auto [A_flat, outs] = all_gather_matmul(f.backend, x.reshape({-1, x.size(-1)}), Bs, 0, *f.workspace);
+  auto [A_flat, outs] = all_gather_matmul(f.backend, as_rows(x), Bs, 0, *f.workspace);
   if (A_shard.dim() == 2) return {A_flat, outs};  // [M, K] along rows, the common case: nothing to lay out
   std::vector<std::int64_t> lead = x.sizes().slice(0, last).vec();
   lead[0] *= group_size;
@@ -261,10 +270,10 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   if (!f.backend) return matmul_reduce_scatter_unfused(A, B, reduce_op, scatter_dim, group_size, group_name);
   const std::string how(reduce_op);
   if (scatter_dim == A.dim() - 1)  // each rank owns a block of B's columns
-    return produce_and_all_to_all(f.backend, A.reshape({-1, A.size(-1)}), B, 1, *f.workspace, how)
+    return produce_and_all_to_all(f.backend, as_rows(A), B, 1, *f.workspace, how)
         .view(shape);
   const at::Tensor x = A.movedim(scatter_dim, 0);
-  at::Tensor flat = produce_and_all_to_all(f.backend, x.reshape({-1, x.size(-1)}), B, 0, *f.workspace, how);
+  at::Tensor flat = produce_and_all_to_all(f.backend, as_rows(x), B, 0, *f.workspace, how);
   if (A.dim() == 2) return flat;  // [M, N] along rows, the common case: nothing to lay out
   std::vector<std::int64_t> moved = {shape[scatter_dim]};
   for (std::size_t i = 0; i < shape.size(); ++i)

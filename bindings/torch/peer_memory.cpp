@@ -86,12 +86,14 @@ void define_peer_memory(py::module& m) {
       "_peer_tensor",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& t, int peer) {
         const c10::DeviceIndex device = cuda_device_of(t, "peer_tensor");
-        Communicator& comm = peer_memory_communicator(backend, device);
         const std::size_t bytes = span_bytes(t);
+        // Local checks first: the communicator below is made by a collective
+        // call where the group has none yet, and this call is not one.
         TORCH_CHECK(bytes == 0 || symm_backend(backend).rendezvoused_storages().contains(t),
                     "symmpool peer_tensor: this tensor's storage did not go through rendezvous on this group "
                     "(a tensor freed and allocated again at the same address needs its own rendezvous); call "
                     "symmpool.rendezvous on it on every rank first");
+        Communicator& comm = peer_memory_communicator(backend, device);
         void* remote = call_translating_errors(
             [&] { return bytes == 0 ? t.data_ptr() : comm.peer_address(t.data_ptr(), bytes, peer); });
         // target_device: the memory is the peer's, mapped into this device's
@@ -121,6 +123,10 @@ void define_peer_memory(py::module& m) {
   auto point_to_point = [](void (Communicator::*op)(int, cudaStream_t)) {
     return [op](const c10::intrusive_ptr<c10d::Backend>& backend, c10::DeviceIndex device, int peer,
                 std::optional<std::int64_t> stream) {
+      // Point to point: two ranks of the group cannot set it up for all.
+      TORCH_CHECK(symm_backend(backend).peer_memory_formed(),
+                  "symmpool signal/wait: this group's peer memory is not set up yet; call "
+                  "symmpool.is_available, rendezvous or barrier on every rank of the group first");
       Communicator& comm = peer_memory_communicator(backend, device);
       c10::cuda::CUDAGuard guard(device);
       call_translating_errors([&] {

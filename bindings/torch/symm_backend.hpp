@@ -73,6 +73,9 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   // routed collective); null, on every rank, when the group spans nodes.
   // Raises the group's sticky failure, if any.
   Communicator* peer_memory(c10::DeviceIndex device);
+  // The same, but never made here: for calls that are not collective
+  // (signal, wait), which cannot set the group up with its other ranks.
+  bool peer_memory_formed() const { return group_ != nullptr || spans_nodes_; }
   // The storages whose rendezvous on this group succeeded (peer_memory.cpp).
   RendezvousedStorages& rendezvoused_storages() { return rendezvoused_storages_; }
 

@@ -84,15 +84,20 @@ void SymmWork::blockCurrentStream() {
 
 bool SymmWork::wait(std::chrono::milliseconds timeout) {
   raise_if_failed();
-  if (blocking_wait_) {
+  if (blocking_wait_ || timeout != ::kNoTimeout) {
     // The host waits for the collective's end or its failure, as NCCL's
-    // blocking wait does; the communicator's own timeout bounds it too.
-    // Saturated: a huge timeout (timedelta.max) must not wrap into the past.
+    // does with TORCH_NCCL_BLOCKING_WAIT or a timeout given to wait(); the
+    // communicator's own timeout bounds it too. Saturated: a huge timeout
+    // (timedelta.max) must not wrap into the past.
     const auto deadline = detail::deadline_after(timeout);
     while (!done_query() && !(failure_ && failure_->failed())) {
-      if (timeout != ::kNoTimeout && std::chrono::steady_clock::now() > deadline)
-        C10_THROW_ERROR(DistBackendError, c10::str("symm: work #", sequence_, " did not finish within ",
-                                                   timeout.count(), " ms"));
+      if (timeout != ::kNoTimeout && std::chrono::steady_clock::now() > deadline) {
+        std::int64_t bytes = 0;
+        for (const at::Tensor& t : outputs_) bytes += static_cast<std::int64_t>(t.nbytes());
+        C10_THROW_ERROR(DistBackendError,
+                        c10::str("symm: ", c10d::opTypeToString(opType_), " #", sequence_, " (", bytes,
+                                 " bytes of output) did not finish within ", timeout.count(), " ms"));
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     raise_if_failed();

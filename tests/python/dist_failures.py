@@ -153,6 +153,36 @@ def asymmetric_user_allocation_keeps_collectives_correct(rank: int, world: int) 
     dist.destroy_process_group()
 
 
+def wait_with_a_timeout_blocks_the_host(rank: int, world: int) -> None:
+    """Work.wait(timeout) blocks the host until the collective ends, as
+    ProcessGroupNCCL's does: with a late peer it returns only once the
+    all-reduce is done, and raises, naming the call, where the timeout is
+    shorter than the peer's delay. (It once returned at once, done or not.)"""
+    device, backend, buf = _symm_group(rank, world, "0")
+    late = world - 1
+    for timeout_s, delay_s, ok in ((30, 2.0, True), (1, 3.0, False)):
+        host_barrier()
+        if rank == late:
+            time.sleep(delay_s)
+        buf.fill_(1.0)
+        work = dist.all_reduce(buf, async_op=True)
+        start = time.monotonic()
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as e:
+            assert not ok and rank != late, f"rank {rank}: wait({timeout_s} s) raised: {e}"
+            assert "did not finish within 1000 ms" in str(e) and "allreduce #" in str(e).lower(), str(e)
+            assert time.monotonic() - start < 2.0, time.monotonic() - start
+        else:
+            assert ok or rank == late, f"rank {rank}: wait(1 s) returned with its peer {delay_s} s late"
+            assert work.is_completed(), f"rank {rank}: wait({timeout_s} s) returned before the work ended"
+            assert buf[0].item() == world
+        torch.cuda.synchronize()  # the late peer came: the all-reduce ends either way
+    print(f"[rank {rank}] wait(timeout) blocked until the end, and raised past it", flush=True)
+    host_barrier()
+    dist.destroy_process_group()
+
+
 def plain_tensor_on_one_rank_fails_loudly(rank: int, world: int) -> None:
     """Not SPMD: rank 0 all-reduces a plain tensor (its call goes to NCCL,
     decided locally) while the others all-reduce a symmpool tensor, then rank

@@ -162,6 +162,17 @@ def fused_ops_match_unfused(rank: int, world: int, on_gpu: bool, dtypes: list, s
     for i, (out, ref) in enumerate(zip(outs, outs_ref)):
         _close(out, ref, f"rank {rank} all_gather_matmul with an empty B, B{i}")
     calls += 1
+    # A row-parallel split may leave one rank no columns of A (rows of B):
+    # the product has the same shape on every rank, and every rank takes the
+    # same path (rank 1 once fell back alone and rank 0 waited for it).
+    k = 0 if rank == 1 else 16
+    A = torch.randn(4 * world, k, generator=gen).to(device)
+    B = torch.randn(k, 12, generator=gen).to(device)
+    _poison_workspace(name, device)
+    out = torch.ops.symmpool.fused_matmul_reduce_scatter(A, B, "sum", 0, world, name)
+    _close(out, _reduce_scatter_reference(A, B, "sum", 0, reference_group),
+           f"rank {rank} matmul_reduce_scatter with no columns of A on rank 1")
+    calls += 1
     counts = symmpool.peer_memory_counts()
     where = "fused" if on_gpu else "fallback"
     ran = sum(v for k, v in counts.items() if k.endswith(f".{where}"))
@@ -515,6 +526,37 @@ def a_wait_the_gpu_has_not_reached_does_not_time_out(rank: int, world: int) -> N
     symmpool.barrier()  # raises if a rank failed the group
     torch.cuda.synchronize()
     print(f"[rank {rank}] the late round passed without a timeout", flush=True)
+    dist.destroy_process_group()
+
+
+def signal_before_setup_is_refused(rank: int, world: int) -> None:
+    """signal and wait are point to point: as a group's first peer-memory
+    call they cannot set it up with its other ranks. Rank 0's signal is
+    refused at once, by name (it used to start the group's setup alone, wait
+    out the timeout, and leave the group failed); then every rank sets it up
+    and the pair works."""
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    import symmpool
+
+    init_group(rank, world, "cpu:gloo,cuda:symm", timeout=datetime.timedelta(seconds=5))
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            symmpool.signal(1)
+        except RuntimeError as e:
+            assert "peer memory is not set up yet" in str(e), str(e)
+        else:
+            raise AssertionError("a signal set the group up alone")
+        assert time.monotonic() - start < 1.0, time.monotonic() - start
+    dist.barrier()  # gloo: both ranks past rank 0's refused signal
+    assert symmpool.is_available()
+    if rank == 0:
+        symmpool.signal(1)
+    elif rank == 1:
+        symmpool.wait(0)
+    symmpool.barrier()
+    torch.cuda.synchronize()
+    print(f"[rank {rank}] a signal before setup was refused; after it, signal and wait worked", flush=True)
     dist.destroy_process_group()
 
 

@@ -154,6 +154,11 @@ def test_a_plain_tensor_on_one_rank_fails_every_rank_loudly(algorithm, monkeypat
 
 
 @needs_two
+def test_wait_with_a_timeout_blocks_the_host():
+    run_workers(dist_failures.wait_with_a_timeout_blocks_the_host, gpu_count(), timeout=120)
+
+
+@needs_two
 def test_tensors_on_two_devices_are_refused_by_name():
     run_workers(dist_failures.tensors_on_two_devices_are_refused, gpu_count(), timeout=120)
 
@@ -165,6 +170,7 @@ def test_tensors_on_two_devices_are_refused_by_name():
     (dist_workers.late_peer_times_out_with_the_group_timeout, ()),
     (dist_failures.dead_peer_raises_on_every_survivor, (False,)),
     (dist_failures.dead_peer_raises_on_every_survivor, (True,)),
-], ids=["heap_not_formed", "late_peer", "dead_peer", "dead_peer_blocking_wait"])
+    (dist_failures.wait_with_a_timeout_blocks_the_host, ()),
+], ids=["heap_not_formed", "late_peer", "dead_peer", "dead_peer_blocking_wait", "wait_timeout"])
 def test_two_ranks_sharing_one_gpu(worker, args):
     run_sharing_one_gpu(worker, 2, *args, timeout=120)

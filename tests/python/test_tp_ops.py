@@ -175,6 +175,11 @@ def test_a_wait_without_signal_times_out():
 
 
 @needs_two
+def test_a_signal_before_setup_is_refused():
+    run_workers(dist_tp_ops.signal_before_setup_is_refused, 2, timeout=120)
+
+
+@needs_two
 def test_a_wait_the_gpu_has_not_reached_does_not_time_out():
     run_workers(dist_tp_ops.a_wait_the_gpu_has_not_reached_does_not_time_out, 2, timeout=120)
 
@@ -188,7 +193,8 @@ def test_a_wait_the_gpu_has_not_reached_does_not_time_out():
     ("a_wait_without_signal_times_out", ()),
     ("a_wait_the_gpu_has_not_reached_does_not_time_out", ()),
     ("a_destroyed_groups_workspace_is_freed", ()),
+    ("signal_before_setup_is_refused", ()),
 ], ids=["fused_vs_unfused", "graphs_and_compile", "late_rank", "peer_memory_api", "wait_timeout", "late_gpu_wait",
-        "workspace_freed"])
+        "workspace_freed", "signal_before_setup"])
 def test_two_ranks_sharing_one_gpu(worker, args):
     run_sharing_one_gpu(getattr(dist_tp_ops, worker), 2, *args, timeout=300)
