@@ -270,8 +270,7 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   if (!f.backend) return matmul_reduce_scatter_unfused(A, B, reduce_op, scatter_dim, group_size, group_name);
   const std::string how(reduce_op);
   if (scatter_dim == A.dim() - 1)  // each rank owns a block of B's columns
-    return produce_and_all_to_all(f.backend, as_rows(A), B, 1, *f.workspace, how)
-        .view(shape);
+    return produce_and_all_to_all(f.backend, as_rows(A), B, 1, *f.workspace, how).view(shape);
   const at::Tensor x = A.movedim(scatter_dim, 0);
   at::Tensor flat = produce_and_all_to_all(f.backend, as_rows(x), B, 0, *f.workspace, how);
   if (A.dim() == 2) return flat;  // [M, N] along rows, the common case: nothing to lay out

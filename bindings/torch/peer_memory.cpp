@@ -93,9 +93,12 @@ void define_peer_memory(py::module& m) {
                     "symmpool peer_tensor: this tensor's storage did not go through rendezvous on this group "
                     "(a tensor freed and allocated again at the same address needs its own rendezvous); call "
                     "symmpool.rendezvous on it on every rank first");
-        Communicator& comm = peer_memory_communicator(backend, device);
-        void* remote = call_translating_errors(
-            [&] { return bytes == 0 ? t.data_ptr() : comm.peer_address(t.data_ptr(), bytes, peer); });
+        TORCH_CHECK_INDEX(peer >= 0 && peer < backend->getSize(), "symmpool peer_tensor: peer ", peer,
+                          " is not a rank of this group of ", backend->getSize());
+        // An empty view touches no memory: nothing to set up for it.
+        void* remote = bytes == 0 ? t.data_ptr() : call_translating_errors([&] {
+          return peer_memory_communicator(backend, device).peer_address(t.data_ptr(), bytes, peer);
+        });
         // target_device: the memory is the peer's, mapped into this device's
         // address space; torch must not ask the pointer which device it is on.
         return at::for_blob(remote, t.sizes())

@@ -202,11 +202,8 @@ bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* 
     checked_.clear();
     releases_at_verdicts_ = releases;
   }
-  // Peers will address this buffer at our offset: the call's first meeting
-  // compares it with theirs, cached verdict or not.
-  call_check_->add_buffer(reinterpret_cast<std::uintptr_t>(ptr) - allocator_.va_base(), bytes);
   auto it = checked_.find({ptr, bytes});
-  if (it != checked_.end()) return it->second.empty();
+  if (it != checked_.end()) return counted_in_call_check(ptr, bytes, it->second.empty());
   // A buffer not seen yet: one exchange decides the verdict and, if any
   // rank's segments changed since its last sync, a sync on every rank.
   std::string why_not;
@@ -219,7 +216,18 @@ bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* 
   }
   if (synced) checked_.clear();
   checked_[{ptr, bytes}] = why_not;
-  return why_not.empty();
+  return counted_in_call_check(ptr, bytes, why_not.empty());
+}
+
+// Peers address a symmetric buffer at our offset: the call's first meeting
+// compares it with theirs, cached verdict or not. One found not symmetric
+// lies at another offset on each rank and is not handed to peers (the call
+// falls back, one-shot or NCCL): it counts as such, alike on every rank.
+bool Communicator::counted_in_call_check(const void* ptr, std::size_t bytes, bool symmetric) {
+  constexpr std::size_t kNotSymmetric = ~std::size_t{0};
+  call_check_->add_buffer(
+      symmetric ? reinterpret_cast<std::uintptr_t>(ptr) - allocator_.va_base() : kNotSymmetric, bytes);
+  return symmetric;
 }
 
 void Communicator::require_symmetric(const void* ptr, std::size_t bytes, const char* what) {

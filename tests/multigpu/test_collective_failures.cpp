@@ -428,6 +428,52 @@ TEST(Collectives, APeerLaterThanTheTimeoutFailsInsteadOfPassing) {
   EXPECT_EQ(result, "");
 }
 
+// Not a failure: an out-of-place all-reduce whose output lies at another
+// offset on each rank (rank 0 allocated more before it) falls back from
+// two-shot to one-shot, which writes its output locally, and sums right.
+// The output's offset once went into the call's digest all the same, so
+// the digests differed and both ranks failed.
+TEST(Collectives, AnOutputAtOtherOffsetsFallsBackToOneShotWithTheRightSum) {
+  SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
+  shared_store_dir();
+  const BarrierTimeout timeout;
+  std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
+    int failures = 0;
+    const int device = device_of_rank(rank);
+    RANK_CUDA(cudaSetDevice(device));
+    FileStore store(shared_store_dir());
+    CachingAllocator& alloc = device_allocator(device);
+    cudaStream_t s;
+    RANK_CUDA(cudaStreamCreate(&s));
+    SymmetricGroup group(real_driver(), alloc, store, "fallback", rank, world, group_options());
+    Communicator& comm = group.communicator();
+    constexpr std::size_t kCount = 16384;  // 64 KiB: two-shot by the table at 2 ranks
+    const auto cu = reinterpret_cast<CUstream>(s);
+    auto* in = static_cast<float*>(alloc.allocate(kCount * sizeof(float), cu));
+    void* extra = rank == 0 ? alloc.allocate(kCount * sizeof(float), cu) : nullptr;
+    auto* out = static_cast<float*>(alloc.allocate(kCount * sizeof(float), cu));
+    std::vector<float> host(kCount, static_cast<float>(rank + 1));
+    try {
+      for (int call = 0; call < 2; ++call) {  // the verdicts checked, then cached
+        RANK_CUDA(cudaMemcpyAsync(in, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice, s));
+        RANK_CUDA(cudaMemsetAsync(out, 0xff, kCount * sizeof(float), s));
+        comm.all_reduce(in, out, kCount, DataType::kFloat32, ReduceOp::kSum, s);
+        std::vector<float> got(kCount);
+        RANK_CUDA(cudaMemcpyAsync(got.data(), out, kCount * sizeof(float), cudaMemcpyDeviceToHost, s));
+        RANK_CUDA(cudaStreamSynchronize(s));
+        comm.check_errors();
+        const auto wrong = std::count_if(got.begin(), got.end(), [](float v) { return v != 3.0f; });
+        RANK_EXPECT(wrong == 0, "call %d: %ld of %zu sums are not 3", call, static_cast<long>(wrong), kCount);
+      }
+    } catch (const std::exception& e) {
+      RANK_EXPECT(false, "%s", e.what());
+    }
+    if (extra) alloc.deallocate(extra, cu);
+    return failures;
+  });
+  EXPECT_EQ(result, "");
+}
+
 // Not a failure: a rank that maps a segment its peers did not (an
 // allocation made on that rank only), or unmaps it again, keeps using the
 // verdicts it cached. It used to ask its peers again, alone, because its

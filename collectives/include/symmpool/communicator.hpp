@@ -198,6 +198,8 @@ class Communicator {
   // loudly instead of pairing up; a buffer outside the heap needs none.
   void require_symmetric(const void* ptr, std::size_t bytes, const char* what);
   bool is_symmetric(const void* ptr, std::size_t bytes, const char* what);
+  // Adds the buffer to the call's digest (call_check.hpp); returns `symmetric`.
+  bool counted_in_call_check(const void* ptr, std::size_t bytes, bool symmetric);
   void begin_call(const char* op);    // numbers a collective
   std::string call_label() const;     // "<op> #<number>" of the current call
   void release_resources() noexcept;  // internal slot and host words
