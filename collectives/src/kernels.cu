@@ -28,6 +28,17 @@ __device__ __forceinline__ bool wait_for(std::uint32_t* pad, std::uint32_t epoch
                     timeout_cycles, give_up);
 }
 
+// Where rank `from`'s call digest lies in a rank's `pads` (as mapped here).
+__device__ __forceinline__ std::uint32_t& call_slot(std::uint32_t* pads, int from) {
+  return pads[kCallRow * kMaxRanks + from];
+}
+
+// A rank's block start words in its `pads`: [kMaxSyncBlocks][kMaxRanks],
+// each the meeting's value (high half) and a digest (low half).
+__device__ __forceinline__ std::uint64_t* start_words(std::uint32_t* pads) {
+  return reinterpret_cast<std::uint64_t*>(reinterpret_cast<char*>(pads) + kStartWordsOffset);
+}
+
 // This rank gave up on rank t at a meeting, and its kernels will drain,
 // signalling as they go: a rank t that comes later must not take those
 // signals for its call's. Written over our digests in rank t's call row and
@@ -35,17 +46,17 @@ __device__ __forceinline__ bool wait_for(std::uint32_t* pad, std::uint32_t epoch
 // of ours, kFailedRankDigest fails rank t's next check, naming us.
 __device__ __forceinline__ void tell_peer_we_gave_up(const PeerSignals& s, int t) {
   std::uint32_t* theirs = pick(s.peers.peer, t);
-  SystemWord(theirs[kCallRow * kMaxRanks + s.rank]).store(kFailedRankDigest, cuda::std::memory_order_relaxed);
-  auto* starts = reinterpret_cast<std::uint32_t*>(reinterpret_cast<char*>(theirs) + kStartWordsOffset);
-  for (int b = 0; b < kMaxSyncBlocks; ++b)  // a start word is two words, its digest the first
-    SystemWord(starts[2 * (b * kMaxRanks + s.rank)])
-        .store(kFailedRankDigest, cuda::std::memory_order_relaxed);
+  SystemWord(call_slot(theirs, s.rank)).store(kFailedRankDigest, cuda::std::memory_order_relaxed);
+  for (int b = 0; b < kMaxSyncBlocks; ++b) {  // a start word's digest is its first 32-bit word
+    auto* digest = reinterpret_cast<std::uint32_t*>(start_words(theirs) + b * kMaxRanks + s.rank);
+    SystemWord(*digest).store(kFailedRankDigest, cuda::std::memory_order_relaxed);
+  }
   __threadfence_system();
 }
 
 // Rank t's digest of its current call, as it wrote it into our call row.
 __device__ __forceinline__ std::uint32_t digest_of_peer(const PeerSignals& s, int t) {
-  return SystemWord(s.my_pads[kCallRow * kMaxRanks + t]).load(cuda::std::memory_order_relaxed);
+  return SystemWord(call_slot(s.my_pads, t)).load(cuda::std::memory_order_relaxed);
 }
 
 // Thread t < world signals rank t on `row` and waits for rank t's signal.
@@ -59,8 +70,7 @@ __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world,
   const int t = threadIdx.x;
   if (t >= world) return true;
   if (call != 0) {
-    SystemWord(pick(s.peers.peer, t)[kCallRow * kMaxRanks + s.rank])
-        .store(call, cuda::std::memory_order_relaxed);
+    SystemWord(call_slot(pick(s.peers.peer, t), s.rank)).store(call, cuda::std::memory_order_relaxed);
     signal_order = cuda::std::memory_order_release;  // our digest lands before our signal
     wait_order = cuda::std::memory_order_acquire;    // theirs is read after theirs
   }
@@ -86,9 +96,6 @@ __device__ __forceinline__ bool start_meeting(const PeerSignals& s, int world, s
   const int t = threadIdx.x;
   if (t >= world) return true;
   const int slot = static_cast<int>(blockIdx.x) * kMaxRanks;
-  auto start_words = [](std::uint32_t* pads) {
-    return reinterpret_cast<std::uint64_t*>(reinterpret_cast<char*>(pads) + kStartWordsOffset);
-  };
   StartWord(start_words(pick(s.peers.peer, t))[slot + s.rank])
       .store((std::uint64_t{value} << 32) | call, cuda::std::memory_order_relaxed);
   StartWord word(start_words(s.my_pads)[slot + t]);

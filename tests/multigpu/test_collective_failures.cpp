@@ -72,6 +72,38 @@ Raised raised_by(Communicator& comm, cudaStream_t s, const std::function<void()>
   return r;
 }
 
+// Prints what `name` raised on `rank` and counts what is amiss: nothing
+// raised (the calls went through), no `expected` in the error, or raised
+// only after `at_most_s`.
+int failures_of(int rank, const char* name, const Raised& raised, const std::string& expected,
+                double at_most_s) {
+  int failures = 0;
+  std::printf("[rank %d] %s: raised after %.1f s: %s\n", rank, name, raised.seconds, raised.what.c_str());
+  RANK_EXPECT(!raised.what.empty(), "%s: the calls went through", name);
+  RANK_EXPECT(raised.what.find(expected) != std::string::npos, "%s: expected '%s' in: %s", name,
+              expected.c_str(), raised.what.c_str());
+  RANK_EXPECT(raised.seconds < at_most_s, "%s: raised after %.1f s", name, raised.seconds);
+  return failures;
+}
+
+// Two ranks: rank r's `in` is filled with r + 1 and all-reduced into `out`
+// (poisoned first where it is another buffer); counts the failures: sums
+// that are not 3 (`when` says which call), CUDA calls that failed.
+int failures_of_summing(Communicator& comm, cudaStream_t s, float* in, float* out, std::size_t count,
+                        int rank, Algorithm algorithm, const char* when) {
+  int failures = 0;
+  std::vector<float> host(count, static_cast<float>(rank + 1));
+  RANK_CUDA(cudaMemcpyAsync(in, host.data(), count * sizeof(float), cudaMemcpyHostToDevice, s));
+  if (out != in) RANK_CUDA(cudaMemsetAsync(out, 0xff, count * sizeof(float), s));
+  comm.all_reduce(in, out, count, DataType::kFloat32, ReduceOp::kSum, s, algorithm);
+  RANK_CUDA(cudaMemcpyAsync(host.data(), out, count * sizeof(float), cudaMemcpyDeviceToHost, s));
+  RANK_CUDA(cudaStreamSynchronize(s));
+  comm.check_errors();
+  const auto wrong = std::count_if(host.begin(), host.end(), [](float v) { return v != 3.0f; });
+  RANK_EXPECT(wrong == 0, "%s: %ld of %zu sums are not 3", when, static_cast<long>(wrong), count);
+  return failures;
+}
+
 }  // namespace
 
 // Both barrier kinds give up on a peer that left, after
@@ -246,12 +278,7 @@ TEST(Collectives, CallsThatDifferBetweenRanksFailEveryRankLoudly) {
         for (int i = 0; i < c.elsewhere[rank]; ++i) comm.count_call_run_elsewhere();
         for (int i = 0; i < c.here[rank]; ++i) c.enqueue(comm);
       });
-      std::printf("[rank %d] %s: raised after %.1f s: %s\n", rank, c.name, raised.seconds,
-                  raised.what.c_str());
-      RANK_EXPECT(!raised.what.empty(), "%s: calls that differ between ranks went through", c.name);
-      RANK_EXPECT(raised.what.find(" #") != std::string::npos, "the error names no call: %s",
-                  raised.what.c_str());
-      RANK_EXPECT(raised.seconds < c.at_most_s, "%s: raised after %.1f s", c.name, raised.seconds);
+      failures += failures_of(rank, c.name, raised, " #", c.at_most_s);  // " #": it names the call
     }
     return failures;
   });
@@ -284,11 +311,7 @@ TEST(Collectives, LowLatencyAllReducesOfDifferentSizesFailEveryRank) {
     all_reduce(kCount / 2);  // alike: passes
     RANK_CUDA(cudaStreamSynchronize(s));
     const Raised raised = raised_by(comm, s, [&] { all_reduce(rank == 0 ? kCount / 2 : kCount); });
-    std::printf("[rank %d] sizes that differ: raised after %.1f s: %s\n", rank, raised.seconds,
-                raised.what.c_str());
-    RANK_EXPECT(raised.what.find("all_reduce #2") != std::string::npos, "rank %d: %s", rank,
-                raised.what.empty() ? "went through" : raised.what.c_str());
-    RANK_EXPECT(raised.seconds < kTimeout + 1.5, "raised after %.1f s", raised.seconds);
+    failures += failures_of(rank, "sizes that differ", raised, "all_reduce #2", kTimeout + 1.5);
     return failures;
   });
   EXPECT_EQ(result, "");
@@ -359,13 +382,8 @@ TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
       // Rank 0 takes b where rank 1 takes a.
       const auto& mine = rank == 0 && c.rank0_call ? c.rank0_call : c.call;
       const Raised raised = raised_by(comm, s, [&] { mine(comm, rank == 0 ? b : a); });
-      std::printf("[rank %d] %s: raised after %.1f s: %s\n", rank, c.name, raised.seconds,
-                  raised.what.c_str());
-      RANK_EXPECT(!raised.what.empty(), "%s: calls on buffers at other offsets went through", c.name);
-      RANK_EXPECT(
-          raised.what.find("rank " + std::to_string(1 - rank) + " is at another call") != std::string::npos,
-          "%s: the error does not name the peer's call: %s", c.name, raised.what.c_str());
-      RANK_EXPECT(raised.seconds < 3.0, "%s: raised after %.1f s", c.name, raised.seconds);
+      failures +=
+          failures_of(rank, c.name, raised, "rank " + std::to_string(1 - rank) + " is at another call", 3.0);
     }
     return failures;
   });
@@ -414,14 +432,8 @@ TEST(Collectives, APeerLaterThanTheTimeoutFailsInsteadOfPassing) {
       comm.check_errors();
       if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(kTimeout + 2));
       const Raised raised = raised_by(comm, s, all_reduce);
-      std::printf("[rank %d] %s: raised after %.1f s: %s\n", rank, c.name, raised.seconds,
-                  raised.what.c_str());
-      RANK_EXPECT(!raised.what.empty(), "%s: the call went through", c.name);
-      const std::string expected = rank == 0 ? "rank 1 did not arrive" : "rank 0 had failed before";
-      RANK_EXPECT(raised.what.find(expected) != std::string::npos, "%s: expected '%s' in: %s", c.name,
-                  expected.c_str(), raised.what.c_str());
-      RANK_EXPECT(raised.seconds < (rank == 0 ? kTimeout + 1.5 : 3.0), "%s: raised after %.1f s", c.name,
-                  raised.seconds);
+      failures += rank == 0 ? failures_of(rank, c.name, raised, "rank 1 did not arrive", kTimeout + 1.5)
+                            : failures_of(rank, c.name, raised, "rank 0 had failed before", 3.0);
     }
     return failures;
   });
@@ -452,19 +464,9 @@ TEST(Collectives, AnOutputAtOtherOffsetsFallsBackToOneShotWithTheRightSum) {
     auto* in = static_cast<float*>(alloc.allocate(kCount * sizeof(float), cu));
     void* extra = rank == 0 ? alloc.allocate(kCount * sizeof(float), cu) : nullptr;
     auto* out = static_cast<float*>(alloc.allocate(kCount * sizeof(float), cu));
-    std::vector<float> host(kCount, static_cast<float>(rank + 1));
-    try {
-      for (int call = 0; call < 2; ++call) {  // the verdicts checked, then cached
-        RANK_CUDA(cudaMemcpyAsync(in, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice, s));
-        RANK_CUDA(cudaMemsetAsync(out, 0xff, kCount * sizeof(float), s));
-        comm.all_reduce(in, out, kCount, DataType::kFloat32, ReduceOp::kSum, s);
-        std::vector<float> got(kCount);
-        RANK_CUDA(cudaMemcpyAsync(got.data(), out, kCount * sizeof(float), cudaMemcpyDeviceToHost, s));
-        RANK_CUDA(cudaStreamSynchronize(s));
-        comm.check_errors();
-        const auto wrong = std::count_if(got.begin(), got.end(), [](float v) { return v != 3.0f; });
-        RANK_EXPECT(wrong == 0, "call %d: %ld of %zu sums are not 3", call, static_cast<long>(wrong), kCount);
-      }
+    try {  // the verdicts checked, then cached
+      for (const char* when : {"first call", "second call"})
+        failures += failures_of_summing(comm, s, in, out, kCount, rank, Algorithm::kAuto, when);
     } catch (const std::exception& e) {
       RANK_EXPECT(false, "%s", e.what());
     }
@@ -496,17 +498,8 @@ TEST(Collectives, AnAllocationOnOneRankOnlyKeepsCachedVerdicts) {
     Communicator& comm = group.communicator();
     constexpr std::size_t kCount = 4096;
     auto* buffer = static_cast<float*>(alloc.allocate(kCount * sizeof(float), reinterpret_cast<CUstream>(s)));
-    std::vector<float> host(kCount);
     auto all_reduce_and_check = [&](const char* when) {
-      std::fill(host.begin(), host.end(), static_cast<float>(rank + 1));
-      RANK_CUDA(cudaMemcpyAsync(buffer, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice, s));
-      comm.all_reduce(buffer, buffer, kCount, DataType::kFloat32, ReduceOp::kSum, s, Algorithm::kTwoShot);
-      RANK_CUDA(cudaMemcpyAsync(host.data(), buffer, kCount * sizeof(float), cudaMemcpyDeviceToHost, s));
-      RANK_CUDA(cudaStreamSynchronize(s));
-      comm.check_errors();
-      const auto wrong = std::count_if(host.begin(), host.end(), [](float v) { return v != 3.0f; });
-      RANK_EXPECT(wrong == 0, "%s: %ld of %zu values are not 3", when, static_cast<long>(wrong), kCount);
-      return 0;
+      return failures_of_summing(comm, s, buffer, buffer, kCount, rank, Algorithm::kTwoShot, when);
     };
     try {
       if (all_reduce_and_check("first call") != 0) return 1;  // checks the buffer: cached from here on
