@@ -26,10 +26,10 @@ namespace {
 constexpr std::size_t kPadWords = std::size_t{detail::kPadRows} * detail::kMaxRanks;
 constexpr std::size_t kPadBytes = kPadWords * sizeof(std::uint32_t);
 // The kernel barrier's epoch, the block meetings' epochs, the signals this
-// rank sent to and received from each peer, then the low-latency epoch and
-// its count of blocks done.
+// rank sent to and received from each peer, the low-latency epoch and its
+// count of blocks done, then the failed word.
 constexpr std::size_t kEpochBytes =
-    (1 + detail::kMaxSyncBlocks + 2 * detail::kMaxRanks + 2) * sizeof(std::uint32_t);
+    (1 + detail::kMaxSyncBlocks + 2 * detail::kMaxRanks + 2 + 1) * sizeof(std::uint32_t);
 // The low-latency packets fill the rest of the slot (one granule).
 constexpr std::size_t kPacketsOffset = 4096;
 static_assert(kPadBytes + kEpochBytes <= detail::kStartWordsOffset,
@@ -57,6 +57,7 @@ void Communicator::allocate_signal_pads() {
   signals_sent_ = block_epochs_ + detail::kMaxSyncBlocks;
   signals_received_ = signals_sent_ + detail::kMaxRanks;
   low_latency_epoch_ = signals_received_ + detail::kMaxRanks;
+  failed_word_ = low_latency_epoch_ + 2;
   const std::size_t slot_bytes = allocator_.granularity();  // an internal slot is one granule
   packets_ = static_cast<char*>(internal_) + kPacketsOffset;
   low_latency_max_bytes_ = low_latency_capacity(slot_bytes, world());
@@ -83,13 +84,20 @@ void Communicator::map_signal_pads() {
   timeout_cycles_ = static_cast<long long>(khz) * 1000LL * timeout_seconds_;
 }
 
+detail::FailureWords Communicator::failure_words() const {
+  detail::FailureWords f;
+  f.error_flag = error_flag_;
+  f.failed = failed_word_;
+  f.timeout_cycles = timeout_cycles_;
+  return f;
+}
+
 detail::PeerSignals Communicator::peer_signals() const {
   detail::PeerSignals s;
   s.peers = peer_pads_;
   s.my_pads = pads_;
   s.rank = rank();
-  s.error_flag = error_flag_;
-  s.timeout_cycles = timeout_cycles_;
+  s.failure = failure_words();
   return s;
 }
 
@@ -152,7 +160,8 @@ detail::StreamOpWatchdog& Communicator::stream_op_watchdog() {
     constexpr int kSignalRow = detail::kStreamOpSignalRow * kMaxRanks;
     watchdog_ = std::make_unique<detail::StreamOpWatchdog>(
         real_driver(), allocator_.device(), pads_ + kBarrierRow, pads_ + kSignalRow, world(), error_flag_,
-        std::chrono::seconds(timeout_seconds_), [this](int missing) { monitor_->fail_missing(missing); });
+        failed_word_, std::chrono::seconds(timeout_seconds_),
+        [this](int missing) { monitor_->fail_missing(missing); });
   }
   return *watchdog_;
 }

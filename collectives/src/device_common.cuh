@@ -33,54 +33,68 @@ using SystemWord = cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system>;
 // never on the fast path): about 1 ms.
 constexpr long long kFlagLookCycles = 2'000'000;
 
-// error_flag points at ErrorWords' `missing`, the kernels' way in to all three.
+// FailureWords' error_flag points at ErrorWords' `missing`, the kernels' way in to all three.
 static_assert(sizeof(ErrorWords) == 3 * sizeof(int) && alignof(ErrorWords) == alignof(int),
               "error_flag[1] is `acknowledged`, error_flag[2] `differing`");
+
+// This rank's communicator has failed, as far as its kernels know (a wait
+// gave up, calls differed): read first by every kernel that touches peers.
+__device__ __forceinline__ bool has_failed(const FailureWords& f) {
+  return *static_cast<const volatile std::uint32_t*>(f.failed) != 0;
+}
+
+// Sticky: the word is never cleared (a new communicator gets a new one).
+__device__ __forceinline__ void mark_failed(const FailureWords& f) {
+  *static_cast<volatile std::uint32_t*>(f.failed) = 1;
+}
 
 // Holds the stream until the host has the failure on record (and has
 // aborted, where asked): nothing after this collective may run as if it had
 // succeeded. Bounded, in case the host never looks.
-__device__ __forceinline__ void hold_until_acknowledged(int* error_flag, long long timeout_cycles) {
+__device__ __forceinline__ void hold_until_acknowledged(const FailureWords& f) {
   const long long gave_up = clock64();
-  while (*static_cast<volatile int*>(error_flag + 1) == 0 && clock64() - gave_up < timeout_cycles) {
+  while (*static_cast<volatile int*>(f.error_flag + 1) == 0 && clock64() - gave_up < f.timeout_cycles) {
   }
 }
 
 // `peer`'s call, whose digest is `theirs`, differs from ours: the
 // communicator fails, naming it (and saying whether it had failed itself).
-__device__ __forceinline__ void report_differing(int peer, std::uint32_t theirs, int* error_flag,
-                                                 long long timeout_cycles) {
+__device__ __forceinline__ void report_differing(int peer, std::uint32_t theirs, const FailureWords& f) {
+  mark_failed(f);
   const int differing = peer + 1 + (theirs == kFailedRankDigest ? kPeerHadFailed : 0);
-  atomicCAS(error_flag + 2, 0, differing);  // before the code that sends the host to read it
+  atomicCAS(f.error_flag + 2, 0, differing);  // before the code that sends the host to read it
   __threadfence_system();
-  atomicCAS(error_flag, 0, kCallsDiffer);
-  hold_until_acknowledged(error_flag, timeout_cycles);
+  atomicCAS(f.error_flag, 0, kCallsDiffer);
+  hold_until_acknowledged(f);
 }
 
 struct NothingToSay {
   __device__ void operator()() const {}
 };
 
-// Spins until `arrived()` holds. Gives up after `timeout_cycles`, or as
-// soon as another wait of this communicator gave up (the flag is set):
-// collectives queued behind a failed one then drain instead of each waiting
-// out its own timeout. A wait that gives up calls `give_up()` first (before
-// it holds the stream). Returns whether it arrived.
+// Spins until `arrived()` holds. Gives up after the timeout, or as soon as
+// another wait of this communicator gave up (the failed word or the host's
+// flag is set): collectives queued behind a failed one then drain instead
+// of each waiting out its own timeout. A wait that gives up marks the
+// communicator failed and calls `give_up()` first (before it holds the
+// stream). Returns whether it arrived.
 template <typename Arrived, typename GiveUp = NothingToSay>
-__device__ __forceinline__ bool wait_until(Arrived arrived, int peer, int* error_flag, long long timeout_cycles,
+__device__ __forceinline__ bool wait_until(Arrived arrived, int peer, const FailureWords& f,
                                            GiveUp give_up = {}) {
   const long long start = clock64();
   long long next_look = start + kFlagLookCycles;
   while (!arrived()) {
     const long long now = clock64();
-    if (now - start > timeout_cycles) {
+    if (now - start > f.timeout_cycles) {
+      mark_failed(f);
       give_up();
-      atomicCAS(error_flag, 0, peer + 1);
-      hold_until_acknowledged(error_flag, timeout_cycles);
+      atomicCAS(f.error_flag, 0, peer + 1);
+      hold_until_acknowledged(f);
       return false;
     }
     if (now > next_look) {
-      if (*static_cast<volatile int*>(error_flag) != 0) {
+      if (has_failed(f) || *static_cast<volatile int*>(f.error_flag) != 0) {
+        mark_failed(f);
         give_up();
         return false;
       }

@@ -21,11 +21,10 @@ __device__ __forceinline__ void signal(std::uint32_t* pad, std::uint32_t epoch,
 // Waits until `pad` reaches `epoch` (wrap-safe), or gives up (wait_until).
 template <typename GiveUp = NothingToSay>
 __device__ __forceinline__ bool wait_for(std::uint32_t* pad, std::uint32_t epoch,
-                                         cuda::std::memory_order order, int peer, int* error_flag,
-                                         long long timeout_cycles, GiveUp give_up = {}) {
+                                         cuda::std::memory_order order, int peer, const FailureWords& f,
+                                         GiveUp give_up = {}) {
   SystemWord word(*pad);
-  return wait_until([&] { return static_cast<int>(word.load(order) - epoch) >= 0; }, peer, error_flag,
-                    timeout_cycles, give_up);
+  return wait_until([&] { return static_cast<int>(word.load(order) - epoch) >= 0; }, peer, f, give_up);
 }
 
 // Where rank `from`'s call digest lies in a rank's `pads` (as mapped here).
@@ -43,7 +42,8 @@ __device__ __forceinline__ std::uint64_t* start_words(std::uint32_t* pads) {
 // signalling as they go: a rank t that comes later must not take those
 // signals for its call's. Written over our digests in rank t's call row and
 // start words (their low halves: the values stay), before any later signal
-// of ours, kFailedRankDigest fails rank t's next check, naming us.
+// of ours, kFailedRankDigest fails rank t's next check, naming us. Our
+// later first meetings write it again (the failed word), never a digest.
 __device__ __forceinline__ void tell_peer_we_gave_up(const PeerSignals& s, int t) {
   std::uint32_t* theirs = pick(s.peers.peer, t);
   SystemWord(call_slot(theirs, s.rank)).store(kFailedRankDigest, cuda::std::memory_order_relaxed);
@@ -63,24 +63,32 @@ __device__ __forceinline__ std::uint32_t digest_of_peer(const PeerSignals& s, in
 // With a call digest (a call's first meeting, call_check.hpp) it first
 // writes ours into rank t's call row and, once rank t's signal came,
 // compares rank t's with ours. Returns false where they differ (the
-// communicator then fails, naming rank t): the caller must not touch peers.
+// communicator then fails, naming rank t), where the wait gave up, or
+// where this rank had failed before (the caller read the failed word: it
+// then writes kFailedRankDigest for a digest and signals without waiting,
+// so that rank t fails at its check instead of waiting out the timeout):
+// the caller must not touch peers.
 __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world, int row, std::uint32_t epoch,
                                                 cuda::std::memory_order signal_order,
-                                                cuda::std::memory_order wait_order, std::uint32_t call) {
+                                                cuda::std::memory_order wait_order, std::uint32_t call,
+                                                bool failed_before) {
   const int t = threadIdx.x;
   if (t >= world) return true;
   if (call != 0) {
-    SystemWord(call_slot(pick(s.peers.peer, t), s.rank)).store(call, cuda::std::memory_order_relaxed);
+    SystemWord(call_slot(pick(s.peers.peer, t), s.rank))
+        .store(failed_before ? kFailedRankDigest : call, cuda::std::memory_order_relaxed);
     signal_order = cuda::std::memory_order_release;  // our digest lands before our signal
     wait_order = cuda::std::memory_order_acquire;    // theirs is read after theirs
   }
   signal(pick(s.peers.peer, t) + row * kMaxRanks + s.rank, epoch, signal_order);
-  const bool arrived = wait_for(s.my_pads + row * kMaxRanks + t, epoch, wait_order, t, s.error_flag,
-                                s.timeout_cycles, [&] { tell_peer_we_gave_up(s, t); });
-  if (!arrived || call == 0) return true;  // a wait that gave up has set the flag already
+  if (failed_before) return false;
+  const bool arrived = wait_for(s.my_pads + row * kMaxRanks + t, epoch, wait_order, t, s.failure,
+                                [&] { tell_peer_we_gave_up(s, t); });
+  if (!arrived) return false;  // a wait that gave up has set the flags already
+  if (call == 0) return true;
   const std::uint32_t theirs = digest_of_peer(s, t);
   if (theirs == call) return true;
-  report_differing(t, theirs, s.error_flag, s.timeout_cycles);
+  report_differing(t, theirs, s.failure);
   return false;
 }
 
@@ -89,15 +97,20 @@ __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world,
 // waits for rank t's; then compares rank t's digest with ours (where
 // `call` is nonzero). Rank t cannot write this word again before its next
 // call, which waits for this block's end meeting: what is read after the
-// wait is rank t's digest for this call. Returns false where they differ.
+// wait is rank t's digest for this call. Returns false where they differ,
+// where the wait gave up, or where this rank had failed before (as
+// signal_and_wait): the kernel must then leave peers alone.
 __device__ __forceinline__ bool start_meeting(const PeerSignals& s, int world, std::uint32_t value,
                                               std::uint32_t call) {
   using StartWord = cuda::atomic_ref<std::uint64_t, cuda::thread_scope_system>;
   const int t = threadIdx.x;
   if (t >= world) return true;
   const int slot = static_cast<int>(blockIdx.x) * kMaxRanks;
+  const bool failed_before = has_failed(s.failure);
+  const std::uint32_t ours = failed_before ? kFailedRankDigest : call;
   StartWord(start_words(pick(s.peers.peer, t))[slot + s.rank])
-      .store((std::uint64_t{value} << 32) | call, cuda::std::memory_order_relaxed);
+      .store((std::uint64_t{value} << 32) | ours, cuda::std::memory_order_relaxed);
+  if (failed_before) return false;
   StartWord word(start_words(s.my_pads)[slot + t]);
   std::uint64_t seen = 0;
   const bool arrived = wait_until(
@@ -105,23 +118,26 @@ __device__ __forceinline__ bool start_meeting(const PeerSignals& s, int world, s
         seen = word.load(cuda::std::memory_order_acquire);
         return static_cast<int>(static_cast<std::uint32_t>(seen >> 32) - value) >= 0;
       },
-      t, s.error_flag, s.timeout_cycles, [&] { tell_peer_we_gave_up(s, t); });
+      t, s.failure, [&] { tell_peer_we_gave_up(s, t); });
+  if (!arrived) return false;
   const auto digest = static_cast<std::uint32_t>(seen);
-  if (!arrived || call == 0 || digest == call) return true;
-  report_differing(t, digest, s.error_flag, s.timeout_cycles);
+  if (call == 0 || digest == call) return true;
+  report_differing(t, digest, s.failure);
   return false;
 }
 
 // Between copies or kernels of one collective: what came before on every
 // rank is visible to what comes after on every rank. At a call's first
 // meeting (signals.call) it also checks that every rank is at the same call
-// with the same buffers; the copies or kernels after it run all the same,
-// on a communicator that has failed.
+// with the same buffers. Where it fails, the kernels after it see the
+// failed word and leave peers alone; copies after it run all the same, on a
+// communicator that has failed.
 __global__ void barrier_kernel(PeerSignals signals, int world, std::uint32_t* epoch_counter) {
   const std::uint32_t epoch = *epoch_counter + 1;
+  const bool failed_before = has_failed(signals.failure);  // read beside the counter, not after it
   __syncwarp();  // every lane read the counter before lane 0 moves it on
   signal_and_wait(signals, world, kKernelBarrierRow, epoch, cuda::std::memory_order_release,
-                  cuda::std::memory_order_acquire, signals.call);
+                  cuda::std::memory_order_acquire, signals.call, failed_before);
   if (threadIdx.x == 0) *epoch_counter = epoch;
 }
 
@@ -135,7 +151,7 @@ __global__ void signal_kernel(PeerSignals signals, int peer, std::uint32_t* sent
 __global__ void wait_kernel(PeerSignals signals, int peer, std::uint32_t* received) {
   const std::uint32_t count = received[peer] + 1;
   wait_for(signals.my_pads + kSignalRow * kMaxRanks + peer, count, cuda::std::memory_order_acquire, peer,
-           signals.error_flag, signals.timeout_cycles);
+           signals.failure);
   received[peer] = count;
 }
 
@@ -149,10 +165,12 @@ struct BlockMeeting {
   std::uint32_t epoch = 0;
 
   // Inputs are ready everywhere: later reads of peers see them. False
-  // where a peer is at another call or passed other buffers (the kernel must
-  // then leave peers alone and end).
+  // where a peer is at another call or passed other buffers, or the
+  // communicator has failed (the kernel must then leave peers alone and
+  // end). Without sync, the barrier before the kernel met the peers: only
+  // the failed word is read.
   __device__ __forceinline__ bool start() {
-    if (!sync.enabled) return true;
+    if (!sync.enabled) return !has_failed(sync.signals.failure);
     bool same_call = true;
     if (threadIdx.x < world) {
       epoch = sync.block_epochs[blockIdx.x];
@@ -166,8 +184,10 @@ struct BlockMeeting {
     if (!sync.enabled) return;
     __syncthreads();
     if (threadIdx.x < world) {
+      // A failure since the start is seen by the wait (it looks at the failed word).
       signal_and_wait(sync.signals, world, kFirstBlockRow + static_cast<int>(blockIdx.x), epoch + 2,
-                      cuda::std::memory_order_release, cuda::std::memory_order_relaxed, /*call=*/0);
+                      cuda::std::memory_order_release, cuda::std::memory_order_relaxed, /*call=*/0,
+                      /*failed_before=*/false);
       if (threadIdx.x == 0) sync.block_epochs[blockIdx.x] = epoch + 2;
     }
   }

@@ -15,7 +15,7 @@
 namespace symmpool::detail {
 
 // Signals every peer, then waits until every peer signalled this epoch; a
-// wait longer than signals.timeout_cycles sets *signals.error_flag to 1 + the
+// wait longer than the timeout sets signals.failure's error flag to 1 + the
 // missing rank.
 cudaError_t launch_barrier(const PeerSignals& signals, int world, std::uint32_t* epoch_counter,
                            cudaStream_t stream);
@@ -83,8 +83,7 @@ struct LowLatencyLaunch {
   std::size_t slot_packets = 0;
   // This rank's, device-side: [0] the last call's epoch, [1] blocks done with this call.
   std::uint32_t* epoch = nullptr;
-  int* error_flag = nullptr;  // as PeerSignals: set to 1 + a rank whose packets never came
-  long long timeout_cycles = 0;
+  FailureWords failure;  // as PeerSignals': error_flag set to 1 + a rank whose packets never came
 };
 cudaError_t launch_low_latency_all_reduce(const LowLatencyLaunch& launch, cudaStream_t stream);
 

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreads)
                 v = load_packet(slot);
                 return v.y == epoch && v.w == second;
               },
-              p, a.error_flag, a.timeout_cycles);
+              p, a.failure);
         w = make_uint2(v.x, v.z);
       }
       const T* e = reinterpret_cast<const T*>(&w);

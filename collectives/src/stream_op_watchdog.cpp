@@ -11,10 +11,12 @@ namespace symmpool::detail {
 
 StreamOpWatchdog::StreamOpWatchdog(const DriverApi& drv, int device, std::uint32_t* barrier_row,
                                    std::uint32_t* signal_row, int world, const int* error_flag,
-                                   std::chrono::seconds timeout, std::function<void(int)> on_timeout)
+                                   std::uint32_t* failed_word, std::chrono::seconds timeout,
+                                   std::function<void(int)> on_timeout)
     : drv_(drv),
       device_(device),
       error_flag_(error_flag),
+      failed_word_(failed_word),
       timeout_(timeout),
       on_timeout_(std::move(on_timeout)) {
   channels_[kBarrierChannel].slots = barrier_row;
@@ -147,8 +149,14 @@ void StreamOpWatchdog::release(Channel& channel, std::uint32_t below, bool blame
   SYMMPOOL_CUDA_TRY(cudaStreamSynchronize(side));
   for (int i = 0; i < channel.count; ++i) {
     if (static_cast<std::int32_t>(seen_[i] - below) >= 0) continue;
-    // On record (or the process aborted) before the stream goes on.
-    if (blame) on_timeout_(channel.first_rank + i);
+    // On record (or the process aborted) before the stream goes on, and
+    // the kernels told (stream order on `side`) before the waits pass.
+    if (blame) {
+      on_timeout_(channel.first_rank + i);
+      SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(reinterpret_cast<CUstream>(side),
+                                                 reinterpret_cast<CUdeviceptr>(failed_word_), 1,
+                                                 CU_STREAM_WRITE_VALUE_DEFAULT));
+    }
     SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(reinterpret_cast<CUstream>(side),
                                                reinterpret_cast<CUdeviceptr>(channel.slots + i), issued,
                                                CU_STREAM_WRITE_VALUE_DEFAULT));

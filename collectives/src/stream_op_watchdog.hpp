@@ -56,9 +56,11 @@ class StreamOpWatchdog {
  public:
   // `barrier_row` and `signal_row`: our pad rows (device memory) the
   // barriers' and the signals' waits read, one slot per rank;
-  // `error_flag`: host-mapped, nonzero once the communicator failed.
+  // `error_flag`: host-mapped, nonzero once the communicator failed;
+  // `failed_word`: the kernels' (device memory), set before a wait is
+  // released for a rank that never came, so later kernels leave peers alone.
   StreamOpWatchdog(const DriverApi& drv, int device, std::uint32_t* barrier_row, std::uint32_t* signal_row,
-                   int world, const int* error_flag, std::chrono::seconds timeout,
+                   int world, const int* error_flag, std::uint32_t* failed_word, std::chrono::seconds timeout,
                    std::function<void(int)> on_timeout);
   ~StreamOpWatchdog();
   StreamOpWatchdog(const StreamOpWatchdog&) = delete;
@@ -98,6 +100,7 @@ class StreamOpWatchdog {
   const DriverApi& drv_;
   const int device_;
   const int* const error_flag_;
+  std::uint32_t* const failed_word_;
   const std::chrono::seconds timeout_;
   const std::function<void(int)> on_timeout_;
   std::array<Channel, kChannels> channels_;

@@ -1,6 +1,7 @@
 // How symmpool's collectives fail when the group is broken: a peer that
 // stops coming times out with an error naming it (and work queued behind
-// drains; a rank later than the timeout fails too), ranks whose calls
+// drains without touching its peers; a rank later than the timeout fails
+// too), ranks whose calls
 // differ (or whose buffers lie at other offsets) fail instead of pairing
 // them, a communicator that fails to form leaves nothing behind, and ranks
 // that share a GPU are refused when their heap forms; and what must not
@@ -434,6 +435,76 @@ TEST(Collectives, APeerLaterThanTheTimeoutFailsInsteadOfPassing) {
       const Raised raised = raised_by(comm, s, all_reduce);
       failures += rank == 0 ? failures_of(rank, c.name, raised, "rank 1 did not arrive", kTimeout + 1.5)
                             : failures_of(rank, c.name, raised, "rank 0 had failed before", 3.0);
+    }
+    return failures;
+  });
+  EXPECT_EQ(result, "");
+}
+
+// A rank whose wait gave up leaves its peers' buffers alone: neither the
+// kernel whose wait it was nor a call queued behind it writes into them
+// (they once went on after the timeout, a fused kernel and the reduction
+// between two barriers alike, and two-shot wrote its sums into the late
+// peer's output while that peer had not called anything). Its queued call
+// keeps the failed-rank mark in the late peer's pads, instead of writing its
+// own digest over it: the late peer's call fails naming the rank that had
+// failed, not "another call".
+TEST(Collectives, AFailedRankLeavesItsPeersBuffersAlone) {
+  SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
+  shared_store_dir();
+  const BarrierTimeout timeout;
+  std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
+    int failures = 0;
+    const int device = device_of_rank(rank);
+    RANK_CUDA(cudaSetDevice(device));
+    FileStore store(shared_store_dir());
+    CachingAllocator& alloc = device_allocator(device);
+    cudaStream_t s;
+    RANK_CUDA(cudaStreamCreate(&s));
+    constexpr std::size_t kLarge = std::size_t{4} << 20;
+    constexpr float kUntouched = 5.0f;
+    auto* buffer = static_cast<float*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
+    std::vector<float> host(kLarge / sizeof(float), 0.0f);
+    struct Case {
+      const char* name;
+      std::size_t bytes;
+    };
+    const Case cases[] = {{"two-shot all-reduce, one fused kernel", 16384},
+                          {"two-shot all-reduce between barriers", kLarge}};
+    std::vector<std::unique_ptr<SymmetricGroup>> groups;  // all formed before any is used
+    for (int g = 0; g < 2; ++g)
+      groups.push_back(std::make_unique<SymmetricGroup>(
+          real_driver(), alloc, store, "alone" + std::to_string(g), rank, world, group_options()));
+    for (int g = 0; g < 2; ++g) {
+      const Case& c = cases[g];
+      Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
+      auto all_reduce = [&] {
+        comm.all_reduce(buffer, buffer, c.bytes / 4, DataType::kFloat32, ReduceOp::kSum, s,
+                        Algorithm::kTwoShot);
+      };
+      RANK_CUDA(cudaMemsetAsync(buffer, 0, kLarge, s));
+      all_reduce();  // alike and in time: both ranks are past it
+      RANK_CUDA(cudaStreamSynchronize(s));
+      comm.check_errors();
+      if (rank == 0) {  // gives up on rank 1, with a second call queued behind the first
+        // Ones: a sum written into rank 1's buffer then differs from what it holds.
+        std::fill(host.begin(), host.end(), 1.0f);
+        RANK_CUDA(cudaMemcpy(buffer, host.data(), kLarge, cudaMemcpyHostToDevice));
+        const Raised raised = raised_by(comm, s, [&] {
+          all_reduce();
+          all_reduce();
+        });
+        failures += failures_of(rank, c.name, raised, "rank 1 did not arrive", kTimeout + 1.5);
+        continue;
+      }
+      std::fill(host.begin(), host.end(), kUntouched);
+      RANK_CUDA(cudaMemcpy(buffer, host.data(), kLarge, cudaMemcpyHostToDevice));
+      std::this_thread::sleep_for(std::chrono::seconds(kTimeout + 3));  // rank 0 has failed meanwhile
+      RANK_CUDA(cudaMemcpy(host.data(), buffer, kLarge, cudaMemcpyDeviceToHost));
+      const auto written = std::count_if(host.begin(), host.end(), [](float v) { return v != kUntouched; });
+      RANK_EXPECT(written == 0, "%s: the failed rank wrote %ld of our %zu floats", c.name,
+                  static_cast<long>(written), host.size());
+      failures += failures_of(rank, c.name, raised_by(comm, s, all_reduce), "rank 0 had failed before", 3.0);
     }
     return failures;
   });

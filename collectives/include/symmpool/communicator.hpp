@@ -212,6 +212,7 @@ class Communicator {
   void enqueue_barrier(cudaStream_t stream, BarrierKind kind);
   detail::StreamOpWatchdog& stream_op_watchdog();  // made on first use
   detail::PeerSignals peer_signals() const;        // every rank's pads and our patience, for the kernels
+  detail::FailureWords failure_words() const;      // how the kernels report a failure and learn of one
   // Barriers around a kernel unless the kernel meets its peers itself.
   // With `fused`, the kernel's first meeting is the call's first: it takes the call's digest.
   detail::BlockSync block_sync(bool fused);
@@ -261,8 +262,9 @@ class Communicator {
   std::uint32_t* signals_sent_ = nullptr;       // device-side, one per peer: signal()s
   std::uint32_t* signals_received_ = nullptr;   // device-side, one per peer: wait()s passed
   std::uint32_t* low_latency_epoch_ = nullptr;  // device-side: the last low-latency call's epoch, blocks done
-  void* packets_ = nullptr;                     // our low-latency packet regions, in the internal slot
-  detail::OutPointers packet_regions_{};        // every rank's, mapped here
+  std::uint32_t* failed_word_ = nullptr;  // device-side: nonzero once a kernel saw this communicator fail
+  void* packets_ = nullptr;               // our low-latency packet regions, in the internal slot
+  detail::OutPointers packet_regions_{};  // every rank's, mapped here
   std::size_t low_latency_max_bytes_ = 0;
   std::optional<Algorithm> all_reduce_preference_;             // SYMMPOOL_ALL_REDUCE_ALGORITHM
   std::optional<Algorithm> reduce_scatter_preference_;         // SYMMPOOL_REDUCE_SCATTER_ALGORITHM

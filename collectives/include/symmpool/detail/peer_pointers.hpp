@@ -39,14 +39,21 @@ constexpr int kPadRows = kCallRow + 1;
 // both, so the digest needs no fence to arrive with the signal.
 constexpr std::size_t kStartWordsOffset = 2048;
 
+// How a communicator's kernels report a failure and learn of one.
+struct FailureWords {
+  int* error_flag = nullptr;        // host-mapped ErrorWords: 1 + a rank that never signalled, ...
+  std::uint32_t* failed = nullptr;  // this rank's, in device memory: nonzero once a wait gave up or
+                                    // calls differed; later kernels then leave peers alone
+  long long timeout_cycles = 0;     // how long a wait lasts before it gives up
+};
+
 // What a kernel needs to signal its peers and wait for their signals (the
 // kernels take the world size on its own: they loop over it too).
 struct PeerSignals {
   PadPointers peers{};  // pads of every rank, mapped here
   std::uint32_t* my_pads = nullptr;
   int rank = 0;
-  int* error_flag = nullptr;     // host-mapped ErrorWords: 1 + a rank that never signalled, ...
-  long long timeout_cycles = 0;  // how long a wait lasts before it gives up
+  FailureWords failure;
   // Nonzero at a call's first meeting: the call's digest, written into each
   // peer's call row before the signal and compared with theirs after the wait.
   std::uint32_t call = 0;
