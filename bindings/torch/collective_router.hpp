@@ -46,6 +46,8 @@ class CollectiveRouter {
   // A call of several tensors: NCCL's, counted and traced like the others
   // (`tensors`: those whose bytes the table would look at).
   void route_several(CollectiveKind kind, const std::vector<at::Tensor>& tensors);
+  // SYMMPOOL_COLLECTIVES as this router read it: every rank must share it.
+  RoutingSettings settings() const { return settings_; }
 
  private:
   // The call enqueued on symmpool (`eligible` comes back), or why not.

@@ -7,6 +7,7 @@
 
 #include <symmpool/detail/failure_record.hpp>
 #include <symmpool/device_allocators.hpp>
+#include <symmpool/error.hpp>
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -292,6 +293,9 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   heap_store_ = std::make_unique<C10dStore>(store_for_heap_);
   SymmetricGroupOptions options;
   options.collectives = collective_options_;
+  // Ranks that route a call to different engines would each wait for the
+  // other in vain.
+  options.same_on_every_rank = {{"SYMMPOOL_COLLECTIVES", to_string(router_.settings())}};
   options.heap_timeout = timeout;
   options.barrier_timeout = timeout;
   // As ProcessGroupNCCL's watchdog: say what failed, then tear the process
@@ -324,9 +328,14 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   } catch (const std::exception& e) {
     // Sticky, as a failed NCCL communicator: a retry would form the heap
     // again with peers that may be anywhere in theirs.
+    // A rank whose router never sends a call to symmpool never comes.
+    const char* hint = dynamic_cast<const timeout_error*>(&e)
+                           ? " (every rank forms it at its first collective that may run on symmpool: one "
+                             "with SYMMPOOL_COLLECTIVES=0 never does)"
+                           : "";
     auto record = std::make_shared<detail::FailureRecord>();
     record->set(std::string("symm: the group's symmetric heap did not form on rank ") +
-                std::to_string(getRank()) + " of " + std::to_string(getSize()) + ": " + e.what() +
+                std::to_string(getRank()) + " of " + std::to_string(getSize()) + ": " + e.what() + hint +
                 "; the group is unusable");
     failure_ = std::move(record);
     throw;

@@ -79,14 +79,16 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   *error_words_ = detail::ErrorWords{0, 0, 0};
   error_flag_ = &error_words_->missing;
   heap_.sync();  // also a barrier: no peer signals before every pad is zeroed
-  // Ranks that prefer different algorithms would meet in different places
-  // and time out: refuse that here, by name.
+  // Ranks that prefer different algorithms, or cut two-step chunks into
+  // other pieces, would meet in different places (or pair one algorithm's
+  // writes with another's reads): refuse that here, by name.
   auto preference = [](const std::optional<Algorithm>& a) { return a ? to_string(*a) : "table"; };
   heap_.require_same_setting(
-      "the algorithm preference (SYMMPOOL_ALL_REDUCE_ALGORITHM, "
-      "SYMMPOOL_REDUCE_SCATTER_ALGORITHM)",
+      "the collectives' settings (SYMMPOOL_ALL_REDUCE_ALGORITHM, "
+      "SYMMPOOL_REDUCE_SCATTER_ALGORITHM, SYMMPOOL_TWO_STEP_PIECE_BYTES)",
       std::string("all_reduce ") + preference(all_reduce_preference_) + ", reduce_scatter " +
-          preference(reduce_scatter_preference_));
+          preference(reduce_scatter_preference_) + ", two-step pieces of " +
+          std::to_string(two_step_piece_bytes_) + " bytes");
   map_signal_pads();
   copies_ = std::make_unique<detail::EagerAndCaptured<detail::CopyStreams>>(options.copy_streams);
   pipelines_ = std::make_unique<detail::EagerAndCaptured<detail::StreamPipeline>>();

@@ -10,6 +10,8 @@ SymmetricGroup::SymmetricGroup(const DriverApi& driver, CachingAllocator& alloca
                                             HeapOptions{options.heap_timeout})),
       communicator_(std::make_unique<Communicator>(
           *heap_, allocator, options.barrier_timeout, std::move(options.on_failure),
-          options.collectives ? *options.collectives : CollectiveOptions::from_environment())) {}
+          options.collectives ? *options.collectives : CollectiveOptions::from_environment())) {
+  for (const auto& [name, value] : options.same_on_every_rank) heap_->require_same_setting(name, value);
+}
 
 }  // namespace symmpool

@@ -11,7 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_common import host_barrier, init_group
+from dist_common import expect_error, host_barrier, init_group
 
 TIMEOUT_S = 5
 
@@ -234,4 +234,54 @@ def tensors_on_two_devices_are_refused(rank: int, world: int) -> None:
     dist.all_reduce(buf)
     torch.cuda.synchronize()
     assert buf[0].item() == world
+    dist.destroy_process_group()
+
+
+# Per case: each rank's variables, then what both ranks' errors must say.
+DIFFERING_SETTINGS = {
+    # Ranks that prefer different algorithms would meet in different places.
+    "preferences": (
+        [{"SYMMPOOL_ALL_REDUCE_ALGORITHM": "two-step"}, {}],
+        ["SYMMPOOL_ALL_REDUCE_ALGORITHM", "'all_reduce two-step, reduce_scatter table, two-step pieces of",
+         "'all_reduce table, reduce_scatter table, two-step pieces of"]),
+    # Two-step calls cut into other pieces would pair one piece with another.
+    "pieces": (
+        [{"SYMMPOOL_TWO_STEP_PIECE_BYTES": "65536"}, {}],
+        ["SYMMPOOL_TWO_STEP_PIECE_BYTES", "two-step pieces of 65536 bytes' on rank 0",
+         "two-step pieces of 33554432 bytes' on rank 1"]),
+    # A call one rank sends to NCCL and the other runs here would wait for
+    # each other in vain.
+    "routing": (
+        [{"SYMMPOOL_COLLECTIVES": "always"}, {"SYMMPOOL_COLLECTIVES": ""}],
+        ["SYMMPOOL_COLLECTIVES is", "'always' on rank 0", "'table' on rank 1"]),
+}
+_SETTINGS = ("SYMMPOOL_ALL_REDUCE_ALGORITHM", "SYMMPOOL_REDUCE_SCATTER_ALGORITHM", "SYMMPOOL_TWO_STEP_PIECE_BYTES")
+
+
+def differing_settings_fail_to_form(rank: int, world: int, case: str) -> None:
+    """Ranks whose settings would route or cut a call differently: instead
+    of waiting out the timeout, the group's first symmpool collective fails
+    on every rank at once, naming the setting and both values ("every rank
+    must set it alike"), and stays failed."""
+    import symmpool  # noqa: F401  (registers the backend)
+
+    per_rank, expected = DIFFERING_SETTINGS[case]
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+    for name in _SETTINGS:
+        os.environ.pop(name, None)
+    for name, value in per_rank[min(rank, 1)].items():
+        if value:
+            os.environ[name] = value
+        else:
+            os.environ.pop(name, None)
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+    backend = dist.group.WORLD._get_backend(device)
+    t = backend.allocate_tensor(1024, dtype=torch.float32, device=device)  # 4 KiB: the table takes it
+    start = time.monotonic()
+    expect_error(Exception, expected + ["every rank must set it alike"], lambda: dist.all_reduce(t),
+                 f"rank {rank}: differing settings ({case}) formed a group")
+    assert time.monotonic() - start < 30, "the mismatch was found only after a timeout"
+    expect_error(Exception, "every rank must set it alike", lambda: dist.all_reduce(t),
+                 f"rank {rank}: a failed group ran a collective")
+    print(f"[rank {rank}] differing settings ({case}) refused by name", flush=True)
     dist.destroy_process_group()

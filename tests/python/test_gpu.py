@@ -159,6 +159,12 @@ def test_wait_with_a_timeout_blocks_the_host():
 
 
 @needs_two
+@pytest.mark.parametrize("case", sorted(dist_failures.DIFFERING_SETTINGS))
+def test_differing_settings_fail_to_form_naming_the_setting(case):
+    run_workers(dist_failures.differing_settings_fail_to_form, 2, case, timeout=120)
+
+
+@needs_two
 def test_tensors_on_two_devices_are_refused_by_name():
     run_workers(dist_failures.tensors_on_two_devices_are_refused, gpu_count(), timeout=120)
 
@@ -171,6 +177,10 @@ def test_tensors_on_two_devices_are_refused_by_name():
     (dist_failures.dead_peer_raises_on_every_survivor, (False,)),
     (dist_failures.dead_peer_raises_on_every_survivor, (True,)),
     (dist_failures.wait_with_a_timeout_blocks_the_host, ()),
-], ids=["heap_not_formed", "late_peer", "dead_peer", "dead_peer_blocking_wait", "wait_timeout"])
+    (dist_failures.differing_settings_fail_to_form, ("preferences",)),
+    (dist_failures.differing_settings_fail_to_form, ("pieces",)),
+    (dist_failures.differing_settings_fail_to_form, ("routing",)),
+], ids=["heap_not_formed", "late_peer", "dead_peer", "dead_peer_blocking_wait", "wait_timeout",
+        "differing_preferences", "differing_pieces", "differing_routing"])
 def test_two_ranks_sharing_one_gpu(worker, args):
     run_sharing_one_gpu(worker, 2, *args, timeout=120)

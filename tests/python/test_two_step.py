@@ -14,13 +14,3 @@ def test_two_step_matches_gloo():
 @one_gpu_only
 def test_two_step_with_two_ranks_sharing_one_gpu():
     run_sharing_one_gpu(dist_two_step.two_step_matches_gloo, 2, timeout=300)
-
-
-@needs_two
-def test_differing_algorithm_preferences_fail_to_form():
-    run_workers(dist_two_step.differing_preferences_fail_to_form, 2, timeout=120)
-
-
-@one_gpu_only
-def test_differing_algorithm_preferences_fail_to_form_with_two_ranks_sharing_one_gpu():
-    run_sharing_one_gpu(dist_two_step.differing_preferences_fail_to_form, 2, timeout=120)

@@ -106,6 +106,11 @@ struct RoutingSettings {
   bool always = false;  // ignore the table
 };
 
+// As the variable would be set: "0", "always", or "table" where unset.
+constexpr const char* to_string(RoutingSettings s) {
+  return !s.enabled ? "0" : s.always ? "always" : "table";
+}
+
 // One collective as plain values. all_gather: output holds world inputs;
 // reduce_scatter: input holds world outputs; all_reduce: as many of each.
 struct CollectiveCall {

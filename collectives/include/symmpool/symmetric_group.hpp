@@ -15,6 +15,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace symmpool {
 
@@ -28,6 +30,11 @@ struct SymmetricGroupOptions {
   // Tuning of the collectives; unset: read from the environment when the
   // group forms.
   std::optional<CollectiveOptions> collectives;
+  // The caller's own settings that every rank must share, as (name, value)
+  // (the torch backend's routing: ranks that route a call to different
+  // engines wait for each other in vain). Compared when the group forms;
+  // ranks that differ fail to form it, naming the setting and both values.
+  std::vector<std::pair<std::string, std::string>> same_on_every_rank;
 };
 
 class SymmetricGroup {

@@ -127,4 +127,12 @@ TEST(CollectiveRouting, DebugRoutingIsReadFromTheEnvironment) {
   ::unsetenv("SYMMPOOL_DEBUG_ROUTING");
 }
 
+// What the ranks compare when their group forms: the variable as it would be set.
+TEST(CollectiveRouting, SettingsReadAsTheVariableWouldBeSet) {
+  EXPECT_STREQ(to_string(RoutingSettings{}), "table");
+  EXPECT_STREQ(to_string(RoutingSettings{true, true}), "always");
+  EXPECT_STREQ(to_string(RoutingSettings{false, false}), "0");
+  EXPECT_STREQ(to_string(RoutingSettings{false, true}), "0");  // disabled wins, as route_by_shape
+}
+
 }  // namespace symmpool::test
