@@ -25,6 +25,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,6 +53,36 @@ SymmetricGroupOptions group_options(FailureHandler on_failure = {}) {
   options.on_failure = on_failure ? std::move(on_failure) : [](const std::string&) {};
   return options;
 }
+
+// What every rank of these tests sets up first: its GPU current, the
+// shared store, that GPU's allocator and a stream of its own. Throws where
+// CUDA refuses (the rank then fails, printing why).
+struct RankSetup {
+  explicit RankSetup(int rank)
+      : device(current(device_of_rank(rank))), store(shared_store_dir()), alloc(device_allocator(device)) {
+    if (cudaStreamCreate(&s) != cudaSuccess) throw std::runtime_error("cudaStreamCreate failed");
+  }
+  // `count` groups named <prefix>0, <prefix>1, ...: all formed before any is used.
+  std::vector<std::unique_ptr<SymmetricGroup>> groups(const std::string& prefix, int count, int rank,
+                                                      int world) {
+    std::vector<std::unique_ptr<SymmetricGroup>> formed;
+    for (int g = 0; g < count; ++g)
+      formed.push_back(std::make_unique<SymmetricGroup>(
+          real_driver(), alloc, store, prefix + std::to_string(g), rank, world, group_options()));
+    return formed;
+  }
+
+  int device;
+  FileStore store;
+  CachingAllocator& alloc;
+  cudaStream_t s = nullptr;
+
+ private:
+  static int current(int device) {
+    if (cudaSetDevice(device) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
+    return device;
+  }
+};
 
 // What `calls` raised once `s` drained (empty: nothing), and after how long.
 struct Raised {
@@ -124,12 +155,8 @@ TEST(Collectives, APeerThatStopsComingFailsTheCommunicatorForGood) {
   const BarrierTimeout timeout;
   std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
-    const int device = device_of_rank(rank);
-    RANK_CUDA(cudaSetDevice(device));
-    FileStore store(shared_store_dir());
-    CachingAllocator& alloc = device_allocator(device);
-    cudaStream_t s;
-    RANK_CUDA(cudaStreamCreate(&s));
+    RankSetup setup(rank);
+    auto& [device, store, alloc, s] = setup;
     struct Group {
       std::unique_ptr<SymmetricGroup> members;
       Communicator* comm = nullptr;
@@ -229,12 +256,8 @@ TEST(Collectives, CallsThatDifferBetweenRanksFailEveryRankLoudly) {
   const BarrierTimeout timeout;
   std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
-    const int device = device_of_rank(rank);
-    RANK_CUDA(cudaSetDevice(device));
-    FileStore store(shared_store_dir());
-    CachingAllocator& alloc = device_allocator(device);
-    cudaStream_t s;
-    RANK_CUDA(cudaStreamCreate(&s));
+    RankSetup setup(rank);
+    auto& [device, store, alloc, s] = setup;
     constexpr std::size_t kBytes = 4096;
     auto* buffer = static_cast<char*>(alloc.allocate(kBytes, reinterpret_cast<CUstream>(s)));
     RANK_CUDA(cudaMemsetAsync(buffer, 0, kBytes, s));
@@ -295,12 +318,8 @@ TEST(Collectives, LowLatencyAllReducesOfDifferentSizesFailEveryRank) {
   const BarrierTimeout timeout;
   std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
-    const int device = device_of_rank(rank);
-    RANK_CUDA(cudaSetDevice(device));
-    FileStore store(shared_store_dir());
-    CachingAllocator& alloc = device_allocator(device);
-    cudaStream_t s;
-    RANK_CUDA(cudaStreamCreate(&s));
+    RankSetup setup(rank);
+    auto& [device, store, alloc, s] = setup;
     SymmetricGroup group(real_driver(), alloc, store, "sizes", rank, world, group_options());
     Communicator& comm = group.communicator();
     constexpr std::size_t kCount = 2048;  // floats
@@ -330,12 +349,8 @@ TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
   const BarrierTimeout timeout;
   std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
-    const int device = device_of_rank(rank);
-    RANK_CUDA(cudaSetDevice(device));
-    FileStore store(shared_store_dir());
-    CachingAllocator& alloc = device_allocator(device);
-    cudaStream_t s;
-    RANK_CUDA(cudaStreamCreate(&s));
+    RankSetup setup(rank);
+    auto& [device, store, alloc, s] = setup;
     constexpr std::size_t kLarge = std::size_t{4} << 20;  // two-shot chunks over 1 MiB: barrier kernels
     auto* a = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
     auto* b = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
@@ -402,12 +417,8 @@ TEST(Collectives, APeerLaterThanTheTimeoutFailsInsteadOfPassing) {
   const BarrierTimeout timeout;
   std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
-    const int device = device_of_rank(rank);
-    RANK_CUDA(cudaSetDevice(device));
-    FileStore store(shared_store_dir());
-    CachingAllocator& alloc = device_allocator(device);
-    cudaStream_t s;
-    RANK_CUDA(cudaStreamCreate(&s));
+    RankSetup setup(rank);
+    auto& [device, store, alloc, s] = setup;
     constexpr std::size_t kLarge = std::size_t{4} << 20;
     auto* buffer = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
     RANK_CUDA(cudaMemsetAsync(buffer, 0, kLarge, s));
@@ -417,10 +428,7 @@ TEST(Collectives, APeerLaterThanTheTimeoutFailsInsteadOfPassing) {
     };
     const Case cases[] = {{"two-shot all-reduce, one fused kernel", 16384},
                           {"two-shot all-reduce between barriers", kLarge}};
-    std::vector<std::unique_ptr<SymmetricGroup>> groups;  // all formed before any is used
-    for (int g = 0; g < 2; ++g)
-      groups.push_back(std::make_unique<SymmetricGroup>(
-          real_driver(), alloc, store, "late" + std::to_string(g), rank, world, group_options()));
+    const auto groups = setup.groups("late", 2, rank, world);
     for (int g = 0; g < 2; ++g) {
       const Case& c = cases[g];
       Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
@@ -455,12 +463,8 @@ TEST(Collectives, AFailedRankLeavesItsPeersBuffersAlone) {
   const BarrierTimeout timeout;
   std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
-    const int device = device_of_rank(rank);
-    RANK_CUDA(cudaSetDevice(device));
-    FileStore store(shared_store_dir());
-    CachingAllocator& alloc = device_allocator(device);
-    cudaStream_t s;
-    RANK_CUDA(cudaStreamCreate(&s));
+    RankSetup setup(rank);
+    auto& [device, store, alloc, s] = setup;
     constexpr std::size_t kLarge = std::size_t{4} << 20;
     constexpr float kUntouched = 5.0f;
     auto* buffer = static_cast<float*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
@@ -471,10 +475,7 @@ TEST(Collectives, AFailedRankLeavesItsPeersBuffersAlone) {
     };
     const Case cases[] = {{"two-shot all-reduce, one fused kernel", 16384},
                           {"two-shot all-reduce between barriers", kLarge}};
-    std::vector<std::unique_ptr<SymmetricGroup>> groups;  // all formed before any is used
-    for (int g = 0; g < 2; ++g)
-      groups.push_back(std::make_unique<SymmetricGroup>(
-          real_driver(), alloc, store, "alone" + std::to_string(g), rank, world, group_options()));
+    const auto groups = setup.groups("alone", 2, rank, world);
     for (int g = 0; g < 2; ++g) {
       const Case& c = cases[g];
       Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
@@ -522,12 +523,8 @@ TEST(Collectives, AnOutputAtOtherOffsetsFallsBackToOneShotWithTheRightSum) {
   const BarrierTimeout timeout;
   std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
-    const int device = device_of_rank(rank);
-    RANK_CUDA(cudaSetDevice(device));
-    FileStore store(shared_store_dir());
-    CachingAllocator& alloc = device_allocator(device);
-    cudaStream_t s;
-    RANK_CUDA(cudaStreamCreate(&s));
+    RankSetup setup(rank);
+    auto& [device, store, alloc, s] = setup;
     SymmetricGroup group(real_driver(), alloc, store, "fallback", rank, world, group_options());
     Communicator& comm = group.communicator();
     constexpr std::size_t kCount = 16384;  // 64 KiB: two-shot by the table at 2 ranks
@@ -559,12 +556,8 @@ TEST(Collectives, AnAllocationOnOneRankOnlyKeepsCachedVerdicts) {
   const BarrierTimeout timeout;
   std::string result = run_ranks(2, 120, [&](int rank, int world, Rendezvous&) {
     int failures = 0;
-    const int device = device_of_rank(rank);
-    RANK_CUDA(cudaSetDevice(device));
-    FileStore store(shared_store_dir());
-    CachingAllocator& alloc = device_allocator(device);
-    cudaStream_t s;
-    RANK_CUDA(cudaStreamCreate(&s));
+    RankSetup setup(rank);
+    auto& [device, store, alloc, s] = setup;
     SymmetricGroup group(real_driver(), alloc, store, "one-sided", rank, world, group_options());
     Communicator& comm = group.communicator();
     constexpr std::size_t kCount = 4096;
