@@ -333,11 +333,13 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
                            ? " (every rank forms it at its first collective that may run on symmpool: one "
                              "with SYMMPOOL_COLLECTIVES=0 never does)"
                            : "";
+    const std::string message = std::string("symm: the group's symmetric heap did not form on rank ") +
+                                std::to_string(getRank()) + " of " + std::to_string(getSize()) + ": " +
+                                e.what() + hint + "; the group is unusable";
     auto record = std::make_shared<detail::FailureRecord>();
-    record->set(std::string("symm: the group's symmetric heap did not form on rank ") +
-                std::to_string(getRank()) + " of " + std::to_string(getSize()) + ": " + e.what() + hint +
-                "; the group is unusable");
+    record->set(message);
     failure_ = std::move(record);
+    if (*hint) throw timeout_error(message);  // the hint in the first error too, not only the later ones
     throw;
   }
   failure_ = group_->communicator().failure();

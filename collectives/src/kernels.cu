@@ -59,32 +59,62 @@ __device__ __forceinline__ std::uint32_t digest_of_peer(const PeerSignals& s, in
   return SystemWord(call_slot(s.my_pads, t)).load(cuda::std::memory_order_relaxed);
 }
 
+// Our failed-rank mark in rank t's call row: rank t, waiting for us at a
+// meeting we will not signal, fails there (it looks every kMarkLookSpins).
+__device__ __forceinline__ void mark_us_failed_for(const PeerSignals& s, int t) {
+  SystemWord(call_slot(pick(s.peers.peer, t), s.rank))
+      .store(kFailedRankDigest, cuda::std::memory_order_relaxed);
+}
+
+// Spins of a meeting's wait between looks at the peer's call slot (about a
+// millisecond): off the fast path, which reads the signal only.
+constexpr unsigned kMarkLookSpins = 1024;
+
 // Thread t < world signals rank t on `row` and waits for rank t's signal.
 // With a call digest (a call's first meeting, call_check.hpp) it first
 // writes ours into rank t's call row and, once rank t's signal came,
 // compares rank t's with ours. Returns false where they differ (the
-// communicator then fails, naming rank t), where the wait gave up, or
-// where this rank had failed before (the caller read the failed word: it
-// then writes kFailedRankDigest for a digest and signals without waiting,
-// so that rank t fails at its check instead of waiting out the timeout):
-// the caller must not touch peers.
+// communicator then fails, naming rank t), where the wait gave up, where
+// rank t's mark says it had failed (seen while waiting), or where this
+// rank had failed before: the caller read the failed word, and this rank
+// then writes the failed-rank mark into rank t's call row and does not
+// wait; at a first meeting it also signals, so that rank t fails at its
+// check, and elsewhere it does not, so that rank t, which may have passed
+// the first meeting with us, does not take a meeting we skipped for one we
+// kept (it finds the mark while it waits). The caller must not touch peers.
 __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world, int row, std::uint32_t epoch,
                                                 cuda::std::memory_order signal_order,
                                                 cuda::std::memory_order wait_order, std::uint32_t call,
                                                 bool failed_before) {
   const int t = threadIdx.x;
   if (t >= world) return true;
+  if (failed_before) {
+    mark_us_failed_for(s, t);
+    if (call != 0)
+      signal(pick(s.peers.peer, t) + row * kMaxRanks + s.rank, epoch, cuda::std::memory_order_release);
+    return false;
+  }
   if (call != 0) {
-    SystemWord(call_slot(pick(s.peers.peer, t), s.rank))
-        .store(failed_before ? kFailedRankDigest : call, cuda::std::memory_order_relaxed);
+    SystemWord(call_slot(pick(s.peers.peer, t), s.rank)).store(call, cuda::std::memory_order_relaxed);
     signal_order = cuda::std::memory_order_release;  // our digest lands before our signal
     wait_order = cuda::std::memory_order_acquire;    // theirs is read after theirs
   }
   signal(pick(s.peers.peer, t) + row * kMaxRanks + s.rank, epoch, signal_order);
-  if (failed_before) return false;
-  const bool arrived = wait_for(s.my_pads + row * kMaxRanks + t, epoch, wait_order, t, s.failure,
-                                [&] { tell_peer_we_gave_up(s, t); });
+  SystemWord word(s.my_pads[row * kMaxRanks + t]);
+  unsigned spins = 0;
+  bool peer_failed = false;
+  const bool arrived = wait_until(
+      [&] {
+        if (static_cast<int>(word.load(wait_order) - epoch) >= 0) return true;
+        if (++spins % kMarkLookSpins != 0) return false;
+        return peer_failed = digest_of_peer(s, t) == kFailedRankDigest;
+      },
+      t, s.failure, [&] { tell_peer_we_gave_up(s, t); });
   if (!arrived) return false;  // a wait that gave up has set the flags already
+  if (peer_failed) {
+    report_differing(t, kFailedRankDigest, s.failure);
+    return false;
+  }
   if (call == 0) return true;
   const std::uint32_t theirs = digest_of_peer(s, t);
   if (theirs == call) return true;
@@ -121,8 +151,8 @@ __device__ __forceinline__ bool start_meeting(const PeerSignals& s, int world, s
       t, s.failure, [&] { tell_peer_we_gave_up(s, t); });
   if (!arrived) return false;
   const auto digest = static_cast<std::uint32_t>(seen);
-  if (call == 0 || digest == call) return true;
-  report_differing(t, digest, s.failure);
+  if (digest != kFailedRankDigest && (call == 0 || digest == call)) return true;
+  report_differing(t, digest, s.failure);  // kFailedRankDigest: even where no digest is compared
   return false;
 }
 
@@ -176,7 +206,11 @@ struct BlockMeeting {
       epoch = sync.block_epochs[blockIdx.x];
       same_call = start_meeting(sync.signals, world, epoch + 1, sync.signals.call);
     }
-    return __syncthreads_and(same_call) != 0;
+    if (__syncthreads_and(same_call) != 0) return true;
+    // This block skips its end meeting: peers that met it at the start
+    // find the mark there instead of waiting out the timeout.
+    if (threadIdx.x < world) mark_us_failed_for(sync.signals, threadIdx.x);
+    return false;
   }
   // Every peer is done with this rank's buffers, and this block's writes
   // to peers are visible to them.

@@ -57,8 +57,8 @@ class StreamOpWatchdog {
   // `barrier_row` and `signal_row`: our pad rows (device memory) the
   // barriers' and the signals' waits read, one slot per rank;
   // `error_flag`: host-mapped, nonzero once the communicator failed;
-  // `failed_word`: the kernels' (device memory), set before a wait is
-  // released for a rank that never came, so later kernels leave peers alone.
+  // `failed_word`: the kernels' (device memory), set before any wait is
+  // released (the communicator has failed), so later kernels leave peers alone.
   StreamOpWatchdog(const DriverApi& drv, int device, std::uint32_t* barrier_row, std::uint32_t* signal_row,
                    int world, const int* error_flag, std::uint32_t* failed_word, std::chrono::seconds timeout,
                    std::function<void(int)> on_timeout);

@@ -512,6 +512,61 @@ TEST(Collectives, AFailedRankLeavesItsPeersBuffersAlone) {
   EXPECT_EQ(result, "");
 }
 
+// Three ranks; rank 0 gives up on rank 2 (5 s), rank 1 (30 s) does not,
+// and rank 2 comes at 8 s, finds rank 0's mark and fails. Rank 1 passed the
+// call's first meeting with both, so it must learn of the failure at the
+// next meeting, where both failed ranks are missing: it once passed a
+// barrier they signalled without waiting (after skipping their two-shot
+// chunks: a sum with two chunks unwritten, returned as a success), or
+// waited out its timeout at a fused kernel's end, which they skipped. Now
+// they leave their failed-rank mark there, and rank 1 fails at once.
+TEST(Collectives, ARankBetweenFailedPeersFailsAtTheMeetingTheySkip) {
+  SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 3);
+  shared_store_dir();
+  const BarrierTimeout timeout;
+  std::string result = run_ranks(3, 150, [&](int rank, int world, Rendezvous&) {
+    int failures = 0;
+    const int patience[] = {5, 30, 30};  // seconds, per rank
+    ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(patience[rank]).c_str(), 1);
+    RankSetup setup(rank);
+    auto& [device, store, alloc, s] = setup;
+    constexpr std::size_t kLarge = std::size_t{4} << 20;
+    auto* buffer = static_cast<float*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
+    struct Case {
+      const char* name;
+      std::size_t bytes;
+    };
+    const Case cases[] = {{"two-shot all-reduce, one fused kernel", 16384},
+                          {"two-shot all-reduce between barriers", kLarge}};
+    const auto groups = setup.groups("between", 2, rank, world);
+    auto all_meet = [&](const std::string& where) {  // on the host, through the store
+      store.set(where + "/" + std::to_string(rank), "");
+      for (int r = 0; r < world; ++r) store.get(where + "/" + std::to_string(r), std::chrono::seconds(60));
+    };
+    for (int g = 0; g < 2; ++g) {
+      const Case& c = cases[g];
+      Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
+      auto all_reduce = [&] {
+        comm.all_reduce(buffer, buffer, c.bytes / 4, DataType::kFloat32, ReduceOp::kSum, s,
+                        Algorithm::kTwoShot);
+      };
+      all_meet("before" + std::to_string(g));
+      RANK_CUDA(cudaMemsetAsync(buffer, 0, kLarge, s));
+      all_reduce();  // alike and in time: the buffer's verdict is cached
+      RANK_CUDA(cudaStreamSynchronize(s));
+      comm.check_errors();
+      all_meet("start" + std::to_string(g));
+      if (rank == 2) std::this_thread::sleep_for(std::chrono::seconds(8));
+      const Raised raised = raised_by(comm, s, all_reduce);
+      failures += rank == 0   ? failures_of(rank, c.name, raised, "rank 2 did not arrive", 6.5)
+                  : rank == 1 ? failures_of(rank, c.name, raised, "had failed before", 11.0)
+                              : failures_of(rank, c.name, raised, "rank 0 had failed before", 3.0);
+    }
+    return failures;
+  });
+  EXPECT_EQ(result, "");
+}
+
 // Not a failure: an out-of-place all-reduce whose output lies at another
 // offset on each rank (rank 0 allocated more before it) falls back from
 // two-shot to one-shot, which writes its output locally, and sums right.
