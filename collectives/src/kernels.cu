@@ -66,6 +66,17 @@ __device__ __forceinline__ void mark_us_failed_for(const PeerSignals& s, int t) 
       .store(kFailedRankDigest, cuda::std::memory_order_relaxed);
 }
 
+// The same for every peer, made visible at once: before a wait that gave
+// up holds the stream, so that peers learn it even where the process then
+// aborts (and this kernel never reaches its own writes). Not where digests
+// differ: each peer sees that itself, and would read our mark instead,
+// naming the wrong cause.
+__device__ __forceinline__ void mark_us_failed_for_all(const PeerSignals& s, int world) {
+  for (int p = 0; p < world; ++p)
+    if (p != s.rank) mark_us_failed_for(s, p);
+  __threadfence_system();
+}
+
 // Spins of a meeting's wait between looks at the peer's call slot (about a
 // millisecond): off the fast path, which reads the signal only.
 constexpr unsigned kMarkLookSpins = 1024;
@@ -77,11 +88,11 @@ constexpr unsigned kMarkLookSpins = 1024;
 // communicator then fails, naming rank t), where the wait gave up, where
 // rank t's mark says it had failed (seen while waiting), or where this
 // rank had failed before: the caller read the failed word, and this rank
-// then writes the failed-rank mark into rank t's call row and does not
-// wait; at a first meeting it also signals, so that rank t fails at its
-// check, and elsewhere it does not, so that rank t, which may have passed
-// the first meeting with us, does not take a meeting we skipped for one we
-// kept (it finds the mark while it waits). The caller must not touch peers.
+// then writes the failed-rank mark into rank t's call row and neither
+// signals nor waits. A failed rank's signal could be taken for one of an
+// earlier meeting (a wait accepts any later epoch), so it sends none: rank
+// t finds the mark while it waits, or at its first meeting's check where
+// our signal came before we failed. The caller must not touch peers.
 __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world, int row, std::uint32_t epoch,
                                                 cuda::std::memory_order signal_order,
                                                 cuda::std::memory_order wait_order, std::uint32_t call,
@@ -90,8 +101,6 @@ __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world,
   if (t >= world) return true;
   if (failed_before) {
     mark_us_failed_for(s, t);
-    if (call != 0)
-      signal(pick(s.peers.peer, t) + row * kMaxRanks + s.rank, epoch, cuda::std::memory_order_release);
     return false;
   }
   if (call != 0) {
@@ -109,15 +118,14 @@ __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world,
         if (++spins % kMarkLookSpins != 0) return false;
         return peer_failed = digest_of_peer(s, t) == kFailedRankDigest;
       },
-      t, s.failure, [&] { tell_peer_we_gave_up(s, t); });
+      t, s.failure,
+      [&] {
+        tell_peer_we_gave_up(s, t);
+        mark_us_failed_for_all(s, world);
+      });
   if (!arrived) return false;  // a wait that gave up has set the flags already
-  if (peer_failed) {
-    report_differing(t, kFailedRankDigest, s.failure);
-    return false;
-  }
-  if (call == 0) return true;
-  const std::uint32_t theirs = digest_of_peer(s, t);
-  if (theirs == call) return true;
+  const std::uint32_t theirs = peer_failed ? kFailedRankDigest : call == 0 ? 0 : digest_of_peer(s, t);
+  if (!peer_failed && (call == 0 || theirs == call)) return true;
   report_differing(t, theirs, s.failure);
   return false;
 }
@@ -148,7 +156,11 @@ __device__ __forceinline__ bool start_meeting(const PeerSignals& s, int world, s
         seen = word.load(cuda::std::memory_order_acquire);
         return static_cast<int>(static_cast<std::uint32_t>(seen >> 32) - value) >= 0;
       },
-      t, s.failure, [&] { tell_peer_we_gave_up(s, t); });
+      t, s.failure,
+      [&] {
+        tell_peer_we_gave_up(s, t);
+        mark_us_failed_for_all(s, world);
+      });
   if (!arrived) return false;
   const auto digest = static_cast<std::uint32_t>(seen);
   if (digest != kFailedRankDigest && (call == 0 || digest == call)) return true;

@@ -63,13 +63,14 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     low_latency_all_reduce_kernel(LowLatencyLaunch a, bool in_aligned, bool out_aligned) {
   constexpr int E = 8 / sizeof(T);
-  // A failed rank sends no packets: a late peer must not sum them as if
-  // this call had run here (it times out instead, naming this rank).
-  if (has_failed(a.failure)) return;
   // Every block reads the last call's epoch once (volatile: never again,
   // once the last block to arrive at the end has moved it on). 0 is what a
   // fresh region holds; skipping it by 2 keeps the parity alternating.
   std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(a.epoch) + 1;
+  // A failed rank sends no packets: a late peer must not sum them as if
+  // this call had run here (it times out instead, naming this rank). Read
+  // after the epoch, so that both loads are in flight together.
+  if (has_failed(a.failure)) return;
   if (epoch == 0) epoch = 2;
   const std::size_t parity = epoch & 1u;
   const std::size_t units = (a.count * sizeof(T) + 7) / 8;

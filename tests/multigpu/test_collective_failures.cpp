@@ -513,13 +513,15 @@ TEST(Collectives, AFailedRankLeavesItsPeersBuffersAlone) {
 }
 
 // Three ranks; rank 0 gives up on rank 2 (5 s), rank 1 (30 s) does not,
-// and rank 2 comes at 8 s, finds rank 0's mark and fails. Rank 1 passed the
-// call's first meeting with both, so it must learn of the failure at the
-// next meeting, where both failed ranks are missing: it once passed a
-// barrier they signalled without waiting (after skipping their two-shot
-// chunks: a sum with two chunks unwritten, returned as a success), or
-// waited out its timeout at a fused kernel's end, which they skipped. Now
-// they leave their failed-rank mark there, and rank 1 fails at once.
+// and rank 2 comes at 8 s, finds rank 0's mark and fails; both have a
+// second call queued. Rank 1 passed the call's first meeting with both, so
+// it must learn of the failure at the next meeting, where both failed ranks
+// are missing: it once passed a barrier they signalled without waiting, or
+// signalled at their next call's first meeting (after skipping their
+// two-shot chunks: a sum with two chunks unwritten, returned as a
+// success), or waited out its timeout at a fused kernel's end, which they
+// skipped. Now they leave their failed-rank mark there and send no signal,
+// and rank 1 fails at once.
 TEST(Collectives, ARankBetweenFailedPeersFailsAtTheMeetingTheySkip) {
   SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 3);
   shared_store_dir();
@@ -557,7 +559,10 @@ TEST(Collectives, ARankBetweenFailedPeersFailsAtTheMeetingTheySkip) {
       comm.check_errors();
       all_meet("start" + std::to_string(g));
       if (rank == 2) std::this_thread::sleep_for(std::chrono::seconds(8));
-      const Raised raised = raised_by(comm, s, all_reduce);
+      const Raised raised = raised_by(comm, s, [&] {
+        all_reduce();
+        if (rank != 1) all_reduce();  // queued behind the call that fails
+      });
       failures += rank == 0   ? failures_of(rank, c.name, raised, "rank 2 did not arrive", 6.5)
                   : rank == 1 ? failures_of(rank, c.name, raised, "had failed before", 11.0)
                               : failures_of(rank, c.name, raised, "rank 0 had failed before", 3.0);
