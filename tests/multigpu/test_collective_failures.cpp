@@ -84,6 +84,16 @@ struct RankSetup {
   }
 };
 
+// The two ways two-shot meets its peers: inside one fused kernel (small
+// calls), or around its reduction with two barrier kernels (chunks over 1 MiB).
+struct TwoShotCase {
+  const char* name;
+  std::size_t bytes;
+};
+constexpr std::size_t kTwoShotLarge = std::size_t{4} << 20;
+constexpr TwoShotCase kTwoShotCases[] = {{"two-shot all-reduce, one fused kernel", 16384},
+                                         {"two-shot all-reduce between barriers", kTwoShotLarge}};
+
 // What `calls` raised once `s` drained (empty: nothing), and after how long.
 struct Raised {
   std::string what;
@@ -419,18 +429,12 @@ TEST(Collectives, APeerLaterThanTheTimeoutFailsInsteadOfPassing) {
     int failures = 0;
     RankSetup setup(rank);
     auto& [device, store, alloc, s] = setup;
-    constexpr std::size_t kLarge = std::size_t{4} << 20;
+    constexpr std::size_t kLarge = kTwoShotLarge;
     auto* buffer = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
     RANK_CUDA(cudaMemsetAsync(buffer, 0, kLarge, s));
-    struct Case {
-      const char* name;
-      std::size_t bytes;
-    };
-    const Case cases[] = {{"two-shot all-reduce, one fused kernel", 16384},
-                          {"two-shot all-reduce between barriers", kLarge}};
     const auto groups = setup.groups("late", 2, rank, world);
     for (int g = 0; g < 2; ++g) {
-      const Case& c = cases[g];
+      const TwoShotCase& c = kTwoShotCases[g];
       Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
       auto all_reduce = [&] {
         comm.all_reduce(buffer, buffer, c.bytes / 4, DataType::kFloat32, ReduceOp::kSum, s,
@@ -465,19 +469,13 @@ TEST(Collectives, AFailedRankLeavesItsPeersBuffersAlone) {
     int failures = 0;
     RankSetup setup(rank);
     auto& [device, store, alloc, s] = setup;
-    constexpr std::size_t kLarge = std::size_t{4} << 20;
+    constexpr std::size_t kLarge = kTwoShotLarge;
     constexpr float kUntouched = 5.0f;
     auto* buffer = static_cast<float*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
     std::vector<float> host(kLarge / sizeof(float), 0.0f);
-    struct Case {
-      const char* name;
-      std::size_t bytes;
-    };
-    const Case cases[] = {{"two-shot all-reduce, one fused kernel", 16384},
-                          {"two-shot all-reduce between barriers", kLarge}};
     const auto groups = setup.groups("alone", 2, rank, world);
     for (int g = 0; g < 2; ++g) {
-      const Case& c = cases[g];
+      const TwoShotCase& c = kTwoShotCases[g];
       Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
       auto all_reduce = [&] {
         comm.all_reduce(buffer, buffer, c.bytes / 4, DataType::kFloat32, ReduceOp::kSum, s,
@@ -532,21 +530,15 @@ TEST(Collectives, ARankBetweenFailedPeersFailsAtTheMeetingTheySkip) {
     ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(patience[rank]).c_str(), 1);
     RankSetup setup(rank);
     auto& [device, store, alloc, s] = setup;
-    constexpr std::size_t kLarge = std::size_t{4} << 20;
+    constexpr std::size_t kLarge = kTwoShotLarge;
     auto* buffer = static_cast<float*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
-    struct Case {
-      const char* name;
-      std::size_t bytes;
-    };
-    const Case cases[] = {{"two-shot all-reduce, one fused kernel", 16384},
-                          {"two-shot all-reduce between barriers", kLarge}};
     const auto groups = setup.groups("between", 2, rank, world);
     auto all_meet = [&](const std::string& where) {  // on the host, through the store
       store.set(where + "/" + std::to_string(rank), "");
       for (int r = 0; r < world; ++r) store.get(where + "/" + std::to_string(r), std::chrono::seconds(60));
     };
     for (int g = 0; g < 2; ++g) {
-      const Case& c = cases[g];
+      const TwoShotCase& c = kTwoShotCases[g];
       Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
       auto all_reduce = [&] {
         comm.all_reduce(buffer, buffer, c.bytes / 4, DataType::kFloat32, ReduceOp::kSum, s,
