@@ -20,11 +20,18 @@ NAME = re.compile(r"^(?P<op>[A-Za-z]+?)(?P<graph>Graph)?/(?P<impl>[a-z0-9-]+)/(?
 
 def parse_times(benchmarks):
     """{(op, graph, impl, bytes): time in us} for the op families; skips the
-    contention runs and anything else."""
+    contention runs and anything else. Where a benchmark was repeated
+    (--benchmark_repetitions), its median stands for it."""
+    repeated = {b.get("run_name") for b in benchmarks if b.get("aggregate_name") == "median"}
     times = {}
     for b in benchmarks:
         m = NAME.match(b["name"])
-        if not m or m["op"] not in OPS or b.get("run_type", "iteration") != "iteration":
+        if not m or m["op"] not in OPS:
+            continue
+        if b.get("run_type", "iteration") == "aggregate":
+            if b.get("aggregate_name") != "median":
+                continue
+        elif b.get("run_name") in repeated:
             continue
         scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b.get("time_unit", "us")]
         size = int(m["size"]) * UNITS[m["unit"]]

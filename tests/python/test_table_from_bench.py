@@ -41,3 +41,15 @@ def test_a_loss_at_one_size_caps_the_limit_below_it():
     ])
     assert table_from_bench.limit_for(times, "AllReduce", 0.01) == 1 << 20
     assert table_from_bench.limit_for(times, "AllReduce", 1.0) is None  # any size
+
+
+def test_a_repeated_benchmark_counts_by_its_median():
+    def run(us, aggregate=None):
+        b = {"name": "AllReduce/symmpool/1MiB/iterations:10/manual_time", "real_time": us, "time_unit": "us",
+             "run_name": "AllReduce/symmpool/1MiB/iterations:10/manual_time", "run_type": "iteration"}
+        if aggregate:
+            b.update(run_type="aggregate", aggregate_name=aggregate, name=b["name"] + "_" + aggregate)
+        return b
+    times = table_from_bench.parse_times([run(30.0), run(10.0), run(11.0), run(17.0, "mean"),
+                                          run(11.0, "median"), run(9.5, "stddev")])
+    assert times == {("AllReduce", False, "symmpool", 1 << 20): 11.0}

@@ -25,6 +25,8 @@ inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 // Where the table picks the low-latency all-reduce: up to its limit
 // (Communicator::kLowLatencyMaxBytes; a slot too small for it falls back to two-shot).
 inline constexpr std::size_t kLowLatencyTableBytes = 32 * 1024;
+// Where the table picks two-step reductions (2 ranks): above this size.
+inline constexpr std::size_t kTwoStepAboveBytes = 64 * kMiB;
 inline constexpr std::size_t kAnySize = std::numeric_limits<std::size_t>::max();
 
 // The largest size of each op that symmpool runs at one world size.
@@ -64,8 +66,13 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
     // 598 vs kernel 647 us at 256 MiB.
     case CollectiveKind::kAllGather:
       return bytes <= 16 * kMiB ? Algorithm::kKernel : Algorithm::kCopyEnginePush;
-    case CollectiveKind::kReduceScatter:  // one-shot beat two-step at every size, 2 and 4 ranks
-      return Algorithm::kOneShot;
+    // 2 ranks, above 64 MiB: two-step (copy engines pull, a local reduce)
+    // 475 vs one-shot 485 us at 256 MiB, and beside 8192^3 matmuls it slows
+    // them 2.2% against one-shot's 7.4% (contention_h200x2_2026-11-26.json);
+    // at 64 MiB, with one piece a chunk, it lost (2026-11-24). 4 ranks: one-shot
+    // beat two-step with 8 MiB pieces at every size; not measured since.
+    case CollectiveKind::kReduceScatter:
+      return world == 2 && bytes > kTwoStepAboveBytes ? Algorithm::kTwoStep : Algorithm::kOneShot;
     // 2 ranks, in a CUDA graph: low-latency 2.92 / 3.55 / 3.72 us at 1 / 8 / 32 KiB
     // against two-shot's 4.89 / 5.19 / 5.66 and NCCL's 5.88 / 6.63 / 6.97, same
     // process and buffers (collectives_h200x2_2026-11-24_two-step-pieces-and-low-latency.json,
@@ -73,7 +80,10 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
     // In place, 2 ranks: two-shot 5.7 vs one-shot 6.7 us at 8 KiB (uncapped grid),
     // 321 vs 281 GB/s at 1 GiB; 4 ranks: two-shot won at every size.
     case CollectiveKind::kAllReduce:
+      // Above 64 MiB at 2 ranks, two-step: 755 vs two-shot 840 us at 256 MiB, and
+      // 2.4% matmul slowdown against 12.3% (contention_h200x2_2026-11-26.json).
       if (world == 2 && bytes <= kLowLatencyTableBytes) return Algorithm::kLowLatency;
+      if (world == 2 && bytes > kTwoStepAboveBytes) return Algorithm::kTwoStep;
       return Algorithm::kTwoShot;  // (all_reduce falls back to one-shot where two-shot cannot run)
   }
   return Algorithm::kOneShot;
