@@ -25,7 +25,7 @@ inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 // Where the table picks the low-latency all-reduce: up to its limit
 // (Communicator::kLowLatencyMaxBytes; a slot too small for it falls back to two-shot).
 inline constexpr std::size_t kLowLatencyTableBytes = 32 * 1024;
-// Where the table picks two-step reductions (2 ranks): above this size.
+// Where the table picks the two-step all-reduce (2 ranks): above this size.
 inline constexpr std::size_t kTwoStepAboveBytes = 64 * kMiB;
 inline constexpr std::size_t kAnySize = std::numeric_limits<std::size_t>::max();
 
@@ -66,13 +66,16 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
     // 598 vs kernel 647 us at 256 MiB.
     case CollectiveKind::kAllGather:
       return bytes <= 16 * kMiB ? Algorithm::kKernel : Algorithm::kCopyEnginePush;
-    // 2 ranks, above 64 MiB: two-step (copy engines pull, a local reduce)
-    // 475 vs one-shot 485 us at 256 MiB, and beside 8192^3 matmuls it slows
-    // them 2.2% against one-shot's 7.4% (contention_h200x2_2026-11-26.json);
-    // at 64 MiB, with one piece a chunk, it lost (2026-11-24). 4 ranks: one-shot
-    // beat two-step with 8 MiB pieces at every size; not measured since.
+    // One-shot. Two-step (copy engines pull, a local reduce) took 475 vs 485 us
+    // at 256 MiB on 2 ranks and slowed 8192^3 matmuls beside it 2.2% against
+    // 7.4%, but was itself slowed more (1.93x vs 1.75x alone;
+    // contention_h200x2_2026-11-26.json), and with it above 64 MiB FSDP2 at
+    // 3.5B batch 2 showed more exposed communication (8.45 vs 6.66 ms) for the
+    // same step ratio to stock (0.964x vs 0.966x) and 0.1 GiB more peak
+    // (fsdp2_h200x2_2026-11-26_two-step-table.json). 4 ranks: one-shot beat
+    // two-step with 8 MiB pieces at every size.
     case CollectiveKind::kReduceScatter:
-      return world == 2 && bytes > kTwoStepAboveBytes ? Algorithm::kTwoStep : Algorithm::kOneShot;
+      return Algorithm::kOneShot;
     // 2 ranks, in a CUDA graph: low-latency 2.92 / 3.55 / 3.72 us at 1 / 8 / 32 KiB
     // against two-shot's 4.89 / 5.19 / 5.66 and NCCL's 5.88 / 6.63 / 6.97, same
     // process and buffers (collectives_h200x2_2026-11-24_two-step-pieces-and-low-latency.json,
@@ -81,7 +84,11 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
     // 321 vs 281 GB/s at 1 GiB; 4 ranks: two-shot won at every size.
     case CollectiveKind::kAllReduce:
       // Above 64 MiB at 2 ranks, two-step: 755 vs two-shot 840 us at 256 MiB, and
-      // 2.4% matmul slowdown against 12.3% (contention_h200x2_2026-11-26.json).
+      // 2.4% slowdown of matmuls beside it against 12.3%
+      // (contention_h200x2_2026-11-26.json); 2961 vs 3307 us at 1 GiB
+      // (collectives_h200x2_2026-11-24_two-step-pieces-and-low-latency.json);
+      // about even at 64 MiB (221 us in two pieces, two_step.cpp; two-shot 225
+      // in peers_h200x2_2026-11-23_own-slice-copy.json).
       if (world == 2 && bytes <= kLowLatencyTableBytes) return Algorithm::kLowLatency;
       if (world == 2 && bytes > kTwoStepAboveBytes) return Algorithm::kTwoStep;
       return Algorithm::kTwoShot;  // (all_reduce falls back to one-shot where two-shot cannot run)

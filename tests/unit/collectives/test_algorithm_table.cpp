@@ -14,9 +14,7 @@ TEST(AlgorithmTable, FollowsTheTwoGpuMeasurements) {
   EXPECT_EQ(choose_engine(CollectiveKind::kAllReduce, 256 * MiB + 2, 2), Engine::kNccl);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllGather, 16 * MiB, 2), Algorithm::kKernel);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllGather, 16 * MiB + 1, 2), Algorithm::kCopyEnginePush);
-  EXPECT_EQ(choose_algorithm(CollectiveKind::kReduceScatter, 64 * MiB, 2), Algorithm::kOneShot);
-  EXPECT_EQ(choose_algorithm(CollectiveKind::kReduceScatter, 64 * MiB + 2, 2), Algorithm::kTwoStep);
-  EXPECT_EQ(choose_algorithm(CollectiveKind::kReduceScatter, 1024 * MiB, 4), Algorithm::kOneShot);
+  EXPECT_EQ(choose_algorithm(CollectiveKind::kReduceScatter, 1024 * MiB, 2), Algorithm::kOneShot);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 1, 2), Algorithm::kLowLatency);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 32 << 10, 2), Algorithm::kLowLatency);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, (32 << 10) + 2, 2), Algorithm::kTwoShot);
