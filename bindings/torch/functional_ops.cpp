@@ -59,7 +59,7 @@ at::Tensor all_gather(const at::Tensor& input, std::int64_t group_size, c10::str
   at::Tensor out_real = as_real(out), in_real = as_real(input.contiguous());
   c10d::AllgatherOptions opts;
   opts.asyncOp = false;  // on the caller's stream, as a synchronous dist call
-  group->_allgather_base(out_real, in_real, opts)->wait();
+  wait_if_any(group->_allgather_base(out_real, in_real, opts));
   return out;
 }
 
@@ -75,7 +75,7 @@ at::Tensor reduce_scatter(const at::Tensor& input, c10::string_view op, std::int
   shape[0] /= group_size;
   at::Tensor out = input.new_empty(shape);
   at::Tensor out_real = as_real(out), in_real = as_real(input.contiguous());
-  group->_reduce_scatter_base(out_real, in_real, opts)->wait();
+  wait_if_any(group->_reduce_scatter_base(out_real, in_real, opts));
   return out;
 }
 
@@ -86,7 +86,7 @@ at::Tensor all_reduce(const at::Tensor& input, c10::string_view op, c10::string_
   auto group = c10d::resolve_process_group(std::string(group_name));
   at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
   std::vector<at::Tensor> tensors{as_real(out)};
-  group->allreduce(tensors, opts)->wait();
+  wait_if_any(group->allreduce(tensors, opts));
   return out;
 }
 

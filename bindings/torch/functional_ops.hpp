@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/string_view.h>
 #include <pybind11/pybind11.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cstdint>
 
@@ -23,5 +24,12 @@ at::Tensor reduce_scatter(const at::Tensor& input, c10::string_view op, std::int
 at::Tensor all_reduce(const at::Tensor& input, c10::string_view op, c10::string_view group_name);
 // `t` as torch.distributed sends it: a complex tensor as pairs of reals.
 at::Tensor as_real(const at::Tensor& t);
+
+// Waits for a synchronous (asyncOp = false) c10d call. ProcessGroupNCCL
+// returns no Work for those (torch >= 2.8: the collective is already on the
+// caller's stream); gloo and symmpool return one to wait on.
+inline void wait_if_any(const c10::intrusive_ptr<c10d::Work>& work) {
+  if (work) work->wait();
+}
 
 }  // namespace symmpool::torch_ext

@@ -297,7 +297,7 @@ at::Tensor pipelined_produce_and_all_to_all(const at::Tensor& A, const at::Tenso
     std::vector<std::int64_t> even;  // equal chunks
     c10d::AllToAllOptions opts;
     opts.asyncOp = false;  // on the caller's stream, as a synchronous dist call
-    group->alltoall_base(out_real, product, even, even, opts)->wait();
+    wait_if_any(group->alltoall_base(out_real, product, even, even, opts));
     return out;
   }
   return produce_and_all_to_all(f.backend, A, B, 0, *f.workspace, "none").view({A.size(0), n});

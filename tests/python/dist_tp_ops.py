@@ -345,21 +345,50 @@ def fused_ops_back_to_back_with_a_late_rank(rank: int, world: int) -> None:
 
 def fused_ops_fall_back_where_symmpool_cannot_serve(rank: int, world: int) -> None:
     """On an NCCL group the fused ops run unfused, counted with the reason;
-    the results are right."""
+    the results are right. Their fallbacks and the functional ops run
+    synchronous NCCL calls, for which ProcessGroupNCCL returns no Work (torch
+    >= 2.8): waiting on it crashed every rank (SIGSEGV) before wait_if_any."""
     import symmpool
 
     init_group(rank, world, "nccl")
-    name = dist.group.WORLD.group_name
+    group = dist.group.WORLD
+    name = group.group_name
     device = torch.device("cuda", rank)
     symmpool.reset_peer_memory_counts()
-    A_shard = torch.randn(16, 32, device=device)
-    B = torch.randn(32, 8, device=device)
+    gen = torch.Generator().manual_seed(rank)
+    A_shard = torch.randn(16, 32, generator=gen).to(device)
+    B = torch.randn(32, 8, generator=gen).to(device)
     A, (out,) = torch.ops.symmpool.fused_all_gather_matmul(A_shard, [B], 0, world, name)
-    A_ref, (out_ref,) = _references(A_shard, [B], 0, dist.group.WORLD)
+    A_ref, (out_ref,) = _references(A_shard, [B], 0, group)
     assert torch.equal(A, A_ref)
     _close(out, out_ref, "fallback all_gather_matmul")
+    M = 4 * world
+    A2 = torch.randn(M, 32, generator=gen).to(device)
+    y = torch.ops.symmpool.fused_matmul_reduce_scatter(A2, B, "sum", 0, world, name)
+    _close(y, _reduce_scatter_reference(A2, B, "sum", 0, group), "fallback matmul_reduce_scatter")
+    z = torch.ops.symmpool.pipelined_produce_and_all_to_all(A2, B, world, name)
+    _close(z, _all_to_all_reference(A2, B, group), "fallback produce_and_all_to_all")
     counts = symmpool.peer_memory_counts()
-    assert counts.get("fused_all_gather_matmul.fallback: not a symm group") == 1, counts
+    for op in ("fused_all_gather_matmul", "fused_matmul_reduce_scatter", "pipelined_produce_and_all_to_all"):
+        assert counts.get(f"{op}.fallback: not a symm group") == 1, counts
+    # The functional ops on the same group: the same synchronous calls.
+    x = torch.randn(6, 5, generator=gen).to(device)
+    gathered = torch.ops.symmpool.all_gather(x, world, name)
+    gathered_ref = x.new_empty(world * 6, 5)
+    dist.all_gather_into_tensor(gathered_ref, x, group=group)
+    assert torch.equal(gathered, gathered_ref)
+    rows = torch.randn(2 * world, 5, generator=gen).to(device)
+    scattered_ref = rows.new_empty(2, 5)
+    dist.reduce_scatter_tensor(scattered_ref, rows, group=group)
+    torch.testing.assert_close(torch.ops.symmpool.reduce_scatter(rows, "sum", world, name), scattered_ref)
+    summed_ref = x.clone()
+    dist.all_reduce(summed_ref, group=group)
+    torch.testing.assert_close(torch.ops.symmpool.all_reduce(x, "sum", name), summed_ref)
+    # And on a "symm" group whose router sends plain tensors to NCCL.
+    symm = dist.new_group(backend="cpu:gloo,cuda:symm")
+    assert torch.equal(torch.ops.symmpool.all_gather(x, world, symm.group_name), gathered_ref)
+    torch.testing.assert_close(torch.ops.symmpool.reduce_scatter(rows, "sum", world, symm.group_name), scattered_ref)
+    torch.testing.assert_close(torch.ops.symmpool.all_reduce(x, "sum", symm.group_name), summed_ref)
     dist.destroy_process_group()
 
 
