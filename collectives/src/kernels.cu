@@ -38,22 +38,6 @@ __device__ __forceinline__ std::uint64_t* start_words(std::uint32_t* pads) {
   return reinterpret_cast<std::uint64_t*>(reinterpret_cast<char*>(pads) + kStartWordsOffset);
 }
 
-// This rank gave up on rank t at a meeting, and its kernels will drain,
-// signalling as they go: a rank t that comes later must not take those
-// signals for its call's. Written over our digests in rank t's call row and
-// start words (their low halves: the values stay), before any later signal
-// of ours, kFailedRankDigest fails rank t's next check, naming us. Our
-// later first meetings write it again (the failed word), never a digest.
-__device__ __forceinline__ void tell_peer_we_gave_up(const PeerSignals& s, int t) {
-  std::uint32_t* theirs = pick(s.peers.peer, t);
-  SystemWord(call_slot(theirs, s.rank)).store(kFailedRankDigest, cuda::std::memory_order_relaxed);
-  for (int b = 0; b < kMaxSyncBlocks; ++b) {  // a start word's digest is its first 32-bit word
-    auto* digest = reinterpret_cast<std::uint32_t*>(start_words(theirs) + b * kMaxRanks + s.rank);
-    SystemWord(*digest).store(kFailedRankDigest, cuda::std::memory_order_relaxed);
-  }
-  __threadfence_system();
-}
-
 // Rank t's digest of its current call, as it wrote it into our call row.
 __device__ __forceinline__ std::uint32_t digest_of_peer(const PeerSignals& s, int t) {
   return SystemWord(call_slot(s.my_pads, t)).load(cuda::std::memory_order_relaxed);
@@ -66,12 +50,21 @@ __device__ __forceinline__ void mark_us_failed_for(const PeerSignals& s, int t) 
       .store(kFailedRankDigest, cuda::std::memory_order_relaxed);
 }
 
-// The same for every peer, made visible at once: before a wait that gave
-// up holds the stream, so that peers learn it even where the process then
-// aborts (and this kernel never reaches its own writes). Not where digests
-// differ: each peer sees that itself, and would read our mark instead,
-// naming the wrong cause.
-__device__ __forceinline__ void mark_us_failed_for_all(const PeerSignals& s, int world) {
+// A wait for rank t gave up, and this rank's kernels will drain, signalling
+// as they go: a rank t that comes later must not take those signals for its
+// call's. kFailedRankDigest over our digests in rank t's start words (their
+// low halves: the values stay) and our failed-rank mark in every peer's call
+// row (rank t's included) fail their next check or wait, naming us; our later
+// first meetings write the mark again (the failed word), never a digest. All
+// made visible at once, before the wait holds the stream, so that peers learn
+// it even where the process then aborts. Not where digests differ: each peer
+// sees that itself, and would read our mark instead, naming the wrong cause.
+__device__ __forceinline__ void give_up_on(const PeerSignals& s, int t, int world) {
+  std::uint32_t* theirs = pick(s.peers.peer, t);
+  for (int b = 0; b < kMaxSyncBlocks; ++b) {  // a start word's digest is its first 32-bit word
+    auto* digest = reinterpret_cast<std::uint32_t*>(start_words(theirs) + b * kMaxRanks + s.rank);
+    SystemWord(*digest).store(kFailedRankDigest, cuda::std::memory_order_relaxed);
+  }
   for (int p = 0; p < world; ++p)
     if (p != s.rank) mark_us_failed_for(s, p);
   __threadfence_system();
@@ -119,13 +112,15 @@ __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world,
         return peer_failed = digest_of_peer(s, t) == kFailedRankDigest;
       },
       t, s.failure,
-      [&] {
-        tell_peer_we_gave_up(s, t);
-        mark_us_failed_for_all(s, world);
-      });
+      [&] { give_up_on(s, t, world); });
   if (!arrived) return false;  // a wait that gave up has set the flags already
-  const std::uint32_t theirs = peer_failed ? kFailedRankDigest : call == 0 ? 0 : digest_of_peer(s, t);
-  if (!peer_failed && (call == 0 || theirs == call)) return true;
+  if (peer_failed) {
+    report_differing(t, kFailedRankDigest, s.failure);
+    return false;
+  }
+  if (call == 0) return true;
+  const std::uint32_t theirs = digest_of_peer(s, t);
+  if (theirs == call) return true;
   report_differing(t, theirs, s.failure);
   return false;
 }
@@ -157,10 +152,7 @@ __device__ __forceinline__ bool start_meeting(const PeerSignals& s, int world, s
         return static_cast<int>(static_cast<std::uint32_t>(seen >> 32) - value) >= 0;
       },
       t, s.failure,
-      [&] {
-        tell_peer_we_gave_up(s, t);
-        mark_us_failed_for_all(s, world);
-      });
+      [&] { give_up_on(s, t, world); });
   if (!arrived) return false;
   const auto digest = static_cast<std::uint32_t>(seen);
   if (digest != kFailedRankDigest && (call == 0 || digest == call)) return true;

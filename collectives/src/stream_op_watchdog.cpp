@@ -147,15 +147,18 @@ void StreamOpWatchdog::release(Channel& channel, std::uint32_t below, bool blame
   const auto bytes = static_cast<std::size_t>(channel.count) * sizeof(std::uint32_t);
   SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(seen_, channel.slots, bytes, cudaMemcpyDeviceToHost, side));
   SYMMPOOL_CUDA_TRY(cudaStreamSynchronize(side));
+  bool kernels_told = false;
   for (int i = 0; i < channel.count; ++i) {
     if (static_cast<std::int32_t>(seen_[i] - below) >= 0) continue;
     // On record (or the process aborted) before the stream goes on, and
-    // the kernels told (stream order on `side`) before the waits pass:
-    // whatever failed, the kernels after these waits leave peers alone.
+    // the kernels told (stream order on `side`, once a release) before the
+    // waits pass: whatever failed, the kernels after these waits leave peers alone.
     if (blame) on_timeout_(channel.first_rank + i);
-    SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(reinterpret_cast<CUstream>(side),
-                                               reinterpret_cast<CUdeviceptr>(failed_word_), 1,
-                                               CU_STREAM_WRITE_VALUE_DEFAULT));
+    if (!kernels_told)
+      SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(reinterpret_cast<CUstream>(side),
+                                                 reinterpret_cast<CUdeviceptr>(failed_word_), 1,
+                                                 CU_STREAM_WRITE_VALUE_DEFAULT));
+    kernels_told = true;
     SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(reinterpret_cast<CUstream>(side),
                                                reinterpret_cast<CUdeviceptr>(channel.slots + i), issued,
                                                CU_STREAM_WRITE_VALUE_DEFAULT));

@@ -89,6 +89,10 @@ struct RankSetup {
 struct TwoShotCase {
   const char* name;
   std::size_t bytes;
+  // The case's call: an in-place two-shot sum of its bytes of floats.
+  void all_reduce(Communicator& comm, void* buffer, cudaStream_t s) const {
+    comm.all_reduce(buffer, buffer, bytes / 4, DataType::kFloat32, ReduceOp::kSum, s, Algorithm::kTwoShot);
+  }
 };
 constexpr std::size_t kTwoShotLarge = std::size_t{4} << 20;
 constexpr TwoShotCase kTwoShotCases[] = {{"two-shot all-reduce, one fused kernel", 16384},
@@ -436,10 +440,7 @@ TEST(Collectives, APeerLaterThanTheTimeoutFailsInsteadOfPassing) {
     for (int g = 0; g < 2; ++g) {
       const TwoShotCase& c = kTwoShotCases[g];
       Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
-      auto all_reduce = [&] {
-        comm.all_reduce(buffer, buffer, c.bytes / 4, DataType::kFloat32, ReduceOp::kSum, s,
-                        Algorithm::kTwoShot);
-      };
+      auto all_reduce = [&] { c.all_reduce(comm, buffer, s); };
       all_reduce();  // alike and in time: the buffer's verdict is cached
       RANK_CUDA(cudaStreamSynchronize(s));
       comm.check_errors();
@@ -477,10 +478,7 @@ TEST(Collectives, AFailedRankLeavesItsPeersBuffersAlone) {
     for (int g = 0; g < 2; ++g) {
       const TwoShotCase& c = kTwoShotCases[g];
       Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
-      auto all_reduce = [&] {
-        comm.all_reduce(buffer, buffer, c.bytes / 4, DataType::kFloat32, ReduceOp::kSum, s,
-                        Algorithm::kTwoShot);
-      };
+      auto all_reduce = [&] { c.all_reduce(comm, buffer, s); };
       RANK_CUDA(cudaMemsetAsync(buffer, 0, kLarge, s));
       all_reduce();  // alike and in time: both ranks are past it
       RANK_CUDA(cudaStreamSynchronize(s));
@@ -540,10 +538,7 @@ TEST(Collectives, ARankBetweenFailedPeersFailsAtTheMeetingTheySkip) {
     for (int g = 0; g < 2; ++g) {
       const TwoShotCase& c = kTwoShotCases[g];
       Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
-      auto all_reduce = [&] {
-        comm.all_reduce(buffer, buffer, c.bytes / 4, DataType::kFloat32, ReduceOp::kSum, s,
-                        Algorithm::kTwoShot);
-      };
+      auto all_reduce = [&] { c.all_reduce(comm, buffer, s); };
       all_meet("before" + std::to_string(g));
       RANK_CUDA(cudaMemsetAsync(buffer, 0, kLarge, s));
       all_reduce();  // alike and in time: the buffer's verdict is cached
