@@ -111,8 +111,7 @@ __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world,
         if (++spins % kMarkLookSpins != 0) return false;
         return peer_failed = digest_of_peer(s, t) == kFailedRankDigest;
       },
-      t, s.failure,
-      [&] { give_up_on(s, t, world); });
+      t, s.failure, [&] { give_up_on(s, t, world); });
   if (!arrived) return false;  // a wait that gave up has set the flags already
   if (peer_failed) {
     report_differing(t, kFailedRankDigest, s.failure);
@@ -151,8 +150,7 @@ __device__ __forceinline__ bool start_meeting(const PeerSignals& s, int world, s
         seen = word.load(cuda::std::memory_order_acquire);
         return static_cast<int>(static_cast<std::uint32_t>(seen >> 32) - value) >= 0;
       },
-      t, s.failure,
-      [&] { give_up_on(s, t, world); });
+      t, s.failure, [&] { give_up_on(s, t, world); });
   if (!arrived) return false;
   const auto digest = static_cast<std::uint32_t>(seen);
   if (digest != kFailedRankDigest && (call == 0 || digest == call)) return true;
