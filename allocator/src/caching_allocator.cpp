@@ -347,12 +347,24 @@ void CachingAllocator::synchronize_pending_events() {
 
 std::size_t CachingAllocator::release_cached_segments() {
   ContextGuard guard(drv_, arena_->context());
+  // A segment a symmetric heap published stays: its peers map it, and
+  // freeing it alone would let a new segment take its offset under them.
+  auto releasable = [&](const Block* head) {
+    return head->next == nullptr && head->is_free() && !arena_->observers_keep(*head->segment);
+  };
+  if (std::none_of(segment_heads_.begin(), segment_heads_.end(),
+                   [&](const auto& entry) { return releasable(entry.second); }))
+    return 0;
+  // Blocks are free in stream order: work queued before their free may still
+  // use them, and cuMemUnmap is not known to wait for it as cudaFree does
+  // (PyTorch's expandable segments sync before they unmap for that reason).
+  // So the device finishes first; where it cannot (a capture under way, a
+  // sticky error), the error names the call and nothing is unmapped.
+  SYMMPOOL_CU_TRY(drv_, cuCtxSynchronize());
   std::size_t released = 0;
   for (auto it = segment_heads_.begin(); it != segment_heads_.end();) {
     Block* head = it->second;
-    // A segment a symmetric heap published stays: its peers map it, and
-    // freeing it alone would let a new segment take its offset under them.
-    if (head->next != nullptr || !head->is_free() || arena_->observers_keep(*head->segment)) {
+    if (!releasable(head)) {
       ++it;
       continue;
     }

@@ -391,6 +391,14 @@ CUresult fake_cuEventSynchronize(CUevent e) {
   return CUDA_SUCCESS;
 }
 
+// The "GPU" finishes all its work: every event completes.
+CUresult fake_cuCtxSynchronize() {
+  FAKE_ENTER("cuCtxSynchronize");
+  if (!valid_device(s, device_of(current_context))) return CUDA_ERROR_INVALID_CONTEXT;
+  for (auto& [handle, pending] : s.events) pending = false;
+  return CUDA_SUCCESS;
+}
+
 CUresult fake_cuEventDestroy(CUevent e) {
   FAKE_ENTER("cuEventDestroy");
   return s.events.erase(reinterpret_cast<std::uintptr_t>(e)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;

@@ -23,6 +23,7 @@ namespace symmpool {
   X(cuDevicePrimaryCtxRelease)       \
   X(cuCtxGetCurrent)                 \
   X(cuCtxSetCurrent)                 \
+  X(cuCtxSynchronize)                \
   X(cuMemGetInfo)                    \
   X(cuMemGetAllocationGranularity)   \
   X(cuMemCreate)                     \

@@ -109,6 +109,41 @@ TEST_F(CachingAllocatorTest, EmptyCacheReleasesOnlyUnusedSegments) {
   EXPECT_EQ(a->stats().reserved_bytes.peak, 0);
 }
 
+// Blocks are free in stream order, so work queued before a free may still
+// use the block; cuMemUnmap is not known to wait for it. Before this test, the
+// cache was unmapped with the device still running it.
+TEST_F(CachingAllocatorTest, EmptyCacheWaitsForTheDeviceBeforeUnmapping) {
+  auto a = make_allocator();
+  void* busy = a->allocate(12 * MiB, stream(1));
+  a->deallocate(busy, stream(1));  // a kernel queued on stream 1 may still use it
+  fake().clear_calls();
+  EXPECT_EQ(a->empty_cache(), 12 * MiB);
+  const std::vector<std::string> calls = fake().calls();
+  const auto sync = std::find(calls.begin(), calls.end(), "cuCtxSynchronize");
+  const auto unmap = std::find(calls.begin(), calls.end(), "cuMemUnmap");
+  ASSERT_NE(sync, calls.end());
+  ASSERT_NE(unmap, calls.end());
+  EXPECT_LT(sync - calls.begin(), unmap - calls.begin());
+  // Nothing to release: no sync.
+  void* held = a->allocate(12 * MiB, stream(1));
+  fake().clear_calls();
+  EXPECT_EQ(a->empty_cache(), 0u);
+  EXPECT_EQ(fake().count("cuCtxSynchronize"), 0u);
+  a->deallocate(held, stream(1));
+}
+
+TEST_F(CachingAllocatorTest, ASyncThatFailsUnmapsNothing) {
+  auto a = make_allocator();
+  void* p = a->allocate(12 * MiB, stream(1));
+  a->deallocate(p, stream(1));
+  fake().fail("cuCtxSynchronize", CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT_THROW(a->empty_cache(), cuda_error);
+  EXPECT_EQ(fake().count("cuMemUnmap"), 0u);
+  EXPECT_EQ(a->stats().segments.current, 1);
+  EXPECT_EQ(fake().used_memory(0), 12 * MiB);
+  EXPECT_EQ(a->empty_cache(), 12 * MiB);  // once the device can be waited for
+}
+
 TEST_F(CachingAllocatorTest, OutOfMemoryEmptiesTheCacheAndRetries) {
   auto a = make_allocator();
   // Fill the 1 GiB device with cached, unused segments.
