@@ -384,11 +384,16 @@ def fused_ops_fall_back_where_symmpool_cannot_serve(rank: int, world: int) -> No
     summed_ref = x.clone()
     dist.all_reduce(summed_ref, group=group)
     torch.testing.assert_close(torch.ops.symmpool.all_reduce(x, "sum", name), summed_ref)
-    # And on a "symm" group whose router sends plain tensors to NCCL.
+    # And on a "symm" group whose router sends plain tensors to NCCL (an
+    # all-reduce over 32 KiB: smaller ones run symmpool's low-latency kernel,
+    # which takes any memory).
     symm = dist.new_group(backend="cpu:gloo,cuda:symm")
     assert torch.equal(torch.ops.symmpool.all_gather(x, world, symm.group_name), gathered_ref)
     torch.testing.assert_close(torch.ops.symmpool.reduce_scatter(rows, "sum", world, symm.group_name), scattered_ref)
-    torch.testing.assert_close(torch.ops.symmpool.all_reduce(x, "sum", symm.group_name), summed_ref)
+    big = torch.randn(129, 64, generator=gen).to(device)  # 33,024 bytes
+    big_ref = big.clone()
+    dist.all_reduce(big_ref, group=group)
+    torch.testing.assert_close(torch.ops.symmpool.all_reduce(big, "sum", symm.group_name), big_ref)
     dist.destroy_process_group()
 
 

@@ -25,8 +25,6 @@ inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 // Where the table picks the low-latency all-reduce: up to its limit
 // (Communicator::kLowLatencyMaxBytes; a slot too small for it falls back to two-shot).
 inline constexpr std::size_t kLowLatencyTableBytes = 32 * 1024;
-// Where the table picks the two-step all-reduce (2 ranks): above this size.
-inline constexpr std::size_t kTwoStepAboveBytes = 64 * kMiB;
 inline constexpr std::size_t kAnySize = std::numeric_limits<std::size_t>::max();
 
 // The largest size of each op that symmpool runs at one world size.
@@ -83,14 +81,13 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
     // In place, 2 ranks: two-shot 5.7 vs one-shot 6.7 us at 8 KiB (uncapped grid),
     // 321 vs 281 GB/s at 1 GiB; 4 ranks: two-shot won at every size.
     case CollectiveKind::kAllReduce:
-      // Above 64 MiB at 2 ranks, two-step: 755 vs two-shot 840 us at 256 MiB, and
-      // 2.4% slowdown of matmuls beside it against 12.3%
-      // (contention_h200x2_2026-11-26.json); 2961 vs 3307 us at 1 GiB
-      // (collectives_h200x2_2026-11-24_two-step-pieces-and-low-latency.json);
-      // about even at 64 MiB (221 us in two pieces, two_step.cpp; two-shot 225
-      // in peers_h200x2_2026-11-23_own-slice-copy.json).
+      // Not two-step, though at 2 ranks it took 755 vs two-shot's 840 us at
+      // 256 MiB and slowed matmuls beside it 2.3% against 12.3%
+      // (contention_h200x2_2026-11-26.json): its copies still run after a
+      // failed barrier, writing into peers' outputs, where two-shot leaves
+      // them alone, and its staging (up to 96 MiB) is taken at the first
+      // call, where running out of memory fails the group.
       if (world == 2 && bytes <= kLowLatencyTableBytes) return Algorithm::kLowLatency;
-      if (world == 2 && bytes > kTwoStepAboveBytes) return Algorithm::kTwoStep;
       return Algorithm::kTwoShot;  // (all_reduce falls back to one-shot where two-shot cannot run)
   }
   return Algorithm::kOneShot;

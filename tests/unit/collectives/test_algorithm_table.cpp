@@ -18,9 +18,7 @@ TEST(AlgorithmTable, FollowsTheTwoGpuMeasurements) {
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 1, 2), Algorithm::kLowLatency);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 32 << 10, 2), Algorithm::kLowLatency);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, (32 << 10) + 2, 2), Algorithm::kTwoShot);
-  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 64 * MiB, 2), Algorithm::kTwoShot);
-  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 64 * MiB + 2, 2), Algorithm::kTwoStep);
-  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 256 * MiB, 4), Algorithm::kTwoShot);
+  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 256 * MiB, 2), Algorithm::kTwoShot);
 }
 
 TEST(AlgorithmTable, FollowsTheFourGpuMeasurements) {
