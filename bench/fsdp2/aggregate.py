@@ -16,6 +16,10 @@ import numpy
 from configs import MODES, model_fields, parse_config
 
 GIB = 2**30
+# A mode whose host time (until the step's calls return) is at least this
+# share of its step is host-bound: its step time measures the host, not the
+# collectives, and these hosts' speeds differ by up to 1.5x.
+HOST_BOUND_FRACTION = 0.9
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -92,6 +96,8 @@ def aggregate_mode(mode: str, records: list[dict], reference: dict | None) -> di
         "step_ms_p90": percentile(steps, 90) if steps else None,
         "step_ms_rep_medians": [statistics.median(rep["step_ms"]) for rep in reps],
         "host_ms_median": statistics.median(host) if host else None,
+        "host_fraction": (statistics.median(host) / statistics.median(steps)
+                          if host and steps and statistics.median(steps) > 0 else None),
         "exposed_comm_ms_median": _median_or_none(rep["exposed_comm_ms"] for rep in reps),
         "comm_ms_median": _median_or_none(rep["comm_ms"] for rep in reps),
         "compute_ms_median": _median_or_none(rep["compute_ms"] for rep in reps),
@@ -158,6 +164,20 @@ def failure_lines(configs: list[dict]) -> list[str]:
 def profile_error_lines(configs: list[dict]) -> list[str]:
     return [f"{c['name']} {run['mode']}: profiling failed (no exposed communication): {e}"
             for c in configs for run in c["runs"] for e in run.get("profile_errors", [])]
+
+
+def host_bound_lines(configs: list[dict]) -> list[str]:
+    """One line per config where some mode was host-bound: there a step-time
+    ratio between modes says how fast the host was, not the collectives."""
+    lines = []
+    for c in configs:
+        bound = [run for run in c["runs"]
+                 if run.get("host_fraction") is not None and run["host_fraction"] >= HOST_BOUND_FRACTION]
+        if bound:
+            shares = ", ".join(f"{run['mode']} {run['host_fraction']:.0%}" for run in bound)
+            lines.append(f"{c['name']}: host-bound (host time / step: {shares}; threshold "
+                         f"{HOST_BOUND_FRACTION:.0%}): its step-time ratios measure the host, not the collectives")
+    return lines
 
 
 def _fmt(value, spec: str, suffix: str = "") -> str:

@@ -244,6 +244,8 @@ def report(doc: dict, path: str, loss_rtol: float | None, plot: bool) -> int:
         print("FAILED:", line)
     for line in aggregate.profile_error_lines(doc["configs"]):
         print("WARNING:", line)
+    for line in aggregate.host_bound_lines(doc["configs"]):
+        print("HOST-BOUND:", line)
     for n in doc.get("not_run", []):
         print(f"NOT RUN: {n['config']} {n['mode']} rep {n['rep']}: {n['reason']}")
     problems = aggregate.loss_problems(doc["configs"], loss_rtol) if loss_rtol is not None else []

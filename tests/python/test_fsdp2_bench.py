@@ -160,6 +160,16 @@ def test_aggregation_has_the_issue_shape_and_numbers():
     assert "rep 1: failed" in aggregate.failure_lines([config])[0]
     text = aggregate.table(config)
     assert "symm-noflag" in text and "113.5 [" in text
+    assert stock["host_fraction"] == pytest.approx(56.25 / 113.5)
+    assert aggregate.host_bound_lines([config]) == []
+
+
+def test_a_mode_whose_host_time_fills_the_step_is_reported_host_bound():
+    [config] = aggregate.aggregate(RECORDS)
+    stock = config["runs"][0]
+    stock["host_fraction"] = 0.93
+    [line] = aggregate.host_bound_lines([config])
+    assert line.startswith("3.5b-b2s2048: host-bound") and "stock 93%" in line and "symm " not in line
 
 
 def test_a_mode_whose_every_run_failed_is_listed_not_dropped():
