@@ -56,6 +56,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--profile-steps", type=int, default=3, help="profiled steps after the measured ones; 0: none")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--memory-trace", type=int, default=0, metavar="STEPS",
+                   help="record memory around each FSDP2 all-gather and reduce-scatter of the first STEPS "
+                        "steps (in each run's record; docs/fsdp2_flag_memory.md)")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels in every run (for loss comparisons; may cost speed)")
     p.add_argument("--nproc", type=int, help="processes per run (default: every visible GPU; 2 with --device cpu)")
@@ -86,8 +89,8 @@ def parse_args(argv=None):
         args.modes = parse_modes(args.modes)
     except ValueError as e:
         p.error(str(e))
-    if args.reps < 1 or args.steps < 1 or args.warmup < 0 or args.profile_steps < 0:
-        p.error("--reps and --steps must be >= 1, --warmup and --profile-steps >= 0")
+    if args.reps < 1 or args.steps < 1 or args.warmup < 0 or args.profile_steps < 0 or args.memory_trace < 0:
+        p.error("--reps and --steps must be >= 1, --warmup, --profile-steps and --memory-trace >= 0")
     if args.device == "cpu" and args.modes != ["stock"]:
         p.error("--device cpu runs the stock mode only (--modes stock)")
     return args
@@ -163,7 +166,8 @@ def launch(rep: int, config, mode: str, args, log_dir: str, timeout: float) -> d
            os.path.join(HERE, "worker.py"), "--preset", config.preset, "--batch", str(config.batch),
            "--seq", str(config.seq), "--mode", mode, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--profile-steps", str(args.profile_steps), "--seed", str(args.seed), "--device", args.device,
-           "--out", out] + (["--deterministic"] if args.deterministic else [])
+           "--out", out] + (["--deterministic"] if args.deterministic else []) + (
+               ["--memory-trace", str(args.memory_trace)] if args.memory_trace else [])
     record = {"config": config.name, "mode": mode, "rep": rep, "returncode": None, "reason": None,
               "log": log, "log_tail": None, "result": None}
     start = time.monotonic()

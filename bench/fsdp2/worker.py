@@ -53,14 +53,16 @@ def parse_args(argv=None):
                    help="deterministic kernels (run.py also sets CUBLAS_WORKSPACE_CONFIG): for loss comparisons")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu: gloo, stock mode only (tests without a GPU)")
+    p.add_argument("--memory-trace", type=int, default=0, metavar="STEPS",
+                   help="memory before and after each FSDP2 all-gather and reduce-scatter of the first STEPS steps")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes")
     args = p.parse_args(argv)
     try:
         parse_config(config_name(args.preset, args.batch, args.seq))  # same checks as run.py
     except ValueError as e:
         p.error(str(e))
-    if args.steps < 1 or args.warmup < 0 or args.profile_steps < 0:
-        p.error("--steps must be >= 1, --warmup and --profile-steps >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.profile_steps < 0 or args.memory_trace < 0:
+        p.error("--steps must be >= 1, --warmup, --profile-steps and --memory-trace >= 0")
     if args.device == "cpu" and args.mode != "stock":
         p.error(f"mode {args.mode} needs CUDA; --device cpu runs the stock mode only")
     return args
@@ -161,6 +163,10 @@ def run(args) -> dict:
         if symmpool is not None:
             symmpool.reset_peak_memory_stats(device)
     losses, step_ms, host_ms, device_used = [], [], [], []
+    trace = None
+    if args.memory_trace:
+        from memory_trace import MemoryTrace
+        trace = MemoryTrace(device, args.memory_trace, symmpool_stats)
     sample = used_bytes if device.type == "cuda" else (lambda d: None)
     phase("build_s")
 
@@ -176,6 +182,8 @@ def run(args) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
+        if trace is not None:
+            trace.step += 1
 
     for i in range(total_steps - args.profile_steps):
         measured = i >= args.warmup
@@ -225,6 +233,8 @@ def run(args) -> dict:
         "profile": profile,
         "phases_s": phases,
     }
+    if trace is not None:
+        mine["memory_trace"] = trace.close()
     gathered = [None] * world
     dist.all_gather_object(gathered, mine, group=results_group)
     dist.destroy_process_group()

@@ -289,7 +289,7 @@ def test_two_process_stock_run_of_the_tiny_model_on_cpu(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(BENCH / "run.py"), "--device", "cpu", "--nproc", "2", "--configs", "tiny-b2s32",
          "--modes", "stock", "--reps", "2", "--steps", "3", "--warmup", "1", "--out", str(out),
-         "--log-dir", str(tmp_path / "logs"), "--loss-rtol", "0", "--no-plot"],
+         "--log-dir", str(tmp_path / "logs"), "--loss-rtol", "0", "--no-plot", "--memory-trace", "1"],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
@@ -298,6 +298,14 @@ def test_two_process_stock_run_of_the_tiny_model_on_cpu(tmp_path):
     [stock] = config["runs"]
     assert REQUIRED_RUN_KEYS <= stock.keys() and stock["reps"] == 2 and stock["failures"] == []
     assert stock["max_rel_loss_diff_vs_stock"] == 0.0  # same seed and data: CPU runs are bit-equal
+    # --memory-trace 1: every all-gather and reduce-scatter of the first step, sampled around
+    trace = doc["records"][0]["result"]["ranks"][0]["memory_trace"]
+    assert trace["error"] is None and trace["steps"] == 1
+    calls = [e["call"] for e in trace["events"]]
+    assert {e["step"] for e in trace["events"]} == {0}
+    # tiny: 2 blocks and the root, each gathered in forward and backward (the root kept), reduced once
+    assert calls.count("foreach_reduce") == 3 and calls.count("foreach_all_gather") >= 3, calls
+    assert trace["events"][0]["before"].keys() >= {"device_used", "torch_reserved", "symmpool_reserved"}
     losses = doc["records"][0]["result"]["ranks"][0]["losses"]
     assert len(losses) == 1 + 3 + 3 and 5 < losses[0] < 9  # about ln(1024) = 6.9 at the start
     phases = doc["records"][0]["result"]["ranks"][0]["phases_s"]
