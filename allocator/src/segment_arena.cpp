@@ -209,13 +209,17 @@ void SegmentArena::unmap_segment(const Segment* segment) {
   std::unique_ptr<Segment> owned = std::move(it->second);
   segments_.erase(it);
   mapped_bytes_ -= owned->size;
-  if (is_internal(*owned))
-    free_internal_slots_ |= std::uint64_t{1} << ((owned->offset - user_va_size_) / granularity_);
-  else
-    va_ranges_->release(owned->offset, owned->size);
   // Unmap and release both, even if the first fails, then report.
   CUresult unmap_status = drv_.cuMemUnmap(owned->address, owned->size);
   CUresult release_status = drv_.cuMemRelease(owned->handle);
+  // A range still mapped stays out of circulation: a segment mapped there
+  // next would fail to map, and every allocation landing there with it.
+  if (unmap_status == CUDA_SUCCESS) {
+    if (is_internal(*owned))
+      free_internal_slots_ |= std::uint64_t{1} << ((owned->offset - user_va_size_) / granularity_);
+    else
+      va_ranges_->release(owned->offset, owned->size);
+  }
   if (unmap_status != CUDA_SUCCESS)
     detail::throw_cuda_error(__FILE__, __LINE__, "cuMemUnmap", unmap_status, drv_.error_string(unmap_status));
   if (release_status != CUDA_SUCCESS)

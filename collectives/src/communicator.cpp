@@ -103,7 +103,12 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
 }
 
 Communicator::~Communicator() {
-  cudaDeviceSynchronize();  // the watchdog, still running, frees streams stuck on a dead peer
+  // The watchdog, still running, frees streams stuck on a dead peer. Where the
+  // sync fails (a sticky error, a capture open on this thread), kernels may
+  // still use the pads unmapped below: say so rather than pass in silence.
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
+    std::fprintf(stderr, "symmpool: rank %d: device sync before releasing the communicator failed: %s\n",
+                 rank(), cudaGetErrorString(e));
   watchdog_.reset();
   monitor_.reset();
   if (scratch_) cudaFree(scratch_);

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <future>
 
 namespace symmpool::detail {
 
@@ -39,7 +40,17 @@ StreamOpWatchdog::StreamOpWatchdog(const DriverApi& drv, int device, std::uint32
   if (mapped != cudaSuccess) cudaFreeHost(words_);
   SYMMPOOL_CUDA_TRY(mapped);
   words_on_device_ = static_cast<std::uint32_t*>(device_view);
+  // Stream-op waits without this thread would have no timeout: a watchdog
+  // that cannot start fails the communicator that asks for it, here.
+  std::future<void> start = started_.get_future();
   thread_ = std::thread([this] { watch(); });
+  try {
+    start.get();
+  } catch (...) {
+    thread_.join();  // it returned after failing
+    cudaFreeHost(words_);
+    throw;
+  }
 }
 
 StreamOpWatchdog::~StreamOpWatchdog() {
@@ -70,11 +81,11 @@ void StreamOpWatchdog::watch() {
   try {
     SYMMPOOL_CUDA_TRY(cudaSetDevice(device_));
     SYMMPOOL_CUDA_TRY(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  } catch (const std::exception& e) {
-    // No caller to throw to: say why stream-op waits have no timeout.
-    std::fprintf(stderr, "symmpool: stream-op watchdog did not start: %s\n", e.what());
+  } catch (...) {
+    started_.set_exception(std::current_exception());  // the constructor throws it
     return;
   }
+  started_.set_value();
   for (int i = 0; i < channel_count_; ++i) channels_[static_cast<std::size_t>(i)].clock.since = Clock::now();
   bool reported = false;
   std::unique_lock<std::mutex> lock(mutex_);

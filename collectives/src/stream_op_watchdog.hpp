@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -115,6 +116,7 @@ class StreamOpWatchdog {
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
+  std::promise<void> started_;  // set once by the thread: running, or why it is not
   std::thread thread_;
 };
 

@@ -417,6 +417,10 @@ std::string SymmetricHeap::list_for_sync(std::uint64_t* generation) {
 void SymmetricHeap::apply_listings(const std::vector<std::string>& listings, const std::vector<bool>& listed,
                                    std::uint64_t generation) {
   ContextGuard guard(drv_, allocator_.context());
+  // Our kernels and copies queued before this sync may still read or write a
+  // peer's segment that its owner released (every host is past the exchange,
+  // not every stream): the device finishes before the first mapping goes.
+  bool device_idle = false;
   for (int r = 0; r < world_; ++r) {
     if (r == rank_ || !listed[static_cast<std::size_t>(r)]) continue;
     const std::map<std::uint64_t, Piece> pieces = parse_segments(r, listings[static_cast<std::size_t>(r)]);
@@ -428,6 +432,8 @@ void SymmetricHeap::apply_listings(const std::vector<std::string>& listings, con
           now->second.size == it->second.size) {
         ++it;
       } else {
+        if (!device_idle) SYMMPOOL_CU_TRY(drv_, cuCtxSynchronize());
+        device_idle = true;
         unmap_peer(r, it->second);
         it = mapped.erase(it);
       }

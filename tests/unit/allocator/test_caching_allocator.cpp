@@ -144,6 +144,23 @@ TEST_F(CachingAllocatorTest, ASyncThatFailsUnmapsNothing) {
   EXPECT_EQ(a->empty_cache(), 12 * MiB);  // once the device can be waited for
 }
 
+// An unmap that fails leaves the range mapped: before this test it went
+// back into circulation, and the next segment there failed to map.
+TEST_F(CachingAllocatorTest, ARangeThatFailedToUnmapIsNotHandedOutAgain) {
+  auto a = make_allocator();
+  void* p = a->allocate(12 * MiB, stream(1));
+  a->deallocate(p, stream(1));
+  fake().fail("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
+  EXPECT_THROW(a->empty_cache(), cuda_error);
+  void* q = a->allocate(12 * MiB, stream(1));  // a new segment, at another range
+  ASSERT_NE(q, nullptr);
+  EXPECT_NE(q, p);
+  std::memset(q, 3, 12 * MiB);
+  a->deallocate(q, stream(1));
+  // The fake left p mapped, as a failed unmap would: undo it so nothing leaks.
+  EXPECT_EQ(fake().api().cuMemUnmap(reinterpret_cast<CUdeviceptr>(p), 12 * MiB), CUDA_SUCCESS);
+}
+
 TEST_F(CachingAllocatorTest, OutOfMemoryEmptiesTheCacheAndRetries) {
   auto a = make_allocator();
   // Fill the 1 GiB device with cached, unused segments.

@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace symmpool::test {
 
@@ -104,6 +106,35 @@ TEST(SymmetricHeapFake, RanksReadEachOthersBuffersAndReleasesPropagate) {
     });
     EXPECT_EQ(result, "") << "world " << world;
   }
+}
+
+// A rank that releases nothing of its own still unmaps what a peer released:
+// its kernels queued before may still use that mapping, so the device must
+// finish first (before this test, only a rank with segments of its own to
+// release synchronized).
+TEST(SymmetricHeapFake, UnmappingAReleasedPeerSegmentWaitsForTheDevice) {
+  TempStoreDir dir;
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir.path());
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "peer-unmap", rank, w,
+                       HeapOptions{std::chrono::seconds(20)});
+    void* kept = alloc->allocate(4096, stream(1));
+    void* extra = alloc->allocate(30 * MiB, stream(1));  // published on both ranks
+    heap.sync();
+    if (rank == 1) alloc->deallocate(extra, stream(1));  // only rank 1 has something to release
+    FakeDriver::instance().clear_calls();
+    heap.release_cached();
+    const std::vector<std::string> calls = FakeDriver::instance().calls();
+    const auto sync = std::find(calls.begin(), calls.end(), "cuCtxSynchronize");
+    const auto unmap = std::find(calls.begin(), calls.end(), "cuMemUnmap");
+    RANK_CHECK(unmap != calls.end(), "rank %d unmapped nothing", rank);
+    RANK_CHECK(sync != calls.end() && sync < unmap, "rank %d unmapped before the device finished", rank);
+    if (rank == 0) alloc->deallocate(extra, stream(1));
+    alloc->deallocate(kept, stream(1));
+    return 0;
+  });
+  EXPECT_EQ(result, "");
 }
 
 // One rank maps a segment the others do not (it allocated more): the next
