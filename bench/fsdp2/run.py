@@ -147,6 +147,10 @@ def child_env(mode: str, deterministic: bool = False) -> dict:
 
 
 def symmpool_commit() -> str | None:
+    """$SYMMPOOL_COMMIT where set (a copy whose .git is older than its files,
+    as on the lent GPU machines), else HEAD, "-dirty" when tracked files differ."""
+    if os.environ.get("SYMMPOOL_COMMIT"):
+        return os.environ["SYMMPOOL_COMMIT"]
     try:
         head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], check=True, capture_output=True,
                               text=True).stdout.strip()

@@ -163,7 +163,11 @@ def document(context: dict, results: list[dict]) -> dict:
 
 
 def git_commit() -> str | None:
-    """HEAD of this checkout, "-dirty" when tracked files differ from it."""
+    """$SYMMPOOL_COMMIT where set (a copy whose .git is older than its files,
+    as on the lent GPU machines), else HEAD of this checkout, "-dirty" when
+    tracked files differ from it."""
+    if os.environ.get("SYMMPOOL_COMMIT"):
+        return os.environ["SYMMPOOL_COMMIT"]
     def git(*cmd):
         return subprocess.run(["git", "-C", ROOT, *cmd], capture_output=True, text=True, check=True).stdout.strip()
     try:

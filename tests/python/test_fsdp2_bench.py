@@ -123,6 +123,16 @@ def test_child_environment_sets_the_mode_and_keeps_multicast_off(monkeypatch):
         assert env["NVSHMEM_DISABLE_NVLS"] == "1"
 
 
+def test_the_commit_stamp_can_come_from_the_environment(monkeypatch):
+    """A lent GPU machine gets the files of each call but the .git of the
+    session's first: SYMMPOOL_COMMIT names the commit the files are."""
+    monkeypatch.setenv("SYMMPOOL_COMMIT", "0123abc")
+    assert run.symmpool_commit() == "0123abc"
+    monkeypatch.delenv("SYMMPOOL_COMMIT")
+    stamp = run.symmpool_commit()
+    assert stamp is None or len(stamp.split("-")[0]) == 40
+
+
 def test_percentile_interpolates_like_numpy():
     values = list(range(1, 11))
     assert aggregate.percentile(values, 10) == pytest.approx(1.9)
