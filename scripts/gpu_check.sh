@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: build, run every test, the main job and the benches in
 # one go, logs under $OUT. Stages: env build ctest pytest pytest2 train train-own bench hostcost hosttime hostlayers collbench
-# fsdp2bench peers tpops (all but pytest2, hostcost, hosttime, hostlayers, fsdp2bench, peers and tpops by default), e.g.
+# fsdp2bench memtrace peers tpops (all but pytest2, hostcost, hosttime, hostlayers, fsdp2bench, memtrace, peers
+# and tpops by default), e.g.
 # `bash scripts/gpu_check.sh build bench`.
 # fsdp2bench runs bench/fsdp2/run.py with $FSDP2_BENCH_ARGS (default: its own defaults, the
 # issue's six configs x six modes x 3 reps: far more than 10 minutes; give --configs and
@@ -67,6 +68,9 @@ for stage in $stages; do
     hostlayers)  # an eager all-reduce's host time by layer: C++ loops beside the Python calls
       run hostlayers.log $py -m torch.distributed.run --standalone --nproc-per-node=2 bench/host_layers.py \
         --out "$OUT/host_layers.json" ;;
+    memtrace)  # where the comm-buffer flag's memory goes (docs/fsdp2_flag_memory.md): about a minute on 2 GPUs
+      run memtrace.log $py bench/fsdp2/run.py --configs 1.4b-b2s2048 --modes stock,symm-nccl --reps 1 \
+        --warmup 2 --steps 3 --profile-steps 0 --memory-trace 2 --no-plot --out "$OUT/fsdp2_memory_trace.json" ;;
     fsdp2bench)  # e.g. FSDP2_BENCH_ARGS="--configs 3.5b-b2s2048 --time-budget 540"
       # shellcheck disable=SC2086  # the variable holds several arguments
       run fsdp2bench.log $py bench/fsdp2/run.py --out-dir "$OUT" ${FSDP2_BENCH_ARGS:-} ;;
