@@ -87,17 +87,18 @@ def aggregate_mode(mode: str, records: list[dict], reference: dict | None) -> di
     reps = [per_rep(r["result"]) for r in ok]
     steps = [s for rep in reps for s in rep["step_ms"]]
     host = [s for rep in reps for s in rep["host_ms"]]
+    step_median = statistics.median(steps) if steps else None
+    host_median = statistics.median(host) if host else None
     entry = {
         "mode": mode,
         "reps": len(ok),
         "steps_per_rep": sorted({len(rep["step_ms"]) for rep in reps}) if reps else [],
-        "step_ms_median": statistics.median(steps) if steps else None,
+        "step_ms_median": step_median,
         "step_ms_p10": percentile(steps, 10) if steps else None,
         "step_ms_p90": percentile(steps, 90) if steps else None,
         "step_ms_rep_medians": [statistics.median(rep["step_ms"]) for rep in reps],
-        "host_ms_median": statistics.median(host) if host else None,
-        "host_fraction": (statistics.median(host) / statistics.median(steps)
-                          if host and steps and statistics.median(steps) > 0 else None),
+        "host_ms_median": host_median,
+        "host_fraction": host_median / step_median if host_median is not None and step_median else None,
         "exposed_comm_ms_median": _median_or_none(rep["exposed_comm_ms"] for rep in reps),
         "comm_ms_median": _median_or_none(rep["comm_ms"] for rep in reps),
         "compute_ms_median": _median_or_none(rep["compute_ms"] for rep in reps),

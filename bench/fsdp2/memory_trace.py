@@ -17,8 +17,9 @@ class MemoryTrace:
 
     CALLS = ("foreach_all_gather", "foreach_reduce")
 
-    def __init__(self, device: torch.device, steps: int, symmpool_stats):
+    def __init__(self, device: torch.device, steps: int, used_bytes, symmpool_stats):
         self.device, self.steps, self.step = device, steps, 0
+        self.used_bytes = used_bytes  # device -> memory in use as the device sees it, or None
         self.symmpool_stats = symmpool_stats  # device -> symmpool.memory_stats or None
         self.events: list[dict] = []
         self.error: str | None = None
@@ -40,12 +41,8 @@ class MemoryTrace:
     def sample(self) -> dict:
         cuda = self.device.type == "cuda"
         stats = self.symmpool_stats(self.device)
-        used = None
-        if cuda:
-            free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
         return {
-            "device_used": used,
+            "device_used": self.used_bytes(self.device),
             "torch_reserved": torch.cuda.memory_reserved(self.device) if cuda else None,
             "torch_allocated": torch.cuda.memory_allocated(self.device) if cuda else None,
             "symmpool_reserved": stats["reserved_bytes"]["current"] if stats else None,

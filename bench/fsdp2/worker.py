@@ -166,7 +166,7 @@ def run(args) -> dict:
     trace = None
     if args.memory_trace:
         from memory_trace import MemoryTrace
-        trace = MemoryTrace(device, args.memory_trace, symmpool_stats)
+        trace = MemoryTrace(device, args.memory_trace, used_bytes, symmpool_stats)
     sample = used_bytes if device.type == "cuda" else (lambda d: None)
     phase("build_s")
 

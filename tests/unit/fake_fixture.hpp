@@ -6,9 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace symmpool::test {
 
@@ -16,6 +19,14 @@ using testing::FakeDeviceConfig;
 using testing::FakeDriver;
 
 inline CUstream stream(int n) { return reinterpret_cast<CUstream>(static_cast<std::uintptr_t>(n)); }
+
+// Position of the first call named `name` at or after `from` in a fake
+// driver's log (calls.size() when there is none).
+inline std::size_t index_of(const std::vector<std::string>& calls, const std::string& name,
+                            std::size_t from = 0) {
+  auto it = std::find(calls.begin() + static_cast<std::ptrdiff_t>(from), calls.end(), name);
+  return static_cast<std::size_t>(it - calls.begin());
+}
 
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;

@@ -11,12 +11,6 @@ using RegistrationHookTest = FakeDriverTest;
 
 ncclComm_t comm(int n) { return reinterpret_cast<ncclComm_t>(static_cast<std::uintptr_t>(n)); }
 
-// Position of the first call named `name` at or after `from`.
-std::size_t index_of(const std::vector<std::string>& calls, const std::string& name, std::size_t from = 0) {
-  auto it = std::find(calls.begin() + static_cast<std::ptrdiff_t>(from), calls.end(), name);
-  return static_cast<std::size_t>(it - calls.begin());
-}
-
 TEST_F(RegistrationHookTest, RegistersAfterMapAndDeregistersBeforeUnmap) {
   auto a = make_allocator();
   NcclRegistrationHook hook(comm(1), fake().nccl());

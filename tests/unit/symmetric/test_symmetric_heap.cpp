@@ -11,7 +11,6 @@
 
 #include <dirent.h>
 
-#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -126,10 +125,9 @@ TEST(SymmetricHeapFake, UnmappingAReleasedPeerSegmentWaitsForTheDevice) {
     FakeDriver::instance().clear_calls();
     heap.release_cached();
     const std::vector<std::string> calls = FakeDriver::instance().calls();
-    const auto sync = std::find(calls.begin(), calls.end(), "cuCtxSynchronize");
-    const auto unmap = std::find(calls.begin(), calls.end(), "cuMemUnmap");
-    RANK_CHECK(unmap != calls.end(), "rank %d unmapped nothing", rank);
-    RANK_CHECK(sync != calls.end() && sync < unmap, "rank %d unmapped before the device finished", rank);
+    const std::size_t sync = index_of(calls, "cuCtxSynchronize"), unmap = index_of(calls, "cuMemUnmap");
+    RANK_CHECK(unmap < calls.size(), "rank %d unmapped nothing", rank);
+    RANK_CHECK(sync < unmap, "rank %d unmapped before the device finished", rank);
     if (rank == 0) alloc->deallocate(extra, stream(1));
     alloc->deallocate(kept, stream(1));
     return 0;
