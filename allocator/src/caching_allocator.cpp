@@ -133,6 +133,7 @@ CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size, s
                                                              CUstream stream, bool small) {
   const std::size_t want = segment_size_for(size);
   ContextGuard guard(drv_, arena_->context());
+  if (!small) release_outgrown_segments(stream);
   const Segment* segment = arena_->map_new_segment(want);
   if (segment == nullptr) {
     // Give every cached segment back and try once more, as PyTorch does.
@@ -345,16 +346,30 @@ void CachingAllocator::synchronize_pending_events() {
   process_events();
 }
 
+// A segment a symmetric heap published stays: its peers map it, and freeing
+// it alone would let a new segment take its offset under them.
+bool CachingAllocator::releasable(const Block* head) const {
+  return head->next == nullptr && head->is_free() && !arena_->observers_keep(*head->segment);
+}
+
+void CachingAllocator::unmap_free_segment(Block* head) {
+  pool_of(head).erase(head);
+  const Segment* segment = head->segment;
+  const std::size_t size = segment->size;
+  segment_heads_.erase(segment->id);
+  delete head;
+  ++stats_.segment_unmaps;
+  stats_.segments.add(-1);
+  stats_.reserved_bytes.add(-static_cast<std::int64_t>(size));
+  arena_->unmap_segment(segment);
+}
+
 std::size_t CachingAllocator::release_cached_segments() {
   ContextGuard guard(drv_, arena_->context());
-  // A segment a symmetric heap published stays: its peers map it, and
-  // freeing it alone would let a new segment take its offset under them.
-  auto releasable = [&](const Block* head) {
-    return head->next == nullptr && head->is_free() && !arena_->observers_keep(*head->segment);
-  };
-  if (std::none_of(segment_heads_.begin(), segment_heads_.end(),
-                   [&](const auto& entry) { return releasable(entry.second); }))
-    return 0;
+  std::vector<Block*> idle;
+  for (auto& [id, head] : segment_heads_)
+    if (releasable(head)) idle.push_back(head);
+  if (idle.empty()) return 0;
   // Blocks are free in stream order: work queued before their free may still
   // use them, and cuMemUnmap is not known to wait for it as cudaFree does
   // (PyTorch's expandable segments sync before they unmap for that reason).
@@ -362,24 +377,34 @@ std::size_t CachingAllocator::release_cached_segments() {
   // sticky error), the error names the call and nothing is unmapped.
   SYMMPOOL_CU_TRY(drv_, cuCtxSynchronize());
   std::size_t released = 0;
-  for (auto it = segment_heads_.begin(); it != segment_heads_.end();) {
-    Block* head = it->second;
-    if (!releasable(head)) {
-      ++it;
-      continue;
-    }
-    pool_of(head).erase(head);
-    const Segment* segment = head->segment;
-    const std::size_t size = segment->size;
-    it = segment_heads_.erase(it);
-    delete head;
-    ++stats_.segment_unmaps;
-    stats_.segments.add(-1);
-    stats_.reserved_bytes.add(-static_cast<std::int64_t>(size));
-    released += size;
-    arena_->unmap_segment(segment);
+  for (Block* head : idle) {
+    released += head->segment->size;
+    unmap_free_segment(head);
   }
   return released;
+}
+
+// On a miss in the large pool every whole-free segment of `stream` is
+// smaller than the request (one at least as large would have served it), so
+// mapping beside them would size the pool by its history instead of its
+// peak: requests that grow (FSDP2's reduce-scatter inputs, block by block
+// and then the root's) would keep every smaller segment they outgrew. Those
+// go first, as expandable segments would grow one range instead. Only work
+// queued on `stream` can still use them (frees from other streams wait on
+// events, so those blocks are not free yet): that stream finishes first. In
+// a capture, or if the wait fails, they stay: this saves memory, it is not
+// needed for the request.
+void CachingAllocator::release_outgrown_segments(CUstream stream) {
+  std::vector<Block*> outgrown;
+  for (auto& [id, head] : segment_heads_)
+    if (!head->small && head->stream == stream && releasable(head)) outgrown.push_back(head);
+  if (outgrown.empty()) return;
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (drv_.cuStreamIsCapturing(stream, &capture) != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE)
+    return;
+  if (drv_.cuStreamSynchronize(stream) != CUDA_SUCCESS) return;
+  for (Block* head : outgrown) unmap_free_segment(head);
+  stats_.outgrown_segment_releases += outgrown.size();
 }
 
 void* CachingAllocator::map_internal_segment(int slot) {

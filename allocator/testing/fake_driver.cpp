@@ -46,6 +46,7 @@ struct State {
   std::map<std::uintptr_t, bool> events;  // event id -> pending
   std::uintptr_t next_event = 1;
   bool hold_events = false;
+  std::set<CUstream> capturing;  // streams in a graph capture (set_capturing)
   std::set<std::uintptr_t> nccl_registrations;
   std::uintptr_t next_registration = 1;
   std::vector<std::size_t> used;
@@ -399,6 +400,19 @@ CUresult fake_cuCtxSynchronize() {
   return CUDA_SUCCESS;
 }
 
+// The "GPU" finishes the stream's work (the fake has no per-stream queues: a
+// block whose free waits on an event is not free, so nothing else is needed).
+CUresult fake_cuStreamSynchronize(CUstream stream) {
+  FAKE_ENTER("cuStreamSynchronize");
+  return s.capturing.count(stream) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+CUresult fake_cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
+  FAKE_ENTER("cuStreamIsCapturing");
+  *status = s.capturing.count(stream) ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+
 CUresult fake_cuEventDestroy(CUevent e) {
   FAKE_ENTER("cuEventDestroy");
   return s.events.erase(reinterpret_cast<std::uintptr_t>(e)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -485,6 +499,7 @@ void FakeDriver::reset(int device_count, FakeDeviceConfig config) {
   s.calls.clear();
   s.failures.clear();
   s.hold_events = false;
+  s.capturing.clear();
   s.used.assign(static_cast<std::size_t>(device_count), 0);
   // Leftovers from a previous test are dropped, not freed: tests check leaks
   // through the live_* counters before they end.
@@ -540,6 +555,15 @@ void FakeDriver::hold_events(bool hold) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   s.hold_events = hold;
+}
+
+void FakeDriver::set_capturing(CUstream stream, bool capturing) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (capturing)
+    s.capturing.insert(stream);
+  else
+    s.capturing.erase(stream);
 }
 
 void FakeDriver::complete_events() {

@@ -56,6 +56,7 @@ py::dict memory_stats(int device) {
   d["cache_misses"] = st.cache_misses;
   d["segment_maps"] = st.segment_maps;
   d["segment_unmaps"] = st.segment_unmaps;
+  d["outgrown_segment_releases"] = st.outgrown_segment_releases;
   d["oom_retries"] = st.oom_retries;
   d["ooms"] = st.ooms;
   d["nccl_registrations"] = reg.registrations;

@@ -118,6 +118,9 @@ class CachingAllocator {
   void synchronize_events();          // every free, unrecorded ones included
   void synchronize_pending_events();  // the recorded ones
   std::size_t release_cached_segments();
+  void release_outgrown_segments(CUstream stream);
+  bool releasable(const Block* head) const;  // a whole segment, free, no peer maps it
+  void unmap_free_segment(Block* head);      // head: releasable
   CUevent take_event();
   Pool& pool_of(const Block* block);
   [[noreturn]] void throw_unknown_pointer(const void* ptr, const char* action) const;

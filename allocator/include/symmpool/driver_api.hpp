@@ -45,6 +45,8 @@ namespace symmpool {
   X(cuEventQuery)                    \
   X(cuEventSynchronize)              \
   X(cuEventDestroy)                  \
+  X(cuStreamSynchronize)             \
+  X(cuStreamIsCapturing)             \
   X(cuStreamWriteValue32)            \
   X(cuStreamWaitValue32)             \
   X(cuStreamBatchMemOp)

@@ -42,6 +42,8 @@ class FakeDriver {
   // cuEventSynchronize on them.
   void hold_events(bool hold);
   void complete_events();
+  // A capturing stream reports CU_STREAM_CAPTURE_STATUS_ACTIVE, and a sync on it fails.
+  void set_capturing(CUstream stream, bool capturing);
 
   std::size_t used_memory(int device) const;  // bytes in live handles
   std::size_t live_handles() const;
