@@ -16,17 +16,12 @@ const char* DriverApi::error_string(CUresult code) const {
 
 namespace {
 
-// Ask for the ABI of the headers we were compiled with: the prototypes in
-// driver_api.hpp are theirs (cuMemGetInfo_v2, cuStreamWriteValue32_v2...).
-// 12.0 would not do: the multicast entry points arrived in 12.1.
-constexpr unsigned int kDriverAbiVersion = CUDA_VERSION;
-
+// `version` is the ABI of the prototype `fn` has (see driver_api.hpp).
 template <typename Fn>
-void load(Fn& fn, const char* symbol) {
+void load(Fn& fn, const char* symbol, unsigned int version) {
   void* ptr = nullptr;
   cudaDriverEntryPointQueryResult status{};
-  cudaError_t err =
-      cudaGetDriverEntryPointByVersion(symbol, &ptr, kDriverAbiVersion, cudaEnableDefault, &status);
+  cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &ptr, version, cudaEnableDefault, &status);
   if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || ptr == nullptr) {
     throw cuda_error(std::string("symmpool: cannot load CUDA driver entry point ") + symbol + " (" +
                          cudaGetErrorString(err) + ", query status " +
@@ -38,7 +33,7 @@ void load(Fn& fn, const char* symbol) {
 
 DriverApi load_real_driver() {
   DriverApi d;
-#define SYMMPOOL_LOAD(name) load(d.name, #name);
+#define SYMMPOOL_LOAD(name, version) load(d.name, #name, version);
   SYMMPOOL_DRIVER_FUNCTIONS(SYMMPOOL_LOAD)
 #undef SYMMPOOL_LOAD
   return d;

@@ -453,7 +453,7 @@ CUresult fake_cuStreamBatchMemOp(CUstream, unsigned int count, CUstreamBatchMemO
 
 DriverApi make_api() {
   DriverApi d;
-#define FAKE_SET(name) d.name = &fake_##name;
+#define FAKE_SET(name, version) d.name = &fake_##name;
   SYMMPOOL_DRIVER_FUNCTIONS(FAKE_SET)
 #undef FAKE_SET
   return d;

@@ -4,61 +4,74 @@
 // nothing links libcuda; tests swap in a fake table (symmpool/testing/fake_driver.hpp).
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <type_traits>
 
 namespace symmpool {
 
 // Every CUDA driver function symmpool calls, listed once (an X-macro): a user
-// defines X(name) and expands SYMMPOOL_DRIVER_FUNCTIONS(X). DriverApi below
-// declares the members, driver_api.cpp loads #name at CUDA_VERSION, and
+// defines X(name, version) and expands SYMMPOOL_DRIVER_FUNCTIONS(X). DriverApi
+// below declares the members, driver_api.cpp loads #name at `version`, and
 // fake_driver.cpp sets each to its fake_##name. Adding a function is one line
-// here plus its fake. `name` is cuda.h's unversioned name: where the headers
-// map it to a versioned one (cuMemGetInfo -> cuMemGetInfo_v2) the member's
-// name and type follow, and asking at CUDA_VERSION returns that same ABI.
-#define SYMMPOOL_DRIVER_FUNCTIONS(X) \
-  X(cuGetErrorString)                \
-  X(cuDeviceGet)                     \
-  X(cuDeviceGetCount)                \
-  X(cuDeviceGetAttribute)            \
-  X(cuDevicePrimaryCtxRetain)        \
-  X(cuDevicePrimaryCtxRelease)       \
-  X(cuCtxGetCurrent)                 \
-  X(cuCtxSetCurrent)                 \
-  X(cuCtxSynchronize)                \
-  X(cuMemGetInfo)                    \
-  X(cuMemGetAllocationGranularity)   \
-  X(cuMemCreate)                     \
-  X(cuMemRelease)                    \
-  X(cuMemAddressReserve)             \
-  X(cuMemAddressFree)                \
-  X(cuMemMap)                        \
-  X(cuMemUnmap)                      \
-  X(cuMemSetAccess)                  \
-  X(cuMemExportToShareableHandle)    \
-  X(cuMemImportFromShareableHandle)  \
-  X(cuMulticastGetGranularity)       \
-  X(cuMulticastCreate)               \
-  X(cuMulticastAddDevice)            \
-  X(cuMulticastBindMem)              \
-  X(cuMulticastUnbind)               \
-  X(cuEventCreate)                   \
-  X(cuEventRecord)                   \
-  X(cuEventQuery)                    \
-  X(cuEventSynchronize)              \
-  X(cuEventDestroy)                  \
-  X(cuStreamSynchronize)             \
-  X(cuStreamIsCapturing)             \
-  X(cuStreamWriteValue32)            \
-  X(cuStreamWaitValue32)             \
-  X(cuStreamBatchMemOp)
+// here plus its fake. `name` is cuda.h's unversioned name, whose prototype
+// (after the headers' renames, cuMemGetInfo -> cuMemGetInfo_v2) is the
+// member's type; `version` is the driver ABI of that prototype, as
+// cudaTypedefs.h names it (PFN_<name>_v<version>), checked below at compile
+// time. Asking at the toolkit's CUDA_VERSION instead is wrong where a newer
+// ABI kept the old name: at 13000, "cuCtxSynchronize" is
+// cuCtxSynchronize_v2(CUcontext), called with no argument (a crash).
+#define SYMMPOOL_DRIVER_FUNCTIONS(X)       \
+  X(cuGetErrorString, 6000)                \
+  X(cuDeviceGet, 2000)                     \
+  X(cuDeviceGetCount, 2000)                \
+  X(cuDeviceGetAttribute, 2000)            \
+  X(cuDevicePrimaryCtxRetain, 7000)        \
+  X(cuDevicePrimaryCtxRelease, 11000)      \
+  X(cuCtxGetCurrent, 4000)                 \
+  X(cuCtxSetCurrent, 4000)                 \
+  X(cuCtxSynchronize, 2000)                \
+  X(cuMemGetInfo, 3020)                    \
+  X(cuMemGetAllocationGranularity, 10020)  \
+  X(cuMemCreate, 10020)                    \
+  X(cuMemRelease, 10020)                   \
+  X(cuMemAddressReserve, 10020)            \
+  X(cuMemAddressFree, 10020)               \
+  X(cuMemMap, 10020)                       \
+  X(cuMemUnmap, 10020)                     \
+  X(cuMemSetAccess, 10020)                 \
+  X(cuMemExportToShareableHandle, 10020)   \
+  X(cuMemImportFromShareableHandle, 10020) \
+  X(cuMulticastGetGranularity, 12010)      \
+  X(cuMulticastCreate, 12010)              \
+  X(cuMulticastAddDevice, 12010)           \
+  X(cuMulticastBindMem, 12010)             \
+  X(cuMulticastUnbind, 12010)              \
+  X(cuEventCreate, 2000)                   \
+  X(cuEventRecord, 2000)                   \
+  X(cuEventQuery, 2000)                    \
+  X(cuEventSynchronize, 2000)              \
+  X(cuEventDestroy, 4000)                  \
+  X(cuStreamSynchronize, 2000)             \
+  X(cuStreamIsCapturing, 10000)            \
+  X(cuStreamWriteValue32, 11070)           \
+  X(cuStreamWaitValue32, 11070)            \
+  X(cuStreamBatchMemOp, 11070)
 
 struct DriverApi {
-#define SYMMPOOL_DRIVER_FN(name) decltype(&::name) name = nullptr;
+#define SYMMPOOL_DRIVER_FN(name, version) decltype(&::name) name = nullptr;
   SYMMPOOL_DRIVER_FUNCTIONS(SYMMPOOL_DRIVER_FN)
 #undef SYMMPOOL_DRIVER_FN
 
   // The driver's own text for `code`, or a generic one.
   const char* error_string(CUresult code) const;
 };
+
+#define SYMMPOOL_DRIVER_ABI_CHECK(name, version)                                  \
+  static_assert(std::is_same_v<decltype(&::name), PFN_##name##_v##version>, \
+                #name " is not the ABI of version " #version " (cudaTypedefs.h)");
+SYMMPOOL_DRIVER_FUNCTIONS(SYMMPOOL_DRIVER_ABI_CHECK)
+#undef SYMMPOOL_DRIVER_ABI_CHECK
 
 // The process-wide real driver table, loaded on first use. Throws
 // symmpool::cuda_error when the CUDA runtime cannot reach a driver.
