@@ -44,6 +44,16 @@ void NcclRegistrationHook::on_segment_unmapping(const Segment& segment) noexcept
   registrations_.erase(it);
 }
 
+std::size_t NcclRegistrationHook::abandon() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::size_t n = registrations_.size();
+  registrations_.clear();
+  counts_.abandoned += n;
+  counts_.live = 0;
+  counts_.live_bytes = 0;
+  return n;
+}
+
 RegistrationCounts NcclRegistrationHook::counts() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return counts_;

@@ -566,6 +566,12 @@ void FakeDriver::set_capturing(CUstream stream, bool capturing) {
     s.capturing.erase(stream);
 }
 
+void FakeDriver::abort_nccl_communicators() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.nccl_registrations.clear();
+}
+
 void FakeDriver::complete_events() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);

@@ -57,11 +57,13 @@ py::dict memory_stats(int device) {
   d["segment_maps"] = st.segment_maps;
   d["segment_unmaps"] = st.segment_unmaps;
   d["outgrown_segment_releases"] = st.outgrown_segment_releases;
+  d["graph_held_bytes"] = symmpool::torch_ext::graph_held_bytes(static_cast<c10::DeviceIndex>(device));
   d["oom_retries"] = st.oom_retries;
   d["ooms"] = st.ooms;
   d["nccl_registrations"] = reg.registrations;
   d["nccl_deregistrations"] = reg.deregistrations;
   d["nccl_failed_deregistrations"] = reg.failed_deregistrations;
+  d["nccl_abandoned_registrations"] = reg.abandoned;
   d["nccl_registered_segments"] = reg.live;
   d["nccl_registered_bytes"] = reg.live_bytes;
   auto coll = symmpool::torch_ext::collective_counts();

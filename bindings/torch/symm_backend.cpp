@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <set>
 
 namespace symmpool::torch_ext {
@@ -45,7 +46,25 @@ bool blocking_wait() {
   return value && (std::string(value) == "1" || std::string(value) == "true");
 }
 
+// Memory of tensors allocated during a CUDA graph capture, freed since: the
+// graph's replays still use it, and symmpool cannot tell when the graph is
+// gone (torch keeps a private pool per graph for this), so it stays out of
+// the cache for the process's lifetime.
+std::mutex graph_held_mutex;
+std::map<c10::DeviceIndex, std::size_t> graph_held;
+
+void hold_for_graphs(c10::DeviceIndex device, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(graph_held_mutex);
+  graph_held[device] += bytes;
+}
+
 }  // namespace
+
+std::size_t graph_held_bytes(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(graph_held_mutex);
+  auto it = graph_held.find(device);
+  return it == graph_held.end() ? 0 : it->second;
+}
 
 SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          c10::intrusive_ptr<Options> options)
@@ -119,10 +138,17 @@ at::Tensor SymmBackend::allocateTensor(long size, at::TensorOptions options) {
 
   c10::cuda::CUDAGuard guard(device);
   register_if_ready(at::Device(at::kCUDA, device));
-  auto stream = reinterpret_cast<CUstream>(c10::cuda::getCurrentCUDAStream(device).stream());
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
+  auto stream = reinterpret_cast<CUstream>(current.stream());
+  const bool for_a_graph = is_capturing(current);
   void* ptr = call_translating_errors([&] { return device_allocator(device).allocate(bytes, stream); });
-  // Freed in stream order on the allocating stream, as PyTorch's allocator does.
-  auto deleter = [device, stream](void* p) {
+  // Freed in stream order on the allocating stream, as PyTorch's allocator
+  // does; memory a graph captured stays with it (graph_held above).
+  auto deleter = [device, stream, for_a_graph, bytes](void* p) {
+    if (for_a_graph) {
+      hold_for_graphs(device, bytes);
+      return;
+    }
     try {
       device_allocator(device).deallocate(p, stream);
     } catch (const std::exception& e) {
@@ -168,6 +194,19 @@ void SymmBackend::detach_all() noexcept {
     } catch (const std::exception& e) {
       std::fprintf(stderr, "symmpool: detaching from device %d failed: %s\n", int(device), e.what());
     }
+  }
+  hooks_.clear();
+}
+
+void SymmBackend::abandon_registrations() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [device, hook] : hooks_) {
+    try {
+      device_allocator(device).remove_observer(hook.get(), /*replay_existing=*/false);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "symmpool: detaching from device %d failed: %s\n", int(device), e.what());
+    }
+    hook->abandon();
   }
   hooks_.clear();
 }
@@ -260,10 +299,16 @@ void SymmBackend::shutdown() {
 }
 
 void SymmBackend::abort() {
-  // Barriers give up at once (a peer may be dead), then every peer mapping goes.
+  // Barriers give up at once (a peer may be dead).
   if (group_) group_->communicator().abort("the process group was aborted");
-  release_symmetric_state();
+  // NCCL aborts before symmpool's state goes, since releasing it waits for
+  // the device, and an NCCL kernel stuck on a dead peer would hold that wait
+  // forever. NCCL's abort frees its registrations of symmpool's segments
+  // with the communicator, so the hooks leave without deregistering (the
+  // communicator they would call is gone after it).
+  abandon_registrations();
   ProcessGroupNCCL::abort();
+  release_symmetric_state();
 }
 
 void SymmBackend::raise_if_failed() const {

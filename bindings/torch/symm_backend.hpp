@@ -84,6 +84,7 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   template <typename F>
   c10::intrusive_ptr<c10d::Work> registering(const at::Device& device, F run);
   void detach_all() noexcept;
+  void abandon_registrations() noexcept;    // detach without deregistering (abort)
   void release_symmetric_state() noexcept;  // communicator, heap, registrations
   void raise_if_failed() const;             // the group's sticky failure, if any
 
@@ -115,5 +116,8 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
 
 // Sum of the registration counts of every live symm backend of this process.
 RegistrationCounts registration_counts_of_all_backends();
+// Bytes of symm tensors allocated during a CUDA graph capture and freed since,
+// kept out of the cache for the graphs that may replay on them.
+std::size_t graph_held_bytes(c10::DeviceIndex device);
 
 }  // namespace symmpool::torch_ext

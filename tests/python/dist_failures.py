@@ -104,6 +104,41 @@ def dead_peer_aborts_by_default(rank: int, world: int, log_dir: str) -> None:
     os._exit(0)  # must not be reached: the process is aborted before the stream goes on
 
 
+def abort_with_nccl_stuck_on_a_dead_peer(rank: int, world: int) -> None:
+    """A survivor whose NCCL collective waits for a dead peer aborts the group
+    within seconds. Before NCCL's abort went first, symmpool's release waited
+    for the device, that is for the stuck NCCL kernel: forever."""
+    import threading
+
+    device, backend, _ = _symm_group(rank, world, "0")
+    plain = torch.ones(1 << 20, device=device)  # not symmpool's: NCCL runs it
+    dist.all_reduce(plain)  # NCCL's communicator forms on every rank
+    torch.cuda.synchronize()
+    host_barrier()
+    if rank == world - 1:
+        os._exit(0)
+    work = dist.all_reduce(plain, async_op=True)
+    time.sleep(1.0)
+    assert not work.is_completed(), "NCCL finished an all-reduce without its peer: nothing is stuck to test"
+    done, errors = threading.Event(), []
+
+    def abort() -> None:
+        try:
+            backend.abort()
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+        done.set()
+
+    start = time.monotonic()
+    threading.Thread(target=abort, daemon=True).start()
+    if not done.wait(60):
+        print(f"[rank {rank}] abort still waiting after 60 s", flush=True)
+        os._exit(3)
+    assert not errors, errors
+    print(f"[rank {rank}] abort returned after {time.monotonic() - start:.2f} s", flush=True)
+    os._exit(0)  # NCCL's teardown with a dead peer is not ours to test
+
+
 def asymmetric_user_allocation_keeps_collectives_correct(rank: int, world: int) -> None:
     """Rank 0 allocates 96 MiB more than the others before the group's first
     collective. symmpool's own buffers do not move (internal slots), buffers

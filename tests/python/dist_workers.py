@@ -90,6 +90,41 @@ def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
     dist.destroy_process_group()
 
 
+def symm_tensor_freed_in_a_capture_stays_with_the_graph(rank: int, world: int) -> None:
+    """A symm tensor allocated and freed inside a CUDA graph capture keeps its
+    memory for the graph. Before, the block went back to the cache: the next
+    allocation on that stream got it, and every replay overwrote it."""
+    import symmpool
+
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+    backend = dist.group.WORLD._get_backend(device)
+    n = 1 << 20
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):  # a cached block for the capture (no new segment inside it)
+        warm = backend.allocate_tensor(n, dtype=torch.float32, device=device)
+        del warm
+    source = torch.full((n,), 7.0, device=device)
+    torch.cuda.synchronize()
+    held_before = symmpool.memory_stats(device)["graph_held_bytes"]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        scratch = backend.allocate_tensor(n, dtype=torch.float32, device=device)
+        scratch_ptr = scratch.data_ptr()
+        scratch.copy_(source)  # every replay writes here
+        del scratch
+    with torch.cuda.stream(stream):
+        eager = backend.allocate_tensor(n, dtype=torch.float32, device=device)
+        eager.fill_(1.0)
+        graph.replay()
+    torch.cuda.synchronize()
+    assert eager.data_ptr() != scratch_ptr, "the captured block was handed out again"
+    assert torch.all(eager == 1.0), "a replay overwrote a tensor allocated after the capture"
+    assert symmpool.memory_stats(device)["graph_held_bytes"] - held_before == 4 * n
+    del graph, eager
+    host_barrier()
+    dist.destroy_process_group()
+
+
 def symm_collectives_replay_in_a_cuda_graph(rank: int, world: int, collectives: str,
                                            warm_up: bool) -> None:
     """All-gather, reduce-scatter and all-reduce on symm tensors, captured once

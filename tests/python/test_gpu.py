@@ -54,6 +54,11 @@ def test_symm_collectives_replay_in_a_cuda_graph(collectives, warm_up):
 
 
 @needs_two
+def test_a_symm_tensor_freed_in_a_capture_stays_with_the_graph():
+    run_workers(dist_workers.symm_tensor_freed_in_a_capture_stays_with_the_graph, gpu_count(), timeout=120)
+
+
+@needs_two
 def test_async_work_orders_other_streams_after_the_collective():
     run_workers(dist_workers.async_work_orders_other_streams_after_the_collective, gpu_count(), timeout=120)
 
@@ -111,6 +116,11 @@ def test_a_late_peer_times_out_with_the_group_timeout():
 @pytest.mark.parametrize("blocking_wait", [False, True])
 def test_a_dead_peer_makes_every_survivor_raise(blocking_wait):
     run_workers(dist_failures.dead_peer_raises_on_every_survivor, gpu_count(), blocking_wait, timeout=120)
+
+
+@needs_two
+def test_abort_returns_while_an_nccl_collective_waits_for_a_dead_peer():
+    run_workers(dist_failures.abort_with_nccl_stuck_on_a_dead_peer, gpu_count(), timeout=120)
 
 
 @needs_two

@@ -67,7 +67,7 @@ struct DriverApi {
   const char* error_string(CUresult code) const;
 };
 
-#define SYMMPOOL_DRIVER_ABI_CHECK(name, version)                                  \
+#define SYMMPOOL_DRIVER_ABI_CHECK(name, version)                            \
   static_assert(std::is_same_v<decltype(&::name), PFN_##name##_v##version>, \
                 #name " is not the ABI of version " #version " (cudaTypedefs.h)");
 SYMMPOOL_DRIVER_FUNCTIONS(SYMMPOOL_DRIVER_ABI_CHECK)

@@ -17,13 +17,15 @@ struct RegistrationCounts {
   std::uint64_t registrations = 0;    // ncclCommRegister calls that succeeded
   std::uint64_t deregistrations = 0;  // ncclCommDeregister calls
   std::uint64_t failed_deregistrations = 0;
-  std::size_t live = 0;  // segments registered now
+  std::uint64_t abandoned = 0;  // left to an aborted communicator (abandon)
+  std::size_t live = 0;         // segments registered now
   std::size_t live_bytes = 0;
 
   RegistrationCounts& operator+=(const RegistrationCounts& o) {
     registrations += o.registrations;
     deregistrations += o.deregistrations;
     failed_deregistrations += o.failed_deregistrations;
+    abandoned += o.abandoned;
     live += o.live;
     live_bytes += o.live_bytes;
     return *this;
@@ -40,6 +42,10 @@ class NcclRegistrationHook final : public SegmentObserver {
 
   ncclComm_t comm() const { return comm_; }
   RegistrationCounts counts() const;
+  // Forgets every registration without deregistering: for a communicator
+  // about to be aborted, which frees them itself and may be stuck on a dead
+  // peer. Detach the hook from the allocator first. Returns how many.
+  std::size_t abandon() noexcept;
 
  private:
   struct Registration {

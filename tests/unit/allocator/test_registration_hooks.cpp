@@ -50,6 +50,26 @@ TEST_F(RegistrationHookTest, AttachRegistersExistingSegmentsAndDetachDeregisters
   a->deallocate(large, stream(1));
 }
 
+// For an abort: the communicator frees its registrations itself and may be
+// stuck on a dead peer, so nothing may call it; later unmaps must not either.
+TEST_F(RegistrationHookTest, AbandonedRegistrationsAreNeverDeregistered) {
+  auto a = make_allocator();
+  void* p = a->allocate(30 * MiB, stream(1));
+  NcclRegistrationHook hook(comm(1), fake().nccl());
+  a->add_observer(&hook, true);
+  a->remove_observer(&hook, /*replay_existing=*/false);
+  EXPECT_EQ(hook.abandon(), 1u);
+  a->deallocate(p, stream(1));
+  a->empty_cache();
+  EXPECT_EQ(fake().count("ncclCommDeregister"), 0u);
+  EXPECT_EQ(hook.counts().abandoned, 1u);
+  EXPECT_EQ(hook.counts().live, 0u);
+  EXPECT_EQ(hook.counts().live_bytes, 0u);
+  EXPECT_EQ(hook.abandon(), 0u);
+  EXPECT_EQ(fake().live_nccl_registrations(), 1u);  // the communicator's, until its abort
+  fake().abort_nccl_communicators();
+}
+
 TEST_F(RegistrationHookTest, SteadyStateMakesNoRegistrations) {
   auto a = make_allocator();
   NcclRegistrationHook hook(comm(1), fake().nccl());

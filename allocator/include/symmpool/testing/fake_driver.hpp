@@ -42,6 +42,8 @@ class FakeDriver {
   // cuEventSynchronize on them.
   void hold_events(bool hold);
   void complete_events();
+  // As ncclCommAbort does: every registration goes with its communicator.
+  void abort_nccl_communicators();
   // A capturing stream reports CU_STREAM_CAPTURE_STATUS_ACTIVE, and a sync on it fails.
   void set_capturing(CUstream stream, bool capturing);
 
