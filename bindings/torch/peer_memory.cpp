@@ -96,15 +96,21 @@ void define_peer_memory(py::module& m) {
         TORCH_CHECK_INDEX(peer >= 0 && peer < backend->getSize(), "symmpool peer_tensor: peer ", peer,
                           " is not a rank of this group of ", backend->getSize());
         // An empty view touches no memory: nothing to set up for it.
-        void* remote = bytes == 0 ? t.data_ptr() : call_translating_errors([&] {
-          return peer_memory_communicator(backend, device).peer_address(t.data_ptr(), bytes, peer);
-        });
+        auto [remote, lease] =
+            bytes == 0
+                ? std::pair<void*, std::shared_ptr<void>>{t.data_ptr(), nullptr}
+                : call_translating_errors([&] {
+                    return peer_memory_communicator(backend, device).peer_view(t.data_ptr(), bytes, peer);
+                  });
         // target_device: the memory is the peer's, mapped into this device's
         // address space; torch must not ask the pointer which device it is on.
+        // The view holds the mapping: it outlives the group, or the peer's
+        // release, readable (the last holder unmaps it).
         return at::for_blob(remote, t.sizes())
             .strides(t.strides())
             .options(t.options())
             .target_device(t.device())
+            .deleter([lease = std::move(lease)](void*) {})
             .make_tensor();
       },
       py::arg("backend"), py::arg("tensor"), py::arg("peer"),

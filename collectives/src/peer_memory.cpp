@@ -54,6 +54,12 @@ void* Communicator::peer_address(const void* ptr, std::size_t bytes, int peer) c
   return heap_.peer_ptr(ptr, peer, bytes);
 }
 
+std::pair<void*, std::shared_ptr<void>> Communicator::peer_view(const void* ptr, std::size_t bytes,
+                                                                int peer) const {
+  void* address = peer_address(ptr, bytes, peer);
+  return {address, heap_.peer_lease(ptr, peer, bytes)};
+}
+
 void Communicator::signal(int peer, cudaStream_t stream) {
   const auto cu = reinterpret_cast<CUstream>(stream);
   point_to_point(

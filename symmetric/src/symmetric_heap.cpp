@@ -204,38 +204,31 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
                          " reserved " + std::to_string(allocator_.va_reserved_bytes()) +
                          " (devices of different sizes cannot share a heap)");
   }
+  peer_ranges_.resize(static_cast<std::size_t>(world_));
   peer_base_.assign(static_cast<std::size_t>(world_), 0);
   peer_pieces_.resize(static_cast<std::size_t>(world_));
-  try {
-    for (int r = 0; r < world_; ++r) {
-      if (r == rank_) continue;
-      SYMMPOOL_CU_TRY(
-          drv_, cuMemAddressReserve(&peer_base_[static_cast<std::size_t>(r)], allocator_.va_reserved_bytes(),
-                                    allocator_.granularity(), 0, 0));
-    }
-    allocator_.add_observer(this, /*replay_existing=*/true);
-    observing_ = true;
-  } catch (...) {
-    for (CUdeviceptr base : peer_base_)
-      if (base) drv_.cuMemAddressFree(base, allocator_.va_reserved_bytes());
-    throw;
+  lingering_.resize(static_cast<std::size_t>(world_));
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    auto& range = peer_ranges_[static_cast<std::size_t>(r)];
+    range =
+        std::make_shared<PeerAddressRange>(drv_, allocator_.va_reserved_bytes(), allocator_.granularity());
+    peer_base_[static_cast<std::size_t>(r)] = range->base();
   }
+  allocator_.add_observer(this, /*replay_existing=*/true);
+  observing_ = true;
 }
 
 SymmetricHeap::~SymmetricHeap() {
   if (observing_) allocator_.remove_observer(this, /*replay_existing=*/false);
   server_.reset();
-  ContextGuard guard(drv_, allocator_.context());
-  for (int r = 0; r < world_; ++r) {
-    for (auto& [offset, piece] : peer_pieces_[static_cast<std::size_t>(r)]) unmap_peer(r, piece);
-    if (peer_base_[static_cast<std::size_t>(r)])
-      drv_.cuMemAddressFree(peer_base_[static_cast<std::size_t>(r)], allocator_.va_reserved_bytes());
-  }
+  // Each mapping goes with its last owner (here, unless a view holds it),
+  // each range with its last mapping.
 }
 
 void SymmetricHeap::on_segment_mapped(const Segment& segment) {
   std::lock_guard<std::mutex> lock(mutex_);
-  local_[segment.id] = Piece{segment.id, segment.offset, segment.size, segment.handle};
+  local_[segment.id] = Piece{segment.id, segment.offset, segment.size, segment.handle, nullptr};
   ++local_generation_;
 }
 
@@ -280,6 +273,20 @@ void SymmetricHeap::mark_published() {
 }
 
 void SymmetricHeap::map_peer(int peer, const Piece& piece) {
+  // A view that still holds the peer's earlier segment there (see peer_lease)
+  // keeps its range mapped: refused before anything is fetched.
+  auto& lingering = lingering_[static_cast<std::size_t>(peer)];
+  lingering.erase(
+      std::remove_if(lingering.begin(), lingering.end(), [](const auto& w) { return w.expired(); }),
+      lingering.end());
+  for (const auto& weak : lingering) {
+    const auto held = weak.lock();
+    if (held && held->overlaps(piece.offset, piece.size))
+      throw logic_error("a view of its earlier segment at offsets [" + std::to_string(held->offset()) + ", " +
+                        std::to_string(held->offset() + held->size()) +
+                        ") is still alive (symmpool.peer_tensor of a buffer since freed): drop such views "
+                        "before the memory is allocated again");
+  }
   int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)], peer_pid_[static_cast<std::size_t>(peer)],
                     peer_secret_[static_cast<std::size_t>(peer)], piece.id, options_.timeout,
                     IfNobodyListens::kPeerGone);  // its server was up before its hello
@@ -290,22 +297,9 @@ void SymmetricHeap::map_peer(int peer, const Piece& piece) {
   ::close(fd);
   if (r != CUDA_SUCCESS)
     detail::throw_cuda_error(__FILE__, __LINE__, "cuMemImportFromShareableHandle", r, drv_.error_string(r));
-  const CUdeviceptr address = peer_base_[static_cast<std::size_t>(peer)] + piece.offset;
-  r = drv_.cuMemMap(address, piece.size, 0, mapped.handle, 0);
-  if (r != CUDA_SUCCESS) {
-    drv_.cuMemRelease(mapped.handle);
-    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemMap (peer segment)", r, drv_.error_string(r));
-  }
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = allocator_.device();
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  r = drv_.cuMemSetAccess(address, piece.size, &access, 1);
-  if (r != CUDA_SUCCESS) {
-    drv_.cuMemUnmap(address, piece.size);
-    drv_.cuMemRelease(mapped.handle);
-    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemSetAccess (peer segment)", r, drv_.error_string(r));
-  }
+  mapped.mapping = std::make_shared<PeerMapping>(drv_, allocator_.context(), allocator_.device(),
+                                                 peer_ranges_[static_cast<std::size_t>(peer)], piece.offset,
+                                                 piece.size, mapped.handle);
   peer_pieces_[static_cast<std::size_t>(peer)][piece.offset] = mapped;
 }
 
@@ -331,13 +325,9 @@ void SymmetricHeap::map_peer_naming_it(int peer, const Piece& piece) {
   }
 }
 
-void SymmetricHeap::unmap_peer(int peer, const Piece& piece) noexcept {
-  const CUdeviceptr address = peer_base_[static_cast<std::size_t>(peer)] + piece.offset;
-  CUresult a = drv_.cuMemUnmap(address, piece.size);
-  CUresult b = drv_.cuMemRelease(piece.handle);
-  if (a != CUDA_SUCCESS || b != CUDA_SUCCESS)
-    std::fprintf(stderr, "symmpool: unmapping rank %d's segment %llu failed (%d, %d)\n", peer,
-                 static_cast<unsigned long long>(piece.id), int(a), int(b));
+void SymmetricHeap::unmap_peer(int peer, Piece& piece) noexcept {
+  if (piece.mapping.use_count() > 1) lingering_[static_cast<std::size_t>(peer)].push_back(piece.mapping);
+  piece.mapping.reset();  // unmapped here unless a view still holds it
 }
 
 template <typename F>
@@ -519,11 +509,8 @@ std::size_t SymmetricHeap::offset_of(const void* local) const {
 
 bool SymmetricHeap::contains(const void* local) const { return allocator_.owns(local); }
 
-void* SymmetricHeap::peer_ptr(const void* local, int peer, std::size_t bytes) const {
-  require_sound();
-  SYMMPOOL_EXPECTS(peer >= 0 && peer < world_, "peer " + std::to_string(peer) + " is not in the group");
+const SymmetricHeap::Piece& SymmetricHeap::peer_piece(const void* local, int peer, std::size_t bytes) const {
   const std::size_t offset = offset_of(local);
-  if (peer == rank_) return const_cast<void*>(local);
   const auto& mapped = peer_pieces_[static_cast<std::size_t>(peer)];
   auto it = mapped.upper_bound(offset);
   const std::size_t end = offset + std::max<std::size_t>(bytes, 1);
@@ -531,7 +518,22 @@ void* SymmetricHeap::peer_ptr(const void* local, int peer, std::size_t bytes) co
                    "rank " + std::to_string(peer) + " has no segment holding offsets [" +
                        std::to_string(offset) + ", " + std::to_string(end) + ") mapped on rank " +
                        std::to_string(rank_) + " (call sync() after allocating, on every rank)");
-  return reinterpret_cast<void*>(peer_base_[static_cast<std::size_t>(peer)] + offset);
+  return std::prev(it)->second;
+}
+
+void* SymmetricHeap::peer_ptr(const void* local, int peer, std::size_t bytes) const {
+  require_sound();
+  SYMMPOOL_EXPECTS(peer >= 0 && peer < world_, "peer " + std::to_string(peer) + " is not in the group");
+  if (peer == rank_) return const_cast<void*>(local);
+  peer_piece(local, peer, bytes);
+  return reinterpret_cast<void*>(peer_base_[static_cast<std::size_t>(peer)] + offset_of(local));
+}
+
+std::shared_ptr<void> SymmetricHeap::peer_lease(const void* local, int peer, std::size_t bytes) const {
+  require_sound();
+  SYMMPOOL_EXPECTS(peer >= 0 && peer < world_, "peer " + std::to_string(peer) + " is not in the group");
+  if (peer == rank_) return nullptr;
+  return peer_piece(local, peer, bytes).mapping;
 }
 
 void SymmetricHeap::require_same_setting(const std::string& name, const std::string& value) {

@@ -397,6 +397,31 @@ def fused_ops_fall_back_where_symmpool_cannot_serve(rank: int, world: int) -> No
     dist.destroy_process_group()
 
 
+def peer_view_outlives_its_group(rank: int, world: int) -> None:
+    """A peer_tensor view holds the mapping it reads: it stays readable after
+    its group is destroyed. Before, the group's release unmapped the peer's
+    segment under the view, and reading it faulted."""
+    import symmpool
+
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+    group = dist.group.WORLD
+    n = 1 << 20
+    with torch.cuda.use_mem_pool(symmpool.mem_pool()):
+        mine = torch.empty(n, dtype=torch.float32, device=device)
+    mine.fill_(float(rank + 1))
+    symmpool.rendezvous(mine, group)
+    symmpool.barrier(group)  # every rank filled its buffer
+    peer = (rank + 1) % world
+    view = symmpool.peer_tensor(mine, peer)
+    torch.cuda.synchronize()
+    dist.destroy_process_group()  # the heap, and its peer mappings, go
+    total = view.sum().item()
+    assert total == float(peer + 1) * n, f"rank {rank} read {total} from rank {peer} after the group"
+    del view  # the last holder: unmapped now
+    torch.cuda.synchronize()
+    print(f"[rank {rank}] read rank {peer}'s buffer after its group was destroyed", flush=True)
+
+
 def peer_memory_api(rank: int, world: int) -> None:
     """rendezvous, peer_tensor, barrier, and signal/wait ping-pong: each rank
     reads its peers' buffers through views; a plain tensor is refused on

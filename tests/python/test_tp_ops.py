@@ -170,6 +170,11 @@ def test_peer_memory_api():
 
 
 @needs_two
+def test_a_peer_view_outlives_its_group():
+    run_workers(dist_tp_ops.peer_view_outlives_its_group, gpu_count(), timeout=120)
+
+
+@needs_two
 def test_a_wait_without_signal_times_out():
     run_workers(dist_tp_ops.a_wait_without_signal_times_out, 2, timeout=120)
 
@@ -190,11 +195,13 @@ def test_a_wait_the_gpu_has_not_reached_does_not_time_out():
     ("fused_ops_replay_in_cuda_graphs_and_compile", ()),
     ("fused_ops_back_to_back_with_a_late_rank", ()),
     ("peer_memory_api", ()),
+    ("peer_view_outlives_its_group", ()),
     ("a_wait_without_signal_times_out", ()),
     ("a_wait_the_gpu_has_not_reached_does_not_time_out", ()),
     ("a_destroyed_groups_workspace_is_freed", ()),
     ("signal_before_setup_is_refused", ()),
-], ids=["fused_vs_unfused", "graphs_and_compile", "late_rank", "peer_memory_api", "wait_timeout", "late_gpu_wait",
+], ids=["fused_vs_unfused", "graphs_and_compile", "late_rank", "peer_memory_api", "peer_view_outlives_group",
+        "wait_timeout", "late_gpu_wait",
         "workspace_freed", "signal_before_setup"])
 def test_two_ranks_sharing_one_gpu(worker, args):
     run_sharing_one_gpu(getattr(dist_tp_ops, worker), 2, *args, timeout=300)

@@ -126,6 +126,10 @@ class Communicator {
   // at the same address needs a new rendezvous). Valid while the buffer
   // lives on every rank; a peer's own frees cannot be seen from here.
   void* peer_address(const void* ptr, std::size_t bytes, int peer) const;
+  // The same address, and what keeps its mapping alive for a view that may
+  // outlive the buffer, the peer's release or this communicator
+  // (SymmetricHeap::peer_lease; null for this rank's own memory).
+  std::pair<void*, std::shared_ptr<void>> peer_view(const void* ptr, std::size_t bytes, int peer) const;
   // Point to point, neither collective nor ordered with the collectives:
   // signal tells `peer` that what `stream` did before is done (counted, so
   // no signal is lost); wait holds `stream` until `peer` has signalled this

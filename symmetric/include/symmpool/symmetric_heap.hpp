@@ -10,6 +10,7 @@
 #include <symmpool/caching_allocator.hpp>
 #include <symmpool/error.hpp>
 #include <symmpool/fd_channel.hpp>
+#include <symmpool/peer_mapping.hpp>
 #include <symmpool/store.hpp>
 
 #include <chrono>
@@ -102,6 +103,12 @@ class SymmetricHeap final : public SegmentObserver {
   // with `bytes`, also unless one mapped segment of the peer holds all of
   // [local, local + bytes).
   void* peer_ptr(const void* local, int peer, std::size_t bytes = 1) const;
+  // What keeps that peer mapping alive (null for this rank's own memory):
+  // a view of it holds this, so the view stays readable after the peer
+  // releases the segment or the heap is gone. While such a view lives, the
+  // peer's next segment at those offsets cannot be mapped (the sync that
+  // tries fails, naming the view).
+  std::shared_ptr<void> peer_lease(const void* local, int peer, std::size_t bytes = 1) const;
   std::size_t offset_of(const void* local) const;
   bool contains(const void* local) const;
 
@@ -130,6 +137,7 @@ class SymmetricHeap final : public SegmentObserver {
     std::size_t offset;
     std::size_t size;
     CUmemGenericAllocationHandle handle;
+    std::shared_ptr<PeerMapping> mapping;  // peers' pieces only
   };
   std::string key(const std::string& what, int r) const;
   std::vector<std::string> exchange(const std::string& what, const std::string& mine);
@@ -143,7 +151,8 @@ class SymmetricHeap final : public SegmentObserver {
                       std::uint64_t generation);
   void map_peer(int peer, const Piece& piece);
   void map_peer_naming_it(int peer, const Piece& piece);
-  void unmap_peer(int peer, const Piece& piece) noexcept;
+  void unmap_peer(int peer, Piece& piece) noexcept;
+  const Piece& peer_piece(const void* local, int peer, std::size_t bytes) const;
   int export_fd(std::uint64_t id);
   void mark_published();  // sync(), under mutex_: local_ is what the group now knows
 
@@ -164,8 +173,11 @@ class SymmetricHeap final : public SegmentObserver {
   std::uint64_t releases_ = 0;            // release_cached() calls so far
   std::uint64_t synced_generation_ = 0;   // local_generation_ at the last sync()
   std::string failure_;                   // first failure of a collective call (sticky)
-  std::vector<CUdeviceptr> peer_base_;
+  std::vector<std::shared_ptr<PeerAddressRange>> peer_ranges_;
+  std::vector<CUdeviceptr> peer_base_;                     // peer_ranges_[r]->base()
   std::vector<std::map<std::size_t, Piece>> peer_pieces_;  // by offset
+  // Mappings of released peer segments that views still hold, per peer.
+  std::vector<std::vector<std::weak_ptr<PeerMapping>>> lingering_;
   std::vector<std::string> peer_socket_;
   std::vector<std::string> peer_secret_;  // each peer's FdServer secret
   std::vector<pid_t> peer_pid_;           // each peer's pid: its FdServer's, checked on fetch

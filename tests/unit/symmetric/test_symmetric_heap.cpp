@@ -135,6 +135,58 @@ TEST(SymmetricHeapFake, UnmappingAReleasedPeerSegmentWaitsForTheDevice) {
   EXPECT_EQ(result, "");
 }
 
+// A view of a peer's segment (symmpool.peer_tensor) holds its mapping: it
+// stays readable after the peer releases the segment and after the heap is
+// gone, and while it lives the peer's next segment at those offsets is
+// refused by name. Before, the release or the heap unmapped it under the
+// view, whose next read faulted.
+TEST(SymmetricHeapFake, APeerViewKeepsItsMappingUntilItGoes) {
+  TempStoreDir dir;
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir.path());
+    const int peer = 1 - rank;
+    std::shared_ptr<void> lease;
+    const volatile std::uint32_t* view = nullptr;
+    {
+      SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "lease", rank, w,
+                         HeapOptions{std::chrono::seconds(20)});
+      void* kept = alloc->allocate(4096, stream(1));
+      auto* buf = static_cast<std::uint32_t*>(alloc->allocate(30 * MiB, stream(1)));
+      buf[0] = 100u + static_cast<std::uint32_t>(rank);
+      heap.sync();
+      view = static_cast<const std::uint32_t*>(heap.peer_ptr(buf, peer, 4));
+      lease = heap.peer_lease(buf, peer, 4);
+      RANK_CHECK(lease != nullptr, "no lease on rank %d's segment", peer);
+      RANK_CHECK(heap.peer_lease(buf, rank, 4) == nullptr, "a lease on this rank's own memory");
+      heap.check_symmetric(buf, 4, "buf");  // both have read their lease before the release
+      alloc->deallocate(buf, stream(1));
+      RANK_CHECK(heap.release_cached() == 30 * MiB, "released a different amount");
+      RANK_CHECK(heap.mapped_peer_segments() == 1u, "%zu", heap.mapped_peer_segments());
+      RANK_CHECK(view[0] == 100u + static_cast<std::uint32_t>(peer), "after the release: %u", view[0]);
+      // The peer's next segment lands at the same offset: not mapped while the view lives.
+      void* again = alloc->allocate(30 * MiB, stream(1));
+      try {
+        heap.sync();
+        RANK_CHECK(false, "rank %d mapped a new segment over a live view", rank);
+      } catch (const std::exception& e) {
+        RANK_CHECK(std::strstr(e.what(), "is still alive (symmpool.peer_tensor") != nullptr, "%s", e.what());
+      }
+      alloc->deallocate(again, stream(1));
+      alloc->deallocate(kept, stream(1));
+    }
+    RANK_CHECK(view[0] == 100u + static_cast<std::uint32_t>(peer), "after the heap: %u", view[0]);
+    FakeDriver::instance().clear_calls();
+    lease.reset();  // the last holder: the mapping, then its range, go
+    const std::vector<std::string> calls = FakeDriver::instance().calls();
+    const std::size_t sync = index_of(calls, "cuCtxSynchronize"), unmap = index_of(calls, "cuMemUnmap");
+    RANK_CHECK(sync < unmap && unmap < calls.size(), "no wait before the unmap");
+    RANK_CHECK(FakeDriver::instance().count("cuMemAddressFree") == 1u, "the range stayed");
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
 // One rank maps a segment the others do not (it allocated more): the next
 // check of a new buffer carries its listing, so every rank syncs in the same
 // exchange instead of that rank syncing alone (which diverged before).
