@@ -59,6 +59,10 @@ def per_rep(result: dict) -> dict:
         "exposed_comm_ms": _max_present((p or {}).get("exposed_comm_ms_per_step") for p in profiles),
         "comm_ms": _max_present((p or {}).get("comm_ms_per_step") for p in profiles),
         "compute_ms": _max_present((p or {}).get("compute_ms_per_step") for p in profiles),
+        # the rank with the most exposed time: its longest exposed stretches
+        "exposed_longest_ms": max(((p.get("exposed_comm_ms_per_step", 0.0), p.get("exposed_longest_ms"))
+                                   for p in profiles if p and "exposed_longest_ms" in p),
+                                  default=(0.0, None))[1],
         "profile_errors": [p["error"] for p in profiles if p and "error" in p],
     }
 
@@ -102,6 +106,7 @@ def aggregate_mode(mode: str, records: list[dict], reference: dict | None) -> di
         "exposed_comm_ms_median": _median_or_none(rep["exposed_comm_ms"] for rep in reps),
         "comm_ms_median": _median_or_none(rep["comm_ms"] for rep in reps),
         "compute_ms_median": _median_or_none(rep["compute_ms"] for rep in reps),
+        "exposed_longest_ms_per_rep": [rep["exposed_longest_ms"] for rep in reps],
         "device_peak_bytes": _max_present(rep["device_peak_bytes"] for rep in reps),
         "device_peak_bytes_per_rep": [rep["device_peak_bytes"] for rep in reps],
         "device_baseline_bytes_per_rep": [rep["device_baseline_bytes"] for rep in reps],

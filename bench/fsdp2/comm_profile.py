@@ -59,18 +59,28 @@ def length(intervals: list[tuple[float, float]]) -> float:
     return sum(e - s for s, e in intervals)
 
 
-def exposed(comm: list[tuple[float, float]], compute: list[tuple[float, float]]) -> float:
-    """Length of the communication time not covered by any compute interval."""
+def exposed_intervals(comm: list[tuple[float, float]],
+                      compute: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The stretches of communication that no compute interval covers."""
     comm, compute = union(comm), union(compute)
-    covered, j = 0.0, 0
+    out, j = [], 0
     for start, end in comm:
         while j < len(compute) and compute[j][1] <= start:
             j += 1
-        k = j
+        at, k = start, j
         while k < len(compute) and compute[k][0] < end:
-            covered += min(end, compute[k][1]) - max(start, compute[k][0])
+            if compute[k][0] > at:
+                out.append((at, compute[k][0]))
+            at = max(at, compute[k][1])
             k += 1
-    return length(comm) - covered
+        if at < end:
+            out.append((at, end))
+    return out
+
+
+def exposed(comm: list[tuple[float, float]], compute: list[tuple[float, float]]) -> float:
+    """Length of the communication time not covered by any compute interval."""
+    return length(exposed_intervals(comm, compute))
 
 
 def summarize(events: list[dict], steps: int) -> dict:
@@ -79,11 +89,18 @@ def summarize(events: list[dict], steps: int) -> dict:
     if not compute:  # a trace without GPU kernels: say so rather than report zero
         raise RuntimeError("the profiler's trace holds no GPU kernel (is CUPTI working?)")
     per_step = 1e-3 / steps  # us over the window -> ms per step
+    stretches = exposed_intervals(comm, compute)
+    # Where the exposed time sits: a step's first all-gather (nothing to
+    # overlap it yet) and its last reduce-scatter (the optimizer waits for
+    # it) are exposed by construction; the rest is overlap that was missed.
+    longest = sorted((e - s for s, e in stretches), reverse=True)[:2 * steps]
     return {
         "profiled_steps": steps,
         "comm_ms_per_step": length(union(comm)) * per_step,
         "compute_ms_per_step": length(union(compute)) * per_step,
-        "exposed_comm_ms_per_step": exposed(comm, compute) * per_step,
+        "exposed_comm_ms_per_step": length(stretches) * per_step,
+        "exposed_stretches_per_step": len(stretches) / steps,
+        "exposed_longest_ms": [round(d * 1e-3, 4) for d in longest],
         "comm_kernels": len(comm),
     }
 

@@ -42,7 +42,8 @@ def fake_result(step_ms, losses, peak, world=2, symm=None, exposed=1.5):
             "symmpool": symm and {"reserved_bytes": {"current": 0, "peak": symm}, "symm_collectives": 7,
                                   "nccl_fallbacks": 0},
             "profile": {"exposed_comm_ms_per_step": exposed + rank, "comm_ms_per_step": 4.0,
-                        "compute_ms_per_step": 9.0, "profiled_steps": 3},
+                        "compute_ms_per_step": 9.0, "profiled_steps": 3,
+                        "exposed_longest_ms": [0.5 + rank, 0.25]},
         })
     return {"world": world, "ranks": ranks, "context": {"torch": "2.11.0", "cuda": "13.0", "nccl": "2.28.9"},
             "mode_problems": []}
@@ -157,6 +158,7 @@ def test_aggregation_has_the_issue_shape_and_numbers():
     assert stock["device_peak_bytes"] == 41 << 30 and stock["device_peak_bytes_per_rep"] == [40 << 30, 41 << 30]
     assert stock["device_peak_above_baseline_bytes"] == 40 << 30  # baseline 1 GiB
     assert stock["exposed_comm_ms_median"] == pytest.approx(2.5)  # the larger rank's
+    assert stock["exposed_longest_ms_per_rep"] == [[1.5, 0.25], [1.5, 0.25]]  # that rank's stretches
     assert stock["symmpool_peak_reserved_bytes"] is None
     assert stock["max_rel_loss_diff_vs_stock"] == 0.0
     assert symm["reps"] == 1 and symm["symmpool_peak_reserved_bytes"] == 3 << 30
@@ -237,7 +239,11 @@ def test_exposed_communication_is_what_no_compute_covers():
     summary = comm_profile.summarize(events, steps=2)
     assert summary["exposed_comm_ms_per_step"] == pytest.approx(18 / 2 / 1000)
     assert summary["comm_ms_per_step"] == pytest.approx(26 / 2 / 1000)
+    assert summary["exposed_stretches_per_step"] == pytest.approx(5 / 2)  # (0,5) (8,10) (30,35) (50,54) (60,62)
+    assert summary["exposed_longest_ms"] == pytest.approx([0.005, 0.005, 0.004, 0.002])
     assert comm_profile.exposed([(0, 10)], [(0, 4), (2, 6), (8, 20)]) == pytest.approx(2)
+    assert comm_profile.exposed_intervals([(0, 10), (12, 20)], [(2, 4), (5, 13), (15, 16)]) == \
+        [(0, 2), (4, 5), (13, 15), (16, 20)]
 
 
 def test_time_budget_stops_launching_and_every_run_is_accounted_for(tmp_path, monkeypatch):
