@@ -27,6 +27,7 @@ struct CachingAllocator::Block {
   // Live: streams named in record_stream. Freed: streams whose event could
   // not be recorded yet; the block waits for a retry (see record_events).
   std::vector<CUstream> stream_uses;
+  bool retiring = false;  // a head out of the pool, unmapped once its stream's event completes
 
   bool is_free() const { return !allocated && pending_events == 0 && stream_uses.empty(); }
 };
@@ -72,6 +73,7 @@ CachingAllocator::~CachingAllocator() {
   }
   // Events still pending (synchronizing failed) go too: the segments are unmapped below.
   for (auto& [event, block] : pending_) drv_.cuEventDestroy(event);
+  for (auto& retiring : retiring_) drv_.cuEventDestroy(retiring.event);
   for (CUevent e : spare_events_) drv_.cuEventDestroy(e);
   for (auto& [id, head] : segment_heads_) {
     for (Block* b = head; b != nullptr;) {
@@ -133,7 +135,7 @@ CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size, s
                                                              CUstream stream, bool small) {
   const std::size_t want = segment_size_for(size);
   ContextGuard guard(drv_, arena_->context());
-  if (!small) release_outgrown_segments(stream);
+  if (!small) retire_outgrown_segments(stream);
   const Segment* segment = arena_->map_new_segment(want);
   if (segment == nullptr) {
     // Give every cached segment back and try once more, as PyTorch does.
@@ -316,6 +318,7 @@ void CachingAllocator::try_retry_unrecorded_events() {
 
 void CachingAllocator::process_events() {
   try_retry_unrecorded_events();
+  if (!retiring_.empty()) finish_retiring(/*wait=*/false);
   if (pending_.empty()) return;
   ContextGuard guard(drv_, arena_->context());
   for (auto it = pending_.begin(); it != pending_.end();) {
@@ -349,7 +352,8 @@ void CachingAllocator::synchronize_pending_events() {
 // A segment a symmetric heap published stays: its peers map it, and freeing
 // it alone would let a new segment take its offset under them.
 bool CachingAllocator::releasable(const Block* head) const {
-  return head->next == nullptr && head->is_free() && !arena_->observers_keep(*head->segment);
+  return head->next == nullptr && head->is_free() && !head->retiring &&
+         !arena_->observers_keep(*head->segment);
 }
 
 void CachingAllocator::unmap_free_segment(Block* head) {
@@ -369,14 +373,14 @@ std::size_t CachingAllocator::release_cached_segments() {
   std::vector<Block*> idle;
   for (auto& [id, head] : segment_heads_)
     if (releasable(head)) idle.push_back(head);
-  if (idle.empty()) return 0;
+  if (idle.empty() && retiring_.empty()) return 0;
   // Blocks are free in stream order: work queued before their free may still
   // use them, and cuMemUnmap is not known to wait for it as cudaFree does
   // (PyTorch's expandable segments sync before they unmap for that reason).
   // So the device finishes first; where it cannot (a capture under way, a
   // sticky error), the error names the call and nothing is unmapped.
   SYMMPOOL_CU_TRY(drv_, cuCtxSynchronize());
-  std::size_t released = 0;
+  std::size_t released = finish_retiring(/*wait=*/true);
   for (Block* head : idle) {
     released += head->segment->size;
     unmap_free_segment(head);
@@ -389,12 +393,14 @@ std::size_t CachingAllocator::release_cached_segments() {
 // mapping beside them would size the pool by its history instead of its
 // peak: requests that grow (FSDP2's reduce-scatter inputs, block by block
 // and then the root's) would keep every smaller segment they outgrew. Those
-// go first, as expandable segments would grow one range instead. Only work
-// queued on `stream` can still use them (frees from other streams wait on
-// events, so those blocks are not free yet): that stream finishes first. In
-// a capture, or if the wait fails, they stay: this saves memory, it is not
-// needed for the request.
-void CachingAllocator::release_outgrown_segments(CUstream stream) {
+// are retired, as expandable segments would grow one range instead: out of
+// the pool at once, unmapped once the work queued on `stream` before now
+// has finished (an event, checked here and at later allocations). Only that
+// stream's work can still use them (frees from other streams wait on
+// events, so those blocks are not free yet). No wait here: the lock is held
+// and the stream may be waiting on a peer. Nothing is retired in a capture
+// (no event outside the graph) or where the event cannot be recorded.
+void CachingAllocator::retire_outgrown_segments(CUstream stream) {
   std::vector<Block*> outgrown;
   for (auto& [id, head] : segment_heads_)
     if (!head->small && head->stream == stream && releasable(head)) outgrown.push_back(head);
@@ -402,9 +408,38 @@ void CachingAllocator::release_outgrown_segments(CUstream stream) {
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   if (drv_.cuStreamIsCapturing(stream, &capture) != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE)
     return;
-  if (drv_.cuStreamSynchronize(stream) != CUDA_SUCCESS) return;
-  for (Block* head : outgrown) unmap_free_segment(head);
+  CUevent event = take_event();
+  if (drv_.cuEventRecord(event, stream) != CUDA_SUCCESS) {
+    spare_events_.push_back(event);
+    return;
+  }
+  for (Block* head : outgrown) {
+    pool_of(head).erase(head);
+    head->retiring = true;
+  }
   stats_.outgrown_segment_releases += outgrown.size();
+  retiring_.push_back(Retiring{event, std::move(outgrown)});
+  finish_retiring(/*wait=*/false);  // an idle stream: unmapped now
+}
+
+// Unmaps the retired segments whose event completed (all of them with
+// `wait`, after the caller synchronized the device); returns the bytes.
+std::size_t CachingAllocator::finish_retiring(bool wait) {
+  ContextGuard guard(drv_, arena_->context());
+  std::size_t released = 0;
+  for (auto it = retiring_.begin(); it != retiring_.end();) {
+    if (!wait && drv_.cuEventQuery(it->event) != CUDA_SUCCESS) {  // not yet, or the next sync reports it
+      ++it;
+      continue;
+    }
+    spare_events_.push_back(it->event);
+    for (Block* head : it->heads) {
+      released += head->segment->size;
+      unmap_free_segment(head);
+    }
+    it = retiring_.erase(it);
+  }
+  return released;
 }
 
 void* CachingAllocator::map_internal_segment(int slot) {

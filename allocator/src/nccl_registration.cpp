@@ -19,6 +19,10 @@ NcclRegistrationHook::~NcclRegistrationHook() {
 }
 
 void NcclRegistrationHook::on_segment_mapped(const Segment& segment) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (abandoned_) return;  // its communicator is aborted or about to be
+  }
   void* handle = nullptr;
   SYMMPOOL_NCCL_TRY(nccl_, commRegister(comm_, segment.ptr(), segment.size, &handle));
   std::lock_guard<std::mutex> lock(mutex_);
@@ -47,6 +51,7 @@ void NcclRegistrationHook::on_segment_unmapping(const Segment& segment) noexcept
 std::size_t NcclRegistrationHook::abandon() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::size_t n = registrations_.size();
+  abandoned_ = true;
   registrations_.clear();
   counts_.abandoned += n;
   counts_.live = 0;

@@ -400,13 +400,6 @@ CUresult fake_cuCtxSynchronize() {
   return CUDA_SUCCESS;
 }
 
-// The "GPU" finishes the stream's work (the fake has no per-stream queues: a
-// block whose free waits on an event is not free, so nothing else is needed).
-CUresult fake_cuStreamSynchronize(CUstream stream) {
-  FAKE_ENTER("cuStreamSynchronize");
-  return s.capturing.count(stream) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
-}
-
 CUresult fake_cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
   FAKE_ENTER("cuStreamIsCapturing");
   *status = s.capturing.count(stream) ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;

@@ -161,7 +161,7 @@ at::Tensor SymmBackend::allocateTensor(long size, at::TensorOptions options) {
 void SymmBackend::register_if_ready(const at::Device& device) {
   if (!device.is_cuda()) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (hooks_.count(device.index())) return;
+  if (aborted_ || hooks_.count(device.index())) return;
   if (!getNCCLComm(std::to_string(device.index()))) return;  // no collective on it yet
   // getCommPtr reads the communicator of the current device.
   c10::cuda::CUDAGuard guard(device.index());
@@ -200,15 +200,8 @@ void SymmBackend::detach_all() noexcept {
 
 void SymmBackend::abandon_registrations() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& [device, hook] : hooks_) {
-    try {
-      device_allocator(device).remove_observer(hook.get(), /*replay_existing=*/false);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "symmpool: detaching from device %d failed: %s\n", int(device), e.what());
-    }
-    hook->abandon();
-  }
-  hooks_.clear();
+  aborted_ = true;  // register_if_ready makes no new hook for the aborted communicator
+  for (auto& [device, hook] : hooks_) hook->abandon();
 }
 
 RegistrationCounts SymmBackend::registration_counts() const {
@@ -304,8 +297,10 @@ void SymmBackend::abort() {
   // NCCL aborts before symmpool's state goes, since releasing it waits for
   // the device, and an NCCL kernel stuck on a dead peer would hold that wait
   // forever. NCCL's abort frees its registrations of symmpool's segments
-  // with the communicator, so the hooks leave without deregistering (the
-  // communicator they would call is gone after it).
+  // with the communicator, so the hooks first forget theirs (the
+  // communicator they would call is gone after it) without taking the
+  // allocator's lock, which a thread waiting on NCCL's work may hold; they
+  // are detached with symmpool's state.
   abandon_registrations();
   ProcessGroupNCCL::abort();
   release_symmetric_state();

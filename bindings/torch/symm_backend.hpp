@@ -98,6 +98,7 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
 
   mutable std::mutex mutex_;
   std::map<c10::DeviceIndex, std::unique_ptr<NcclRegistrationHook>> hooks_;
+  bool aborted_ = false;  // under mutex_: no hook for NCCL's aborted communicator
 
   CollectiveRouter router_;
   // Read with SYMMPOOL_COLLECTIVES, when the backend is made: groups made

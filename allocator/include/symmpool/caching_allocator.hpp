@@ -118,7 +118,8 @@ class CachingAllocator {
   void synchronize_events();          // every free, unrecorded ones included
   void synchronize_pending_events();  // the recorded ones
   std::size_t release_cached_segments();
-  void release_outgrown_segments(CUstream stream);
+  void retire_outgrown_segments(CUstream stream);
+  std::size_t finish_retiring(bool wait);
   bool releasable(const Block* head) const;  // a whole segment, free, no peer maps it
   void unmap_free_segment(Block* head);      // head: releasable
   CUevent take_event();
@@ -136,6 +137,11 @@ class CachingAllocator {
   std::deque<std::pair<CUevent, Block*>> pending_;           // frees waiting on events
   std::vector<Block*> unrecorded_;                           // frees whose events failed to record, to retry
   std::vector<CUevent> spare_events_;
+  struct Retiring {
+    CUevent event;              // recorded on the segments' stream when they were retired
+    std::vector<Block*> heads;  // whole-free segments, out of the pool
+  };
+  std::vector<Retiring> retiring_;
   AllocatorStats stats_;
   std::uint64_t serials_ = 0;  // allocations made so far
 };

@@ -52,7 +52,6 @@ namespace symmpool {
   X(cuEventQuery, 2000)                    \
   X(cuEventSynchronize, 2000)              \
   X(cuEventDestroy, 4000)                  \
-  X(cuStreamSynchronize, 2000)             \
   X(cuStreamIsCapturing, 10000)            \
   X(cuStreamWriteValue32, 11070)           \
   X(cuStreamWaitValue32, 11070)            \

@@ -42,9 +42,11 @@ class NcclRegistrationHook final : public SegmentObserver {
 
   ncclComm_t comm() const { return comm_; }
   RegistrationCounts counts() const;
-  // Forgets every registration without deregistering: for a communicator
-  // about to be aborted, which frees them itself and may be stuck on a dead
-  // peer. Detach the hook from the allocator first. Returns how many.
+  // Forgets every registration without deregistering, and registers nothing
+  // from now on: for a communicator about to be aborted, which frees them
+  // itself and may be stuck on a dead peer. Takes no allocator lock (a
+  // thread may hold it waiting on that communicator's work); detach the hook
+  // afterwards. Returns how many.
   std::size_t abandon() noexcept;
 
  private:
@@ -57,6 +59,7 @@ class NcclRegistrationHook final : public SegmentObserver {
   mutable std::mutex mutex_;
   std::unordered_map<std::uint64_t, Registration> registrations_;  // by segment id
   RegistrationCounts counts_;
+  bool abandoned_ = false;
 };
 
 }  // namespace symmpool

@@ -180,25 +180,53 @@ TEST_F(CachingAllocatorTest, OutOfMemoryEmptiesTheCacheAndRetries) {
 TEST_F(CachingAllocatorTest, ALargerRequestReplacesTheFreeSegmentsOfItsStreamItOutgrew) {
   auto a = make_allocator();
   void* block_input = a->allocate(30 * MiB, stream(1));
-  a->deallocate(block_input, stream(1));  // a kernel on stream 1 may still use it
+  a->deallocate(block_input, stream(1));
   fake().clear_calls();
-  void* root_input = a->allocate(50 * MiB, stream(1));
+  void* root_input = a->allocate(50 * MiB, stream(1));  // the stream is idle: unmapped at once
   auto st = a->stats();
   EXPECT_EQ(st.segments.current, 1);
   EXPECT_EQ(st.reserved_bytes.current, static_cast<std::int64_t>(50 * MiB));
   EXPECT_EQ(st.outgrown_segment_releases, 1u);
   const std::vector<std::string> calls = fake().calls();
-  const auto sync = std::find(calls.begin(), calls.end(), "cuStreamSynchronize");
-  const auto unmap = std::find(calls.begin(), calls.end(), "cuMemUnmap");
-  ASSERT_NE(sync, calls.end());
-  ASSERT_NE(unmap, calls.end());
-  EXPECT_LT(sync - calls.begin(), unmap - calls.begin());
+  const std::size_t record = index_of(calls, "cuEventRecord"), query = index_of(calls, "cuEventQuery"),
+                    unmap = index_of(calls, "cuMemUnmap");
+  ASSERT_LT(unmap, calls.size());
+  EXPECT_LT(record, query);  // the stream's work before now, done
+  EXPECT_LT(query, unmap);
   a->deallocate(root_input, stream(1));
   // From now on the larger segment serves both.
   void* again = a->allocate(30 * MiB, stream(1));
   EXPECT_EQ(again, root_input);
   EXPECT_EQ(a->stats().segment_maps, 2u);
   a->deallocate(again, stream(1));
+}
+
+// No wait under the allocator's lock (the stream may be waiting on a dead
+// peer): a busy stream's outgrown segments leave the pool at once and are
+// unmapped at a later allocation, once its work is done.
+TEST_F(CachingAllocatorTest, OutgrownSegmentsOfABusyStreamGoOnceItsWorkIsDone) {
+  auto a = make_allocator();
+  void* small_input = a->allocate(30 * MiB, stream(1));
+  a->deallocate(small_input, stream(1));
+  fake().hold_events(true);  // stream 1 still runs what was queued
+  void* big = a->allocate(50 * MiB, stream(1));
+  EXPECT_EQ(a->stats().segments.current, 2);
+  EXPECT_EQ(a->stats().outgrown_segment_releases, 1u);
+  void* other = a->allocate(20 * MiB, stream(1));  // not served from the retired segment
+  EXPECT_NE(other, small_input);
+  EXPECT_EQ(a->stats().segments.current, 3);
+  fake().complete_events();
+  void* next = a->allocate(4096, stream(2));  // any allocation finishes what is done
+  EXPECT_EQ(a->stats().segments.current, 3);
+  EXPECT_EQ(a->stats().reserved_bytes.current, static_cast<std::int64_t>(50 * MiB + 20 * MiB + 2 * MiB));
+  EXPECT_EQ(fake().count("cuStreamSynchronize") + fake().count("cuCtxSynchronize"), 0u);
+  for (void* p : {big, other}) a->deallocate(p, stream(1));
+  a->deallocate(next, stream(2));
+  // empty_cache waits for a retired segment still pending, then unmaps it.
+  void* again = a->allocate(60 * MiB, stream(1));  // retires 50 + 20, held pending
+  EXPECT_EQ(a->empty_cache(), 70 * MiB + 2 * MiB);
+  a->deallocate(again, stream(1));
+  fake().hold_events(false);
 }
 
 TEST_F(CachingAllocatorTest, SegmentsInUseOnOtherStreamsOrInACaptureAreNotReplaced) {
@@ -217,21 +245,41 @@ TEST_F(CachingAllocatorTest, SegmentsInUseOnOtherStreamsOrInACaptureAreNotReplac
   EXPECT_EQ(a->stats().segments.current, 5);
   a->deallocate(big, stream(1));
   fake().complete_events();
-  // In a capture nothing is waited for or released: a new segment is mapped.
+  fake().hold_events(false);
+  // In a capture nothing is retired: a new segment is mapped beside them.
   fake().set_capturing(stream(1), true);
   fake().clear_calls();
   void* captured = a->allocate(60 * MiB, stream(1));
-  EXPECT_EQ(fake().count("cuStreamSynchronize"), 0u);
+  EXPECT_EQ(fake().count("cuEventRecord"), 0u);
   EXPECT_EQ(a->stats().outgrown_segment_releases, 0u);
   EXPECT_EQ(a->stats().segments.current, 6);
   fake().set_capturing(stream(1), false);
-  // A wait that fails releases nothing either; the request is still served.
-  fake().fail("cuStreamSynchronize", CUDA_ERROR_LAUNCH_FAILED);
+  // An event that cannot be recorded retires nothing either; the request is still served.
+  fake().fail("cuEventRecord", CUDA_ERROR_LAUNCH_FAILED);
   void* after_failure = a->allocate(70 * MiB, stream(1));
   EXPECT_NE(after_failure, nullptr);
   EXPECT_EQ(a->stats().segments.current, 7);
   EXPECT_EQ(a->stats().outgrown_segment_releases, 0u);
   for (void* p : {live, captured, after_failure}) a->deallocate(p, stream(1));
+}
+
+// Steps that repeat the same requests stop mapping after the first.
+TEST_F(CachingAllocatorTest, RepeatedStepsSettleWithoutMappingAgain) {
+  auto a = make_allocator();
+  auto step = [&] {
+    void* x = a->allocate(30 * MiB, stream(1));
+    a->deallocate(x, stream(1));
+    void* y = a->allocate(50 * MiB, stream(1));
+    void* z = a->allocate(24 * MiB, stream(1));  // while y lives
+    a->deallocate(y, stream(1));
+    void* w = a->allocate(80 * MiB, stream(1));  // while z lives
+    a->deallocate(z, stream(1));
+    a->deallocate(w, stream(1));
+  };
+  step();
+  const std::uint64_t maps = a->stats().segment_maps;
+  for (int i = 0; i < 10; ++i) step();
+  EXPECT_EQ(a->stats().segment_maps, maps);
 }
 
 TEST_F(CachingAllocatorTest, OutOfMemoryErrorNamesTheSizes) {

@@ -57,10 +57,13 @@ TEST_F(RegistrationHookTest, AbandonedRegistrationsAreNeverDeregistered) {
   void* p = a->allocate(30 * MiB, stream(1));
   NcclRegistrationHook hook(comm(1), fake().nccl());
   a->add_observer(&hook, true);
-  a->remove_observer(&hook, /*replay_existing=*/false);
-  EXPECT_EQ(hook.abandon(), 1u);
+  EXPECT_EQ(hook.abandon(), 1u);  // still attached, as abort() leaves it until NCCL has aborted
+  void* later = a->allocate(40 * MiB, stream(2));
+  EXPECT_EQ(hook.counts().registrations, 1u) << "registered with an abandoned communicator";
+  a->deallocate(later, stream(2));
   a->deallocate(p, stream(1));
   a->empty_cache();
+  a->remove_observer(&hook, /*replay_existing=*/true);
   EXPECT_EQ(fake().count("ncclCommDeregister"), 0u);
   EXPECT_EQ(hook.counts().abandoned, 1u);
   EXPECT_EQ(hook.counts().live, 0u);

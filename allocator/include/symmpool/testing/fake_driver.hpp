@@ -44,7 +44,7 @@ class FakeDriver {
   void complete_events();
   // As ncclCommAbort does: every registration goes with its communicator.
   void abort_nccl_communicators();
-  // A capturing stream reports CU_STREAM_CAPTURE_STATUS_ACTIVE, and a sync on it fails.
+  // A capturing stream reports CU_STREAM_CAPTURE_STATUS_ACTIVE.
   void set_capturing(CUstream stream, bool capturing);
 
   std::size_t used_memory(int device) const;  // bytes in live handles
