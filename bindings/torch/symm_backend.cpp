@@ -50,20 +50,29 @@ bool blocking_wait() {
 // graph's replays still use it, and symmpool cannot tell when the graph is
 // gone (torch keeps a private pool per graph for this), so it stays out of
 // the cache for the process's lifetime.
-std::mutex graph_held_mutex;
-std::map<c10::DeviceIndex, std::size_t> graph_held;
+struct GraphHeld {
+  std::mutex mutex;
+  std::map<c10::DeviceIndex, std::size_t> bytes;
+};
+
+GraphHeld& graph_held() {
+  static auto* held = new GraphHeld;  // never destroyed: a deleter may run during static destruction
+  return *held;
+}
 
 void hold_for_graphs(c10::DeviceIndex device, std::size_t bytes) {
-  std::lock_guard<std::mutex> lock(graph_held_mutex);
-  graph_held[device] += bytes;
+  GraphHeld& held = graph_held();
+  std::lock_guard<std::mutex> lock(held.mutex);
+  held.bytes[device] += bytes;
 }
 
 }  // namespace
 
 std::size_t graph_held_bytes(c10::DeviceIndex device) {
-  std::lock_guard<std::mutex> lock(graph_held_mutex);
-  auto it = graph_held.find(device);
-  return it == graph_held.end() ? 0 : it->second;
+  GraphHeld& held = graph_held();
+  std::lock_guard<std::mutex> lock(held.mutex);
+  auto it = held.bytes.find(device);
+  return it == held.bytes.end() ? 0 : it->second;
 }
 
 SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -1,9 +1,36 @@
 #include <symmpool/error.hpp>
 #include <symmpool/peer_mapping.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <mutex>
+#include <vector>
 
 namespace symmpool {
+
+namespace {
+
+struct Retired {
+  const DriverApi* drv;
+  CUcontext context;
+  std::shared_ptr<PeerAddressRange> range;
+  std::size_t offset;
+  std::size_t size;
+  CUmemGenericAllocationHandle handle;
+};
+
+// Never destroyed: a view's deleter may retire a mapping during static destruction.
+struct RetiredList {
+  std::mutex mutex;
+  std::vector<Retired> mappings;
+};
+
+RetiredList& retired_list() {
+  static auto* list = new RetiredList;
+  return *list;
+}
+
+}  // namespace
 
 PeerAddressRange::PeerAddressRange(const DriverApi& drv, std::size_t bytes, std::size_t alignment)
     : drv_(drv), bytes_(bytes) {
@@ -35,25 +62,55 @@ PeerMapping::PeerMapping(const DriverApi& drv, CUcontext context, int device,
 }
 
 PeerMapping::~PeerMapping() {
-  try {
-    ContextGuard guard(drv_, context_);
-    if (CUresult r = drv_.cuCtxSynchronize(); r != CUDA_SUCCESS) {
-      std::fprintf(stderr,
-                   "symmpool: a peer segment (offset %zu, %zu bytes) stays mapped: waiting for the device "
-                   "failed: %s\n",
-                   offset_, size_, drv_.error_string(r));
-      // Its range must outlive it: kept reserved for the process's lifetime.
-      static_cast<void>(new std::shared_ptr<PeerAddressRange>(std::move(range_)));
-      return;
-    }
-    const CUresult a = drv_.cuMemUnmap(range_->base() + offset_, size_);
-    const CUresult b = drv_.cuMemRelease(handle_);
-    if (a != CUDA_SUCCESS || b != CUDA_SUCCESS)
-      std::fprintf(stderr, "symmpool: unmapping a peer segment (offset %zu, %zu bytes) failed (%d, %d)\n",
-                   offset_, size_, int(a), int(b));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "symmpool: unmapping a peer segment failed: %s\n", e.what());
+  RetiredList& list = retired_list();
+  std::lock_guard<std::mutex> lock(list.mutex);
+  list.mappings.push_back(Retired{&drv_, context_, std::move(range_), offset_, size_, handle_});
+}
+
+std::size_t release_retired_peer_mappings(const DriverApi& drv, CUcontext context) noexcept {
+  std::vector<Retired> mine;
+  {
+    RetiredList& list = retired_list();
+    std::lock_guard<std::mutex> lock(list.mutex);
+    auto split = std::stable_partition(list.mappings.begin(), list.mappings.end(),
+                                       [&](const Retired& m) { return m.context != context; });
+    mine.assign(std::make_move_iterator(split), std::make_move_iterator(list.mappings.end()));
+    list.mappings.erase(split, list.mappings.end());
   }
+  const std::size_t count = mine.size();
+  try {
+    ContextGuard guard(drv, context);
+    for (Retired& m : mine) {
+      const CUresult a = drv.cuMemUnmap(m.range->base() + m.offset, m.size);
+      const CUresult b = drv.cuMemRelease(m.handle);
+      if (a != CUDA_SUCCESS || b != CUDA_SUCCESS)
+        std::fprintf(stderr, "symmpool: unmapping a peer segment (offset %zu, %zu bytes) failed (%d, %d)\n",
+                     m.offset, m.size, int(a), int(b));
+    }
+    mine.clear();                      // their ranges go with them, once no mapping holds one
+  } catch (const std::exception& e) {  // the context could not be made current: nothing was unmapped
+    std::fprintf(stderr, "symmpool: unmapping retired peer segments failed: %s\n", e.what());
+    RetiredList& list = retired_list();
+    std::lock_guard<std::mutex> lock(list.mutex);
+    for (Retired& m : mine) list.mappings.push_back(std::move(m));
+    return 0;
+  }
+  return count;
+}
+
+bool retired_peer_mapping_overlaps(const PeerAddressRange* range, std::size_t offset, std::size_t size) {
+  RetiredList& list = retired_list();
+  std::lock_guard<std::mutex> lock(list.mutex);
+  return std::any_of(list.mappings.begin(), list.mappings.end(), [&](const Retired& m) {
+    return m.range.get() == range && offset < m.offset + m.size && m.offset < offset + size;
+  });
+}
+
+std::size_t retired_peer_mappings(CUcontext context) {
+  RetiredList& list = retired_list();
+  std::lock_guard<std::mutex> lock(list.mutex);
+  return static_cast<std::size_t>(std::count_if(list.mappings.begin(), list.mappings.end(),
+                                                [&](const Retired& m) { return m.context == context; }));
 }
 
 }  // namespace symmpool

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <stdexcept>
 
 namespace symmpool {
@@ -222,8 +223,25 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
 SymmetricHeap::~SymmetricHeap() {
   if (observing_) allocator_.remove_observer(this, /*replay_existing=*/false);
   server_.reset();
-  // Each mapping goes with its last owner (here, unless a view holds it),
-  // each range with its last mapping.
+  {
+    std::lock_guard<std::mutex> lock(peers_mutex_);
+    peer_pieces_.clear();  // each mapping retires unless a view still holds it
+  }
+  // Our communicator waited for the device before its heap went; wait again
+  // (a user's kernel may read a peer's memory) and unmap what retired.
+  try {
+    ContextGuard guard(drv_, allocator_.context());
+    if (CUresult r = drv_.cuCtxSynchronize(); r != CUDA_SUCCESS)
+      std::fprintf(stderr,
+                   "symmpool: heap '%s' rank %d keeps its peers' segments mapped: waiting for the device "
+                   "failed: %s\n",
+                   group_.c_str(), rank_, drv_.error_string(r));
+    else
+      release_retired_peer_mappings(drv_, allocator_.context());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "symmpool: heap '%s' rank %d: %s\n", group_.c_str(), rank_, e.what());
+  }
+  // Each peer's range goes with its last mapping.
 }
 
 void SymmetricHeap::on_segment_mapped(const Segment& segment) {
@@ -275,18 +293,24 @@ void SymmetricHeap::mark_published() {
 void SymmetricHeap::map_peer(int peer, const Piece& piece) {
   // A view that still holds the peer's earlier segment there (see peer_lease)
   // keeps its range mapped: refused before anything is fetched.
-  auto& lingering = lingering_[static_cast<std::size_t>(peer)];
-  lingering.erase(
-      std::remove_if(lingering.begin(), lingering.end(), [](const auto& w) { return w.expired(); }),
-      lingering.end());
-  for (const auto& weak : lingering) {
-    const auto held = weak.lock();
-    if (held && held->overlaps(piece.offset, piece.size))
-      throw logic_error("a view of its earlier segment at offsets [" + std::to_string(held->offset()) + ", " +
-                        std::to_string(held->offset() + held->size()) +
-                        ") is still alive (symmpool.peer_tensor of a buffer since freed): drop such views "
-                        "before the memory is allocated again");
+  {
+    std::lock_guard<std::mutex> lock(peers_mutex_);
+    auto& lingering = lingering_[static_cast<std::size_t>(peer)];
+    lingering.erase(
+        std::remove_if(lingering.begin(), lingering.end(), [](const auto& w) { return w.expired(); }),
+        lingering.end());
+    for (const auto& weak : lingering) {
+      const auto held = weak.lock();
+      if (held && piece.offset < held->offset() + held->size() && held->offset() < piece.offset + piece.size)
+        throw logic_error("a view of its earlier segment at offsets [" + std::to_string(held->offset()) +
+                          ", " + std::to_string(held->offset() + held->size()) +
+                          ") is still alive (symmpool.peer_tensor of a buffer since freed): drop such views "
+                          "before the memory is allocated again");
+    }
   }
+  SYMMPOOL_EXPECTS(!retired_peer_mapping_overlaps(peer_ranges_[static_cast<std::size_t>(peer)].get(),
+                                                  piece.offset, piece.size),
+                   "its earlier segment there could not be unmapped yet (waiting for the device failed)");
   int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)], peer_pid_[static_cast<std::size_t>(peer)],
                     peer_secret_[static_cast<std::size_t>(peer)], piece.id, options_.timeout,
                     IfNobodyListens::kPeerGone);  // its server was up before its hello
@@ -300,6 +324,7 @@ void SymmetricHeap::map_peer(int peer, const Piece& piece) {
   mapped.mapping = std::make_shared<PeerMapping>(drv_, allocator_.context(), allocator_.device(),
                                                  peer_ranges_[static_cast<std::size_t>(peer)], piece.offset,
                                                  piece.size, mapped.handle);
+  std::lock_guard<std::mutex> lock(peers_mutex_);
   peer_pieces_[static_cast<std::size_t>(peer)][piece.offset] = mapped;
 }
 
@@ -407,41 +432,75 @@ std::string SymmetricHeap::list_for_sync(std::uint64_t* generation) {
 void SymmetricHeap::apply_listings(const std::vector<std::string>& listings, const std::vector<bool>& listed,
                                    std::uint64_t generation) {
   ContextGuard guard(drv_, allocator_.context());
+  std::vector<std::map<std::uint64_t, Piece>> pieces(static_cast<std::size_t>(world_));
+  for (int r = 0; r < world_; ++r)
+    if (r != rank_ && listed[static_cast<std::size_t>(r)])
+      pieces[static_cast<std::size_t>(r)] = parse_segments(r, listings[static_cast<std::size_t>(r)]);
   // Our kernels and copies queued before this sync may still read or write a
   // peer's segment that its owner released (every host is past the exchange,
   // not every stream): the device finishes before the first mapping goes.
   bool device_idle = false;
+  auto wait_for_device = [&] {
+    if (!device_idle) SYMMPOOL_CU_TRY(drv_, cuCtxSynchronize());
+    device_idle = true;
+  };
+  // Released ones first: a new segment may reuse their range.
   for (int r = 0; r < world_; ++r) {
     if (r == rank_ || !listed[static_cast<std::size_t>(r)]) continue;
-    const std::map<std::uint64_t, Piece> pieces = parse_segments(r, listings[static_cast<std::size_t>(r)]);
+    const auto& now = pieces[static_cast<std::size_t>(r)];
     auto& mapped = peer_pieces_[static_cast<std::size_t>(r)];
-    // Released ones first: a new segment may reuse their range.
     for (auto it = mapped.begin(); it != mapped.end();) {
-      auto now = pieces.find(it->second.id);
-      if (now != pieces.end() && now->second.offset == it->second.offset &&
-          now->second.size == it->second.size) {
+      auto listed_now = now.find(it->second.id);
+      if (listed_now != now.end() && listed_now->second.offset == it->second.offset &&
+          listed_now->second.size == it->second.size) {
         ++it;
-      } else {
-        if (!device_idle) SYMMPOOL_CU_TRY(drv_, cuCtxSynchronize());
-        device_idle = true;
-        unmap_peer(r, it->second);
-        it = mapped.erase(it);
+        continue;
       }
-    }
-    for (auto& [id, piece] : pieces) {
-      auto it = mapped.lower_bound(piece.offset);
-      if (it != mapped.end() && it->second.id == id) continue;
-      // Two of one peer's segments may not overlap.
-      const bool clash =
-          (it != mapped.end() && it->first < piece.offset + piece.size) ||
-          (it != mapped.begin() && std::prev(it)->first + std::prev(it)->second.size > piece.offset);
-      if (clash)
-        throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
-                               " published overlapping segments at offset " + std::to_string(piece.offset));
-      map_peer_naming_it(r, piece);
+      wait_for_device();
+      std::lock_guard<std::mutex> lock(peers_mutex_);
+      unmap_peer(r, it->second);
+      it = mapped.erase(it);
     }
   }
-  exchange("synced", "");  // nobody releases what a peer is still importing
+  // What this heap and the views let go of since the device last waited.
+  if (retired_peer_mappings(allocator_.context()) > 0) {
+    wait_for_device();
+    release_retired_peer_mappings(drv_, allocator_.context());
+  }
+  // A rank that cannot map tells the others in the exchange below, so that
+  // every rank fails at once, naming it, instead of waiting for it.
+  std::exception_ptr failure;
+  std::string why;
+  try {
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_ || !listed[static_cast<std::size_t>(r)]) continue;
+      const auto& mapped = peer_pieces_[static_cast<std::size_t>(r)];
+      for (auto& [id, piece] : pieces[static_cast<std::size_t>(r)]) {
+        auto it = mapped.lower_bound(piece.offset);
+        if (it != mapped.end() && it->second.id == id) continue;
+        // Two of one peer's segments may not overlap.
+        const bool clash =
+            (it != mapped.end() && it->first < piece.offset + piece.size) ||
+            (it != mapped.begin() && std::prev(it)->first + std::prev(it)->second.size > piece.offset);
+        if (clash)
+          throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
+                                 " published overlapping segments at offset " + std::to_string(piece.offset));
+        map_peer_naming_it(r, piece);
+      }
+    }
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    why = e.what();
+    std::replace(why.begin(), why.end(), '\n', ' ');
+  }
+  // Nobody releases what a peer is still importing.
+  const std::vector<std::string> verdicts = exchange("synced", why.substr(0, 1024));
+  if (failure) std::rethrow_exception(failure);
+  for (int r = 0; r < world_; ++r)
+    if (!verdicts[static_cast<std::size_t>(r)].empty())
+      throw std::runtime_error(
+          "symmetric heap '" + group_ + "': rank " + std::to_string(r) +
+          " could not map its peers' segments: " + verdicts[static_cast<std::size_t>(r)]);
   // Every rank has mapped what every other published: now it counts.
   std::lock_guard<std::mutex> lock(mutex_);
   if (listed[static_cast<std::size_t>(rank_)]) synced_generation_ = generation;
@@ -509,6 +568,7 @@ std::size_t SymmetricHeap::offset_of(const void* local) const {
 
 bool SymmetricHeap::contains(const void* local) const { return allocator_.owns(local); }
 
+// Under peers_mutex_.
 const SymmetricHeap::Piece& SymmetricHeap::peer_piece(const void* local, int peer, std::size_t bytes) const {
   const std::size_t offset = offset_of(local);
   const auto& mapped = peer_pieces_[static_cast<std::size_t>(peer)];
@@ -525,6 +585,7 @@ void* SymmetricHeap::peer_ptr(const void* local, int peer, std::size_t bytes) co
   require_sound();
   SYMMPOOL_EXPECTS(peer >= 0 && peer < world_, "peer " + std::to_string(peer) + " is not in the group");
   if (peer == rank_) return const_cast<void*>(local);
+  std::lock_guard<std::mutex> lock(peers_mutex_);
   peer_piece(local, peer, bytes);
   return reinterpret_cast<void*>(peer_base_[static_cast<std::size_t>(peer)] + offset_of(local));
 }
@@ -533,6 +594,7 @@ std::shared_ptr<void> SymmetricHeap::peer_lease(const void* local, int peer, std
   require_sound();
   SYMMPOOL_EXPECTS(peer >= 0 && peer < world_, "peer " + std::to_string(peer) + " is not in the group");
   if (peer == rank_) return nullptr;
+  std::lock_guard<std::mutex> lock(peers_mutex_);
   return peer_piece(local, peer, bytes).mapping;
 }
 
@@ -617,6 +679,7 @@ void SymmetricHeap::check_symmetric_and_sync(const void* local, std::size_t byte
 }
 
 std::size_t SymmetricHeap::mapped_peer_segments() const {
+  std::lock_guard<std::mutex> lock(peers_mutex_);
   std::size_t n = 0;
   for (auto& m : peer_pieces_) n += m.size();
   return n;

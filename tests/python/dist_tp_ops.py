@@ -417,7 +417,7 @@ def peer_view_outlives_its_group(rank: int, world: int) -> None:
     dist.destroy_process_group()  # the heap, and its peer mappings, go
     total = view.sum().item()
     assert total == float(peer + 1) * n, f"rank {rank} read {total} from rank {peer} after the group"
-    del view  # the last holder: unmapped now
+    del view  # the last holder: retired, unmapped at the next wait for the device
     torch.cuda.synchronize()
     print(f"[rank {rank}] read rank {peer}'s buffer after its group was destroyed", flush=True)
 

@@ -2,10 +2,13 @@
 // A peer's segment mapped into this process, owned by whoever still reads
 // it: the symmetric heap while the peer publishes the segment, and any
 // tensor view of it (symmpool.peer_tensor) for as long as the view lives.
-// The last owner unmaps it, so a view that outlives the heap, or the peer's
-// release of the segment, reads memory that is still mapped (the imported
-// handle keeps it alive) instead of an address that faults. The reserved
-// range it lies in goes once its last mapping has.
+// The last owner retires it: its mapping stays (the imported handle keeps
+// the memory alive) until a caller that has waited for the device unmaps
+// what was retired (release_retired_peer_mappings): a view's deleter may run
+// inside a graph capture or while a kernel still reads the view, where no
+// wait or unmap is safe. A view that outlives the heap, or the peer's
+// release, so reads memory that is still mapped instead of an address that
+// faults. The reserved range a mapping lies in goes once its last mapping has.
 
 #include <symmpool/driver_api.hpp>
 
@@ -37,19 +40,13 @@ class PeerMapping {
   // `offset` of `range` with read-write access for `device`; throws cuda_error.
   PeerMapping(const DriverApi& drv, CUcontext context, int device, std::shared_ptr<PeerAddressRange> range,
               std::size_t offset, std::size_t size, CUmemGenericAllocationHandle handle);
-  // Waits for the device first (a kernel queued before the last owner let go
-  // may still read it); where that wait fails (a capture under way, a sticky
-  // error) the mapping stays, said on stderr, rather than fault a kernel.
-  ~PeerMapping();
+  ~PeerMapping();  // retires it: no driver call (see above)
   PeerMapping(const PeerMapping&) = delete;
   PeerMapping& operator=(const PeerMapping&) = delete;
 
   std::size_t offset() const { return offset_; }
   std::size_t size() const { return size_; }
   void* address() const { return reinterpret_cast<void*>(range_->base() + offset_); }
-  bool overlaps(std::size_t offset, std::size_t size) const {
-    return offset < offset_ + size_ && offset_ < offset + size;
-  }
 
  private:
   const DriverApi& drv_;
@@ -59,5 +56,13 @@ class PeerMapping {
   std::size_t size_;
   CUmemGenericAllocationHandle handle_;
 };
+
+// Unmaps every retired mapping of `context`. The caller has waited for the
+// device (cuCtxSynchronize) since the mappings' last owners let go.
+// Returns how many.
+std::size_t release_retired_peer_mappings(const DriverApi& drv, CUcontext context) noexcept;
+// Whether a retired mapping of `range` still covers part of [offset, offset + size).
+bool retired_peer_mapping_overlaps(const PeerAddressRange* range, std::size_t offset, std::size_t size);
+std::size_t retired_peer_mappings(CUcontext context);
 
 }  // namespace symmpool

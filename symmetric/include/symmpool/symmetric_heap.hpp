@@ -173,6 +173,7 @@ class SymmetricHeap final : public SegmentObserver {
   std::uint64_t releases_ = 0;            // release_cached() calls so far
   std::uint64_t synced_generation_ = 0;   // local_generation_ at the last sync()
   std::string failure_;                   // first failure of a collective call (sticky)
+  mutable std::mutex peers_mutex_;        // peer_pieces_ and lingering_: views are made on any thread
   std::vector<std::shared_ptr<PeerAddressRange>> peer_ranges_;
   std::vector<CUdeviceptr> peer_base_;                     // peer_ranges_[r]->base()
   std::vector<std::map<std::size_t, Piece>> peer_pieces_;  // by offset

@@ -137,9 +137,11 @@ TEST(SymmetricHeapFake, UnmappingAReleasedPeerSegmentWaitsForTheDevice) {
 
 // A view of a peer's segment (symmpool.peer_tensor) holds its mapping: it
 // stays readable after the peer releases the segment and after the heap is
-// gone, and while it lives the peer's next segment at those offsets is
-// refused by name. Before, the release or the heap unmapped it under the
-// view, whose next read faulted.
+// gone. While it lives the peer's next segment at those offsets is refused
+// by name, and the other rank fails at once, naming this one, instead of
+// waiting out its timeout. A view that goes unmaps nothing itself (its
+// deleter may run in a capture); the next wait for the device does.
+// Before, the release or the heap unmapped it under the view.
 TEST(SymmetricHeapFake, APeerViewKeepsItsMappingUntilItGoes) {
   TempStoreDir dir;
   std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
@@ -160,27 +162,39 @@ TEST(SymmetricHeapFake, APeerViewKeepsItsMappingUntilItGoes) {
       RANK_CHECK(lease != nullptr, "no lease on rank %d's segment", peer);
       RANK_CHECK(heap.peer_lease(buf, rank, 4) == nullptr, "a lease on this rank's own memory");
       heap.check_symmetric(buf, 4, "buf");  // both have read their lease before the release
+      if (rank == 1) lease.reset();         // only rank 0 keeps its view
       alloc->deallocate(buf, stream(1));
       RANK_CHECK(heap.release_cached() == 30 * MiB, "released a different amount");
       RANK_CHECK(heap.mapped_peer_segments() == 1u, "%zu", heap.mapped_peer_segments());
-      RANK_CHECK(view[0] == 100u + static_cast<std::uint32_t>(peer), "after the release: %u", view[0]);
-      // The peer's next segment lands at the same offset: not mapped while the view lives.
+      if (rank == 0) RANK_CHECK(view[0] == 101u, "after the release: %u", view[0]);
+      // The peers' next segments land at the same offset.
       void* again = alloc->allocate(30 * MiB, stream(1));
+      const auto start = std::chrono::steady_clock::now();
       try {
         heap.sync();
-        RANK_CHECK(false, "rank %d mapped a new segment over a live view", rank);
+        RANK_CHECK(false, "rank %d synced over a live view", rank);
       } catch (const std::exception& e) {
-        RANK_CHECK(std::strstr(e.what(), "is still alive (symmpool.peer_tensor") != nullptr, "%s", e.what());
+        const char* expected = rank == 0 ? "is still alive (symmpool.peer_tensor" : "rank 0 could not map";
+        RANK_CHECK(std::strstr(e.what(), expected) != nullptr, "%s", e.what());
       }
+      RANK_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5), "rank %d waited", rank);
       alloc->deallocate(again, stream(1));
       alloc->deallocate(kept, stream(1));
     }
-    RANK_CHECK(view[0] == 100u + static_cast<std::uint32_t>(peer), "after the heap: %u", view[0]);
+    const CUcontext context = alloc->context();
+    if (rank == 1) {
+      RANK_CHECK(retired_peer_mappings(context) == 0u, "rank 1 left %zu mapped",
+                 retired_peer_mappings(context));
+      return 0;
+    }
+    RANK_CHECK(view[0] == 101u, "after the heap: %u", view[0]);
     FakeDriver::instance().clear_calls();
-    lease.reset();  // the last holder: the mapping, then its range, go
-    const std::vector<std::string> calls = FakeDriver::instance().calls();
-    const std::size_t sync = index_of(calls, "cuCtxSynchronize"), unmap = index_of(calls, "cuMemUnmap");
-    RANK_CHECK(sync < unmap && unmap < calls.size(), "no wait before the unmap");
+    lease.reset();  // the last holder: retired, no driver call from a deleter
+    RANK_CHECK(FakeDriver::instance().calls().empty(), "the view's deleter called the driver");
+    RANK_CHECK(retired_peer_mappings(context) == 1u, "%zu", retired_peer_mappings(context));
+    RANK_CHECK(release_retired_peer_mappings(FakeDriver::instance().api(), context) == 1u,
+               "nothing unmapped");
+    RANK_CHECK(FakeDriver::instance().count("cuMemUnmap") == 1u, "not unmapped");
     RANK_CHECK(FakeDriver::instance().count("cuMemAddressFree") == 1u, "the range stayed");
     return 0;
   });
