@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <string>
 
 namespace symmpool {
@@ -408,7 +409,12 @@ void CachingAllocator::retire_outgrown_segments(CUstream stream) {
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   if (drv_.cuStreamIsCapturing(stream, &capture) != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE)
     return;
-  CUevent event = take_event();
+  CUevent event = nullptr;
+  try {
+    event = take_event();
+  } catch (const std::exception&) {
+    return;  // saving memory is not worth failing the request for
+  }
   if (drv_.cuEventRecord(event, stream) != CUDA_SUCCESS) {
     spare_events_.push_back(event);
     return;
@@ -423,22 +429,39 @@ void CachingAllocator::retire_outgrown_segments(CUstream stream) {
 }
 
 // Unmaps the retired segments whose event completed (all of them with
-// `wait`, after the caller synchronized the device); returns the bytes.
+// `wait`, after the caller synchronized the device); returns the bytes. A
+// heap that published one since it retired (a sync while its stream was
+// busy) keeps it: peers map it now, so it goes back to the pool. With
+// `wait` a failed unmap is thrown once the others are done; without, it is
+// said on stderr (an allocation is not the place to fail for it).
 std::size_t CachingAllocator::finish_retiring(bool wait) {
   ContextGuard guard(drv_, arena_->context());
   std::size_t released = 0;
+  std::exception_ptr first_failure;
   for (auto it = retiring_.begin(); it != retiring_.end();) {
-    if (!wait && drv_.cuEventQuery(it->event) != CUDA_SUCCESS) {  // not yet, or the next sync reports it
+    if (!wait && drv_.cuEventQuery(it->event) != CUDA_SUCCESS) {  // not yet, or the next wait reports it
       ++it;
       continue;
     }
-    spare_events_.push_back(it->event);
-    for (Block* head : it->heads) {
-      released += head->segment->size;
-      unmap_free_segment(head);
-    }
+    Retiring done = std::move(*it);
     it = retiring_.erase(it);
+    spare_events_.push_back(done.event);
+    for (Block* head : done.heads) {
+      head->retiring = false;
+      if (arena_->observers_keep(*head->segment)) {
+        pool_of(head).insert(head);
+        continue;
+      }
+      released += head->segment->size;
+      try {
+        unmap_free_segment(head);
+      } catch (const std::exception& e) {
+        if (!first_failure) first_failure = std::current_exception();
+        if (!wait) std::fprintf(stderr, "symmpool: unmapping an outgrown segment failed: %s\n", e.what());
+      }
+    }
   }
+  if (wait && first_failure) std::rethrow_exception(first_failure);
   return released;
 }
 

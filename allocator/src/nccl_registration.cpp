@@ -19,13 +19,12 @@ NcclRegistrationHook::~NcclRegistrationHook() {
 }
 
 void NcclRegistrationHook::on_segment_mapped(const Segment& segment) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (abandoned_) return;  // its communicator is aborted or about to be
-  }
+  // Held across the call, as on_segment_unmapping does: abandon() must not
+  // clear the registrations while one is being made.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (abandoned_) return;  // its communicator is aborted or about to be
   void* handle = nullptr;
   SYMMPOOL_NCCL_TRY(nccl_, commRegister(comm_, segment.ptr(), segment.size, &handle));
-  std::lock_guard<std::mutex> lock(mutex_);
   registrations_[segment.id] = {handle, segment.size};
   ++counts_.registrations;
   ++counts_.live;

@@ -216,6 +216,7 @@ bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* 
   std::string why_not;
   bool synced = false;
   detail::RelaxedCaptureMode relaxed;  // may map peer segments: allowed under capture
+  SymmetricHeap::DeviceWaitsForbidden no_waits(heap_, capturing());  // a wait would end the capture
   try {
     heap_.check_symmetric_and_sync(ptr, bytes, call_label() + " " + what, /*sync_if_needed=*/true, &synced);
   } catch (const not_symmetric_error& e) {

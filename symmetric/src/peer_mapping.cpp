@@ -2,6 +2,7 @@
 #include <symmpool/peer_mapping.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
 #include <vector>
@@ -11,6 +12,7 @@ namespace symmpool {
 namespace {
 
 struct Retired {
+  std::uint64_t sequence;  // in retiring order
   const DriverApi* drv;
   CUcontext context;
   std::shared_ptr<PeerAddressRange> range;
@@ -23,6 +25,7 @@ struct Retired {
 struct RetiredList {
   std::mutex mutex;
   std::vector<Retired> mappings;
+  std::uint64_t next_sequence = 0;
 };
 
 RetiredList& retired_list() {
@@ -64,16 +67,25 @@ PeerMapping::PeerMapping(const DriverApi& drv, CUcontext context, int device,
 PeerMapping::~PeerMapping() {
   RetiredList& list = retired_list();
   std::lock_guard<std::mutex> lock(list.mutex);
-  list.mappings.push_back(Retired{&drv_, context_, std::move(range_), offset_, size_, handle_});
+  list.mappings.push_back(
+      Retired{list.next_sequence++, &drv_, context_, std::move(range_), offset_, size_, handle_});
 }
 
-std::size_t release_retired_peer_mappings(const DriverApi& drv, CUcontext context) noexcept {
+std::uint64_t retired_peer_mapping_sequence() {
+  RetiredList& list = retired_list();
+  std::lock_guard<std::mutex> lock(list.mutex);
+  return list.next_sequence;
+}
+
+std::size_t release_retired_peer_mappings(const DriverApi& drv, CUcontext context,
+                                          std::uint64_t retired_before) noexcept {
   std::vector<Retired> mine;
   {
     RetiredList& list = retired_list();
     std::lock_guard<std::mutex> lock(list.mutex);
-    auto split = std::stable_partition(list.mappings.begin(), list.mappings.end(),
-                                       [&](const Retired& m) { return m.context != context; });
+    auto split = std::stable_partition(list.mappings.begin(), list.mappings.end(), [&](const Retired& m) {
+      return m.context != context || m.sequence >= retired_before;
+    });
     mine.assign(std::make_move_iterator(split), std::make_move_iterator(list.mappings.end()));
     list.mappings.erase(split, list.mappings.end());
   }

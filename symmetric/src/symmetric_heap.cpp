@@ -79,6 +79,13 @@ std::vector<std::string> SymmetricHeap::exchange(const std::string& what, const 
   return all;
 }
 
+// This rank's value of the next round, without waiting for the peers' (a
+// rank that is leaving with an error tells them why).
+void SymmetricHeap::post(const std::string& what, const std::string& mine) {
+  const std::string name = "round/" + std::to_string(round_++);
+  store_.set(key(name, rank_), what + "\n" + mine);
+}
+
 namespace {
 
 // The GPU's PCI address, "domain:bus:device" as nvidia-smi prints it: the
@@ -231,13 +238,14 @@ SymmetricHeap::~SymmetricHeap() {
   // (a user's kernel may read a peer's memory) and unmap what retired.
   try {
     ContextGuard guard(drv_, allocator_.context());
+    const std::uint64_t retired_before = retired_peer_mapping_sequence();
     if (CUresult r = drv_.cuCtxSynchronize(); r != CUDA_SUCCESS)
       std::fprintf(stderr,
                    "symmpool: heap '%s' rank %d keeps its peers' segments mapped: waiting for the device "
                    "failed: %s\n",
                    group_.c_str(), rank_, drv_.error_string(r));
     else
-      release_retired_peer_mappings(drv_, allocator_.context());
+      release_retired_peer_mappings(drv_, allocator_.context(), retired_before);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "symmpool: heap '%s' rank %d: %s\n", group_.c_str(), rank_, e.what());
   }
@@ -308,9 +316,11 @@ void SymmetricHeap::map_peer(int peer, const Piece& piece) {
                           "before the memory is allocated again");
     }
   }
-  SYMMPOOL_EXPECTS(!retired_peer_mapping_overlaps(peer_ranges_[static_cast<std::size_t>(peer)].get(),
-                                                  piece.offset, piece.size),
-                   "its earlier segment there could not be unmapped yet (waiting for the device failed)");
+  SYMMPOOL_EXPECTS(
+      !retired_peer_mapping_overlaps(peer_ranges_[static_cast<std::size_t>(peer)].get(), piece.offset,
+                                     piece.size),
+      "its earlier segment there is still mapped: it is unmapped only after a wait for the device, "
+      "never during a CUDA graph capture (or the wait failed)");
   int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)], peer_pid_[static_cast<std::size_t>(peer)],
                     peer_secret_[static_cast<std::size_t>(peer)], piece.id, options_.timeout,
                     IfNobodyListens::kPeerGone);  // its server was up before its hello
@@ -431,47 +441,36 @@ std::string SymmetricHeap::list_for_sync(std::uint64_t* generation) {
 // this rank's listing (`generation`, if it listed) as synced.
 void SymmetricHeap::apply_listings(const std::vector<std::string>& listings, const std::vector<bool>& listed,
                                    std::uint64_t generation) {
-  ContextGuard guard(drv_, allocator_.context());
-  std::vector<std::map<std::uint64_t, Piece>> pieces(static_cast<std::size_t>(world_));
-  for (int r = 0; r < world_; ++r)
-    if (r != rank_ && listed[static_cast<std::size_t>(r)])
-      pieces[static_cast<std::size_t>(r)] = parse_segments(r, listings[static_cast<std::size_t>(r)]);
-  // Our kernels and copies queued before this sync may still read or write a
-  // peer's segment that its owner released (every host is past the exchange,
-  // not every stream): the device finishes before the first mapping goes.
-  bool device_idle = false;
-  auto wait_for_device = [&] {
-    if (!device_idle) SYMMPOOL_CU_TRY(drv_, cuCtxSynchronize());
-    device_idle = true;
-  };
-  // Released ones first: a new segment may reuse their range.
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_ || !listed[static_cast<std::size_t>(r)]) continue;
-    const auto& now = pieces[static_cast<std::size_t>(r)];
-    auto& mapped = peer_pieces_[static_cast<std::size_t>(r)];
-    for (auto it = mapped.begin(); it != mapped.end();) {
-      auto listed_now = now.find(it->second.id);
-      if (listed_now != now.end() && listed_now->second.offset == it->second.offset &&
-          listed_now->second.size == it->second.size) {
-        ++it;
-        continue;
-      }
-      wait_for_device();
-      std::lock_guard<std::mutex> lock(peers_mutex_);
-      unmap_peer(r, it->second);
-      it = mapped.erase(it);
-    }
-  }
-  // What this heap and the views let go of since the device last waited.
-  if (retired_peer_mappings(allocator_.context()) > 0) {
-    wait_for_device();
-    release_retired_peer_mappings(drv_, allocator_.context());
-  }
-  // A rank that cannot map tells the others in the exchange below, so that
-  // every rank fails at once, naming it, instead of waiting for it.
+  // A rank that cannot apply them tells the others in the exchange below
+  // and leaves, so that every rank fails at once, naming it, instead of
+  // waiting for it.
   std::exception_ptr failure;
   std::string why;
   try {
+    ContextGuard guard(drv_, allocator_.context());
+    std::vector<std::map<std::uint64_t, Piece>> pieces(static_cast<std::size_t>(world_));
+    for (int r = 0; r < world_; ++r)
+      if (r != rank_ && listed[static_cast<std::size_t>(r)])
+        pieces[static_cast<std::size_t>(r)] = parse_segments(r, listings[static_cast<std::size_t>(r)]);
+    // Released ones first: their mappings retire (a new segment may reuse
+    // their range), and are unmapped once the device has finished with them.
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_ || !listed[static_cast<std::size_t>(r)]) continue;
+      const auto& now = pieces[static_cast<std::size_t>(r)];
+      auto& mapped = peer_pieces_[static_cast<std::size_t>(r)];
+      for (auto it = mapped.begin(); it != mapped.end();) {
+        auto listed_now = now.find(it->second.id);
+        if (listed_now != now.end() && listed_now->second.offset == it->second.offset &&
+            listed_now->second.size == it->second.size) {
+          ++it;
+          continue;
+        }
+        std::lock_guard<std::mutex> lock(peers_mutex_);
+        unmap_peer(r, it->second);
+        it = mapped.erase(it);
+      }
+    }
+    release_retired_peer_segments();
     for (int r = 0; r < world_; ++r) {
       if (r == rank_ || !listed[static_cast<std::size_t>(r)]) continue;
       const auto& mapped = peer_pieces_[static_cast<std::size_t>(r)];
@@ -491,11 +490,15 @@ void SymmetricHeap::apply_listings(const std::vector<std::string>& listings, con
   } catch (const std::exception& e) {
     failure = std::current_exception();
     why = e.what();
+    if (why.empty()) why = "an error without a message";
     std::replace(why.begin(), why.end(), '\n', ' ');
   }
+  if (failure) {
+    post("synced", why.substr(0, 1024));
+    std::rethrow_exception(failure);
+  }
   // Nobody releases what a peer is still importing.
-  const std::vector<std::string> verdicts = exchange("synced", why.substr(0, 1024));
-  if (failure) std::rethrow_exception(failure);
+  const std::vector<std::string> verdicts = exchange("synced", "");
   for (int r = 0; r < world_; ++r)
     if (!verdicts[static_cast<std::size_t>(r)].empty())
       throw std::runtime_error(
@@ -505,6 +508,30 @@ void SymmetricHeap::apply_listings(const std::vector<std::string>& listings, con
   std::lock_guard<std::mutex> lock(mutex_);
   if (listed[static_cast<std::size_t>(rank_)]) synced_generation_ = generation;
 }
+
+// Our kernels and copies queued before now may still read or write a peer
+// segment whose mapping retired (its owner released it, or a view of it
+// went): the device finishes first. Not inside a graph capture, where a
+// wait would invalidate it, nor where the wait fails: those stay mapped
+// until a later sync (a new segment over them is refused, naming why).
+void SymmetricHeap::release_retired_peer_segments() {
+  if (device_waits_forbidden_.load() || retired_peer_mappings(allocator_.context()) == 0) return;
+  const std::uint64_t retired_before = retired_peer_mapping_sequence();
+  if (CUresult r = drv_.cuCtxSynchronize(); r != CUDA_SUCCESS) {
+    std::fprintf(stderr,
+                 "symmpool: heap '%s' rank %d keeps released peer segments mapped for now: waiting "
+                 "for the device failed: %s\n",
+                 group_.c_str(), rank_, drv_.error_string(r));
+    return;
+  }
+  release_retired_peer_mappings(drv_, allocator_.context(), retired_before);
+}
+
+SymmetricHeap::DeviceWaitsForbidden::DeviceWaitsForbidden(SymmetricHeap& heap, bool forbid)
+    : heap_(heap),
+      before_(heap.device_waits_forbidden_.exchange(forbid || heap.device_waits_forbidden_.load())) {}
+
+SymmetricHeap::DeviceWaitsForbidden::~DeviceWaitsForbidden() { heap_.device_waits_forbidden_.store(before_); }
 
 void SymmetricHeap::sync() {
   collective("sync", [&] {

@@ -13,6 +13,7 @@
 #include <symmpool/driver_api.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 namespace symmpool {
@@ -57,10 +58,13 @@ class PeerMapping {
   CUmemGenericAllocationHandle handle_;
 };
 
-// Unmaps every retired mapping of `context`. The caller has waited for the
-// device (cuCtxSynchronize) since the mappings' last owners let go.
-// Returns how many.
-std::size_t release_retired_peer_mappings(const DriverApi& drv, CUcontext context) noexcept;
+// How many mappings have retired so far (a mark for the call below).
+std::uint64_t retired_peer_mapping_sequence();
+// Unmaps the mappings of `context` retired before the mark `retired_before`.
+// The caller took the mark, then waited for the device (cuCtxSynchronize):
+// what retired since may still be read by queued work. Returns how many.
+std::size_t release_retired_peer_mappings(const DriverApi& drv, CUcontext context,
+                                          std::uint64_t retired_before) noexcept;
 // Whether a retired mapping of `range` still covers part of [offset, offset + size).
 bool retired_peer_mapping_overlaps(const PeerAddressRange* range, std::size_t offset, std::size_t size);
 std::size_t retired_peer_mappings(CUcontext context);

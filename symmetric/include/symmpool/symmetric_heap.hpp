@@ -13,6 +13,7 @@
 #include <symmpool/peer_mapping.hpp>
 #include <symmpool/store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -121,6 +122,22 @@ class SymmetricHeap final : public SegmentObserver {
   // stale, one taken since holds whatever this rank mapped or unmapped alone.
   std::uint64_t releases() const;
 
+  // While one lives, this heap never waits for the device (cuCtxSynchronize
+  // would invalidate a CUDA graph capture under way): released peer
+  // segments stay mapped until a later sync. Communicator holds one around
+  // the heap calls of a captured collective.
+  class DeviceWaitsForbidden {
+   public:
+    DeviceWaitsForbidden(SymmetricHeap& heap, bool forbid);
+    ~DeviceWaitsForbidden();
+    DeviceWaitsForbidden(const DeviceWaitsForbidden&) = delete;
+    DeviceWaitsForbidden& operator=(const DeviceWaitsForbidden&) = delete;
+
+   private:
+    SymmetricHeap& heap_;
+    bool before_;
+  };
+
   int rank() const { return rank_; }
   int world() const { return world_; }
   std::size_t mapped_peer_segments() const;
@@ -141,6 +158,8 @@ class SymmetricHeap final : public SegmentObserver {
   };
   std::string key(const std::string& what, int r) const;
   std::vector<std::string> exchange(const std::string& what, const std::string& mine);
+  void post(const std::string& what, const std::string& mine);
+  void release_retired_peer_segments();
   // Runs a collective step; a throw marks the heap broken (failure()).
   template <typename F>
   auto collective(const char* what, F&& step) -> decltype(step());
@@ -166,14 +185,15 @@ class SymmetricHeap final : public SegmentObserver {
   const int instance_;       // heaps of group_ this process formed before (in every key)
   std::uint64_t round_ = 0;  // collective calls so far: keys never repeat
 
-  mutable std::mutex mutex_;              // local_ (allocator and server threads)
-  std::map<std::uint64_t, Piece> local_;  // by segment id
-  std::set<std::uint64_t> published_;     // ids of local_ at the last sync(): all export_fd serves
-  std::uint64_t local_generation_ = 0;    // bumped on every local map/unmap
-  std::uint64_t releases_ = 0;            // release_cached() calls so far
-  std::uint64_t synced_generation_ = 0;   // local_generation_ at the last sync()
-  std::string failure_;                   // first failure of a collective call (sticky)
-  mutable std::mutex peers_mutex_;        // peer_pieces_ and lingering_: views are made on any thread
+  mutable std::mutex mutex_;                         // local_ (allocator and server threads)
+  std::map<std::uint64_t, Piece> local_;             // by segment id
+  std::set<std::uint64_t> published_;                // ids of local_ at the last sync(): all export_fd serves
+  std::uint64_t local_generation_ = 0;               // bumped on every local map/unmap
+  std::uint64_t releases_ = 0;                       // release_cached() calls so far
+  std::uint64_t synced_generation_ = 0;              // local_generation_ at the last sync()
+  std::string failure_;                              // first failure of a collective call (sticky)
+  std::atomic<bool> device_waits_forbidden_{false};  // see DeviceWaitsForbidden
+  mutable std::mutex peers_mutex_;  // peer_pieces_ and lingering_: views are made on any thread
   std::vector<std::shared_ptr<PeerAddressRange>> peer_ranges_;
   std::vector<CUdeviceptr> peer_base_;                     // peer_ranges_[r]->base()
   std::vector<std::map<std::size_t, Piece>> peer_pieces_;  // by offset

@@ -229,6 +229,35 @@ TEST_F(CachingAllocatorTest, OutgrownSegmentsOfABusyStreamGoOnceItsWorkIsDone) {
   fake().hold_events(false);
 }
 
+// A heap may publish a retiring segment (a sync while its stream was still
+// busy): peers map it from then on, so it must not be unmapped alone.
+TEST_F(CachingAllocatorTest, ARetiringSegmentPublishedMeanwhileGoesBackToThePool) {
+  struct Publisher final : SegmentObserver {
+    std::uint64_t kept = 0;
+    void on_segment_mapped(const Segment&) override {}
+    void on_segment_unmapping(const Segment&) noexcept override {}
+    bool keeps_mapped(const Segment& s) const noexcept override { return s.id == kept; }
+  } publisher;
+  auto a = make_allocator();
+  a->add_observer(&publisher, false);
+  void* small_input = a->allocate(30 * MiB, stream(1));
+  a->deallocate(small_input, stream(1));
+  fake().hold_events(true);
+  void* big = a->allocate(50 * MiB, stream(1));  // retires the 30 MiB segment, pending
+  for (const Segment& seg : a->segments())
+    if (seg.size == 30 * MiB) publisher.kept = seg.id;
+  ASSERT_NE(publisher.kept, 0u);
+  fake().complete_events();
+  fake().hold_events(false);
+  void* next = a->allocate(30 * MiB, stream(1));
+  EXPECT_EQ(next, small_input) << "the published segment should serve its stream again";
+  EXPECT_EQ(a->stats().segments.current, 2);
+  EXPECT_EQ(fake().count("cuMemUnmap"), 0u);
+  a->deallocate(next, stream(1));
+  a->deallocate(big, stream(1));
+  a->remove_observer(&publisher, false);
+}
+
 TEST_F(CachingAllocatorTest, SegmentsInUseOnOtherStreamsOrInACaptureAreNotReplaced) {
   auto a = make_allocator();
   void* other_stream = a->allocate(30 * MiB, stream(2));

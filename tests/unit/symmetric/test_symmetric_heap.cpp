@@ -129,6 +129,23 @@ TEST(SymmetricHeapFake, UnmappingAReleasedPeerSegmentWaitsForTheDevice) {
     RANK_CHECK(unmap < calls.size(), "rank %d unmapped nothing", rank);
     RANK_CHECK(sync < unmap, "rank %d unmapped before the device finished", rank);
     if (rank == 0) alloc->deallocate(extra, stream(1));
+    // Inside a capture (a captured collective's sync) the heap never waits:
+    // what a peer released stays mapped until a later sync.
+    void* more = alloc->allocate(40 * MiB, stream(1));
+    heap.sync();
+    alloc->deallocate(more, stream(1));
+    FakeDriver::instance().clear_calls();
+    {
+      SymmetricHeap::DeviceWaitsForbidden no_waits(heap, true);
+      heap.release_cached();  // its own segments: the allocator's unmaps
+    }
+    // Rank 0 released `extra` and `more` now, rank 1 only `more` (its
+    // `extra` went above): each unmapped its own, none of its peer's.
+    const std::size_t own = rank == 0 ? 2u : 1u, peers = rank == 0 ? 1u : 2u;
+    RANK_CHECK(FakeDriver::instance().count("cuMemUnmap") == own,
+               "rank %d unmapped a peer segment inside a capture", rank);
+    heap.sync();  // outside: now they go
+    RANK_CHECK(FakeDriver::instance().count("cuMemUnmap") == own + peers, "rank %d kept them", rank);
     alloc->deallocate(kept, stream(1));
     return 0;
   });
@@ -178,6 +195,11 @@ TEST(SymmetricHeapFake, APeerViewKeepsItsMappingUntilItGoes) {
         RANK_CHECK(std::strstr(e.what(), expected) != nullptr, "%s", e.what());
       }
       RANK_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5), "rank %d waited", rank);
+      // A failed heap stays up (its group holds it): rank 0 serves until rank 1 is done.
+      if (rank == 1)
+        store.set("lease-test-done", "1");
+      else
+        store.get("lease-test-done", std::chrono::seconds(20));
       alloc->deallocate(again, stream(1));
       alloc->deallocate(kept, stream(1));
     }
@@ -192,7 +214,8 @@ TEST(SymmetricHeapFake, APeerViewKeepsItsMappingUntilItGoes) {
     lease.reset();  // the last holder: retired, no driver call from a deleter
     RANK_CHECK(FakeDriver::instance().calls().empty(), "the view's deleter called the driver");
     RANK_CHECK(retired_peer_mappings(context) == 1u, "%zu", retired_peer_mappings(context));
-    RANK_CHECK(release_retired_peer_mappings(FakeDriver::instance().api(), context) == 1u,
+    const std::uint64_t mark = retired_peer_mapping_sequence();  // then a wait for the device, in real use
+    RANK_CHECK(release_retired_peer_mappings(FakeDriver::instance().api(), context, mark) == 1u,
                "nothing unmapped");
     RANK_CHECK(FakeDriver::instance().count("cuMemUnmap") == 1u, "not unmapped");
     RANK_CHECK(FakeDriver::instance().count("cuMemAddressFree") == 1u, "the range stayed");
