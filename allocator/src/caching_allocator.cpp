@@ -52,6 +52,25 @@ std::size_t segment_size_for(std::size_t size) {
   return detail::round_up_checked(size, CachingAllocator::kLargeRounding, "allocation");
 }
 
+// Event queries, event records and segment (un)mapping are host work with
+// no implicit sync: this thread relaxes its capture mode around them, as the
+// collectives do for their host work. In the default global mode a graph
+// captured on any stream would refuse them and be invalidated (PyTorch's
+// allocator skips its event queries during captures instead).
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(const DriverApi& drv) : drv_(drv) {
+    drv_.cuThreadExchangeStreamCaptureMode(&previous_);
+  }
+  ~RelaxedCapture() { drv_.cuThreadExchangeStreamCaptureMode(&previous_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  const DriverApi& drv_;
+  CUstreamCaptureMode previous_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+};
+
 }  // namespace
 
 CachingAllocator::CachingAllocator(std::unique_ptr<SegmentArena> arena)
@@ -93,6 +112,7 @@ CachingAllocator::Pool& CachingAllocator::pool_of(const Block* block) {
 void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
   if (bytes == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
+  RelaxedCapture relaxed(drv_);
   SYMMPOOL_EXPECTS(bytes <= device_total_, "cannot allocate " + format_bytes(bytes) + ": more than device " +
                                                std::to_string(device()) + "'s total memory of " +
                                                format_bytes(device_total_));
@@ -191,12 +211,14 @@ CachingAllocator::Block* CachingAllocator::split(Block* block, std::size_t size,
 void CachingAllocator::deallocate(void* ptr, CUstream stream) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
+  RelaxedCapture relaxed(drv_);
   release(take_active(ptr), stream);
 }
 
 void CachingAllocator::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
+  RelaxedCapture relaxed(drv_);
   auto it = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == active_.end()) throw_unknown_pointer(ptr, "free");
   SYMMPOOL_EXPECTS(it->second->requested == bytes,

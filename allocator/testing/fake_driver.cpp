@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 #include <unordered_map>
+#include <utility>
 
 namespace symmpool::testing {
 
@@ -58,6 +59,7 @@ State& state() {
 }
 
 thread_local CUcontext current_context = nullptr;
+thread_local CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 CUcontext context_of(int device) { return reinterpret_cast<CUcontext>(std::uintptr_t(device) + 1); }
 int device_of(CUcontext ctx) { return static_cast<int>(reinterpret_cast<std::uintptr_t>(ctx)) - 1; }
@@ -379,6 +381,10 @@ CUresult fake_cuEventRecord(CUevent e, CUstream) {
 
 CUresult fake_cuEventQuery(CUevent e) {
   FAKE_ENTER("cuEventQuery");
+  // As CUDA: while a stream captures in global mode, a thread that has not
+  // relaxed its mode may not make this call (and the capture is invalidated).
+  if (!s.capturing.empty() && capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   auto it = s.events.find(reinterpret_cast<std::uintptr_t>(e));
   if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
   return it->second ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
@@ -397,6 +403,12 @@ CUresult fake_cuCtxSynchronize() {
   FAKE_ENTER("cuCtxSynchronize");
   if (!valid_device(s, device_of(current_context))) return CUDA_ERROR_INVALID_CONTEXT;
   for (auto& [handle, pending] : s.events) pending = false;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  FAKE_ENTER("cuThreadExchangeStreamCaptureMode");
+  std::swap(*mode, capture_mode);
   return CUDA_SUCCESS;
 }
 

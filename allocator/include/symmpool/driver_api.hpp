@@ -21,40 +21,41 @@ namespace symmpool {
 // time. Asking at the toolkit's CUDA_VERSION instead is wrong where a newer
 // ABI kept the old name: at 13000, "cuCtxSynchronize" is
 // cuCtxSynchronize_v2(CUcontext), called with no argument (a crash).
-#define SYMMPOOL_DRIVER_FUNCTIONS(X)       \
-  X(cuGetErrorString, 6000)                \
-  X(cuDeviceGet, 2000)                     \
-  X(cuDeviceGetCount, 2000)                \
-  X(cuDeviceGetAttribute, 2000)            \
-  X(cuDevicePrimaryCtxRetain, 7000)        \
-  X(cuDevicePrimaryCtxRelease, 11000)      \
-  X(cuCtxGetCurrent, 4000)                 \
-  X(cuCtxSetCurrent, 4000)                 \
-  X(cuCtxSynchronize, 2000)                \
-  X(cuMemGetInfo, 3020)                    \
-  X(cuMemGetAllocationGranularity, 10020)  \
-  X(cuMemCreate, 10020)                    \
-  X(cuMemRelease, 10020)                   \
-  X(cuMemAddressReserve, 10020)            \
-  X(cuMemAddressFree, 10020)               \
-  X(cuMemMap, 10020)                       \
-  X(cuMemUnmap, 10020)                     \
-  X(cuMemSetAccess, 10020)                 \
-  X(cuMemExportToShareableHandle, 10020)   \
-  X(cuMemImportFromShareableHandle, 10020) \
-  X(cuMulticastGetGranularity, 12010)      \
-  X(cuMulticastCreate, 12010)              \
-  X(cuMulticastAddDevice, 12010)           \
-  X(cuMulticastBindMem, 12010)             \
-  X(cuMulticastUnbind, 12010)              \
-  X(cuEventCreate, 2000)                   \
-  X(cuEventRecord, 2000)                   \
-  X(cuEventQuery, 2000)                    \
-  X(cuEventSynchronize, 2000)              \
-  X(cuEventDestroy, 4000)                  \
-  X(cuStreamIsCapturing, 10000)            \
-  X(cuStreamWriteValue32, 11070)           \
-  X(cuStreamWaitValue32, 11070)            \
+#define SYMMPOOL_DRIVER_FUNCTIONS(X)          \
+  X(cuGetErrorString, 6000)                   \
+  X(cuDeviceGet, 2000)                        \
+  X(cuDeviceGetCount, 2000)                   \
+  X(cuDeviceGetAttribute, 2000)               \
+  X(cuDevicePrimaryCtxRetain, 7000)           \
+  X(cuDevicePrimaryCtxRelease, 11000)         \
+  X(cuCtxGetCurrent, 4000)                    \
+  X(cuCtxSetCurrent, 4000)                    \
+  X(cuCtxSynchronize, 2000)                   \
+  X(cuMemGetInfo, 3020)                       \
+  X(cuMemGetAllocationGranularity, 10020)     \
+  X(cuMemCreate, 10020)                       \
+  X(cuMemRelease, 10020)                      \
+  X(cuMemAddressReserve, 10020)               \
+  X(cuMemAddressFree, 10020)                  \
+  X(cuMemMap, 10020)                          \
+  X(cuMemUnmap, 10020)                        \
+  X(cuMemSetAccess, 10020)                    \
+  X(cuMemExportToShareableHandle, 10020)      \
+  X(cuMemImportFromShareableHandle, 10020)    \
+  X(cuMulticastGetGranularity, 12010)         \
+  X(cuMulticastCreate, 12010)                 \
+  X(cuMulticastAddDevice, 12010)              \
+  X(cuMulticastBindMem, 12010)                \
+  X(cuMulticastUnbind, 12010)                 \
+  X(cuEventCreate, 2000)                      \
+  X(cuEventRecord, 2000)                      \
+  X(cuEventQuery, 2000)                       \
+  X(cuEventSynchronize, 2000)                 \
+  X(cuEventDestroy, 4000)                     \
+  X(cuStreamIsCapturing, 10000)               \
+  X(cuThreadExchangeStreamCaptureMode, 10010) \
+  X(cuStreamWriteValue32, 11070)              \
+  X(cuStreamWaitValue32, 11070)               \
   X(cuStreamBatchMemOp, 11070)
 
 struct DriverApi {

@@ -258,6 +258,24 @@ TEST_F(CachingAllocatorTest, ARetiringSegmentPublishedMeanwhileGoesBackToThePool
   a->remove_observer(&publisher, false);
 }
 
+// A graph captured on another stream (global mode, torch's default) must
+// not make allocations fail: before, the allocator's event queries were
+// refused there (and would have invalidated the capture).
+TEST_F(CachingAllocatorTest, AllocationsWorkWhileAnotherStreamCaptures) {
+  auto a = make_allocator();
+  void* shared = a->allocate(4 * MiB, stream(1));
+  fake().hold_events(true);
+  a->record_stream(shared, stream(2));
+  a->deallocate(shared, stream(1));  // waits on an event
+  fake().set_capturing(stream(3), true);
+  void* p = nullptr;
+  EXPECT_NO_THROW(p = a->allocate(4 * MiB, stream(1)));
+  EXPECT_NO_THROW(a->deallocate(p, stream(1)));
+  fake().set_capturing(stream(3), false);
+  fake().complete_events();
+  fake().hold_events(false);
+}
+
 TEST_F(CachingAllocatorTest, SegmentsInUseOnOtherStreamsOrInACaptureAreNotReplaced) {
   auto a = make_allocator();
   void* other_stream = a->allocate(30 * MiB, stream(2));
