@@ -474,9 +474,10 @@ std::size_t CachingAllocator::finish_retiring(bool wait) {
         pool_of(head).insert(head);
         continue;
       }
-      released += head->segment->size;
+      const std::size_t size = head->segment->size;
       try {
         unmap_free_segment(head);
+        released += size;
       } catch (const std::exception& e) {
         if (!first_failure) first_failure = std::current_exception();
         if (!wait) std::fprintf(stderr, "symmpool: unmapping an outgrown segment failed: %s\n", e.what());
