@@ -46,18 +46,22 @@ void Communicator::rendezvous(const void* ptr, std::size_t bytes) {
   rendezvoused_.add(ptr, bytes);
 }
 
-void* Communicator::peer_address(const void* ptr, std::size_t bytes, int peer) const {
+void Communicator::check_rendezvoused(const void* ptr, std::size_t bytes, int peer) const {
   check_peer(peer, "peer_address");
   const std::string why_not = rendezvoused_.why_not_covered(ptr, bytes);
   SYMMPOOL_EXPECTS(why_not.empty(),
                    "symmpool peer_address on rank " + std::to_string(rank()) + ": " + why_not);
+}
+
+void* Communicator::peer_address(const void* ptr, std::size_t bytes, int peer) const {
+  check_rendezvoused(ptr, bytes, peer);
   return heap_.peer_ptr(ptr, peer, bytes);
 }
 
 std::pair<void*, std::shared_ptr<void>> Communicator::peer_view(const void* ptr, std::size_t bytes,
                                                                 int peer) const {
-  void* address = peer_address(ptr, bytes, peer);
-  return {address, heap_.peer_lease(ptr, peer, bytes)};
+  check_rendezvoused(ptr, bytes, peer);
+  return heap_.peer_view(ptr, peer, bytes);
 }
 
 void Communicator::signal(int peer, cudaStream_t stream) {

@@ -299,7 +299,7 @@ void SymmetricHeap::mark_published() {
 }
 
 void SymmetricHeap::map_peer(int peer, const Piece& piece) {
-  // A view that still holds the peer's earlier segment there (see peer_lease)
+  // A view that still holds the peer's earlier segment there (see peer_view)
   // keeps its range mapped: refused before anything is fetched.
   {
     std::lock_guard<std::mutex> lock(peers_mutex_);
@@ -617,12 +617,15 @@ void* SymmetricHeap::peer_ptr(const void* local, int peer, std::size_t bytes) co
   return reinterpret_cast<void*>(peer_base_[static_cast<std::size_t>(peer)] + offset_of(local));
 }
 
-std::shared_ptr<void> SymmetricHeap::peer_lease(const void* local, int peer, std::size_t bytes) const {
+std::pair<void*, std::shared_ptr<void>> SymmetricHeap::peer_view(const void* local, int peer,
+                                                                 std::size_t bytes) const {
   require_sound();
   SYMMPOOL_EXPECTS(peer >= 0 && peer < world_, "peer " + std::to_string(peer) + " is not in the group");
-  if (peer == rank_) return nullptr;
+  if (peer == rank_) return {const_cast<void*>(local), nullptr};
   std::lock_guard<std::mutex> lock(peers_mutex_);
-  return peer_piece(local, peer, bytes).mapping;
+  const Piece& piece = peer_piece(local, peer, bytes);
+  return {reinterpret_cast<void*>(peer_base_[static_cast<std::size_t>(peer)] + offset_of(local)),
+          piece.mapping};
 }
 
 void SymmetricHeap::require_same_setting(const std::string& name, const std::string& value) {

@@ -128,7 +128,7 @@ class Communicator {
   void* peer_address(const void* ptr, std::size_t bytes, int peer) const;
   // The same address, and what keeps its mapping alive for a view that may
   // outlive the buffer, the peer's release or this communicator
-  // (SymmetricHeap::peer_lease; null for this rank's own memory).
+  // (SymmetricHeap::peer_view; null for this rank's own memory).
   std::pair<void*, std::shared_ptr<void>> peer_view(const void* ptr, std::size_t bytes, int peer) const;
   // Point to point, neither collective nor ordered with the collectives:
   // signal tells `peer` that what `stream` did before is done (counted, so
@@ -250,6 +250,8 @@ class Communicator {
   void low_latency_all_reduce(const Reduction& r);  // low_latency.cpp
   // peer_memory.cpp
   void check_peer(int peer, const char* op) const;
+  // peer_address's checks: a peer of the group, a range that went through rendezvous.
+  void check_rendezvoused(const void* ptr, std::size_t bytes, int peer) const;
   // Enqueues a signal or wait on `stream`: `stream_ops` eagerly, `kernel`
   // under capture; a failure to enqueue fails the communicator (the counts
   // of the two ranks would no longer match).

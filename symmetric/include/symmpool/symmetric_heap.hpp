@@ -20,6 +20,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace symmpool {
@@ -104,12 +105,12 @@ class SymmetricHeap final : public SegmentObserver {
   // with `bytes`, also unless one mapped segment of the peer holds all of
   // [local, local + bytes).
   void* peer_ptr(const void* local, int peer, std::size_t bytes = 1) const;
-  // What keeps that peer mapping alive (null for this rank's own memory):
-  // a view of it holds this, so the view stays readable after the peer
-  // releases the segment or the heap is gone. While such a view lives, the
-  // peer's next segment at those offsets cannot be mapped (the sync that
-  // tries fails, naming the view).
-  std::shared_ptr<void> peer_lease(const void* local, int peer, std::size_t bytes = 1) const;
+  // peer_ptr's address, and what keeps that peer mapping alive (null for
+  // this rank's own memory), found together: a view of it holds the latter,
+  // so the view stays readable after the peer releases the segment or the
+  // heap is gone. While such a view lives, the peer's next segment at those
+  // offsets cannot be mapped (the sync that tries fails, naming the view).
+  std::pair<void*, std::shared_ptr<void>> peer_view(const void* local, int peer, std::size_t bytes = 1) const;
   std::size_t offset_of(const void* local) const;
   bool contains(const void* local) const;
 

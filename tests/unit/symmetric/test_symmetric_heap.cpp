@@ -174,10 +174,12 @@ TEST(SymmetricHeapFake, APeerViewKeepsItsMappingUntilItGoes) {
       auto* buf = static_cast<std::uint32_t*>(alloc->allocate(30 * MiB, stream(1)));
       buf[0] = 100u + static_cast<std::uint32_t>(rank);
       heap.sync();
-      view = static_cast<const std::uint32_t*>(heap.peer_ptr(buf, peer, 4));
-      lease = heap.peer_lease(buf, peer, 4);
+      auto [address, held] = heap.peer_view(buf, peer, 4);
+      RANK_CHECK(address == heap.peer_ptr(buf, peer, 4), "peer_view and peer_ptr disagree");
+      view = static_cast<const std::uint32_t*>(address);
+      lease = std::move(held);  // only the lease holds it from here
       RANK_CHECK(lease != nullptr, "no lease on rank %d's segment", peer);
-      RANK_CHECK(heap.peer_lease(buf, rank, 4) == nullptr, "a lease on this rank's own memory");
+      RANK_CHECK(heap.peer_view(buf, rank, 4).second == nullptr, "a lease on this rank's own memory");
       heap.check_symmetric(buf, 4, "buf");  // both have read their lease before the release
       if (rank == 1) lease.reset();         // only rank 0 keeps its view
       alloc->deallocate(buf, stream(1));
