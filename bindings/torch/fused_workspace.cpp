@@ -117,7 +117,7 @@ std::shared_ptr<FusedWorkspace> fused_workspace(const c10::intrusive_ptr<c10d::B
   const auto bytes = at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, device));
   at::Tensor tensor;
   try {
-    tensor = symm.allocateTensor(size, bytes);
+    tensor = symm.allocate_symmetric(size, bytes);
   } catch (const c10::OutOfMemoryError&) {
     // The peers are entering the rendezvous below: join them with a byte
     // outside the workspace's shape, so that every rank gets the same "not

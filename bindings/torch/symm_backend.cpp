@@ -131,6 +131,26 @@ bool SymmBackend::supportsTensorAlloc(c10::DeviceIndex device) {
 }
 
 at::Tensor SymmBackend::allocateTensor(long size, at::TensorOptions options) {
+  // With SYMMPOOL_COLLECTIVES=0 NCCL runs every collective of the group, and
+  // symmpool memory buys only NCCL's registration of the buffer. On the
+  // default stream, where the model computes (FSDP2's reduce-scatter input),
+  // a pool of its own costs more than that: PyTorch's cache there reuses
+  // what the activations just freed, while symmpool's would hold the same
+  // bytes on top (docs/fsdp2_flag_memory.md). Requests on other streams
+  // (FSDP2's all-gather buffers and reduce-scatter outputs) stay registered.
+  if (!router_.settings().enabled && options.device().is_cuda()) {
+    const c10::DeviceIndex device =
+        options.device().has_index() ? options.device().index() : c10::cuda::current_device();
+    if (device >= 0 && device < c10::cuda::device_count() &&
+        c10::cuda::getCurrentCUDAStream(device) == c10::cuda::getDefaultCUDAStream(device)) {
+      TORCH_CHECK(size >= 0, "symm allocate_tensor: size must be >= 0, got ", size);
+      return at::empty({size}, options.device(at::Device(at::kCUDA, device)));
+    }
+  }
+  return allocate_symmetric(size, options);
+}
+
+at::Tensor SymmBackend::allocate_symmetric(long size, at::TensorOptions options) {
   TORCH_CHECK(size >= 0, "symm allocate_tensor: size must be >= 0, got ", size);
   TORCH_CHECK(options.device().is_cuda(),
               "symm allocate_tensor: only CUDA tensors can come from symmpool, got device ",

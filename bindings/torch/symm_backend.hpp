@@ -40,7 +40,13 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
                                           const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
   bool supportsTensorAlloc(c10::DeviceIndex device) override;
+  // FSDP2's comm buffers (set_allocate_memory_from_process_group_for_comm):
+  // symmpool memory, except on the default stream when symmpool runs none of
+  // the group's collectives (SYMMPOOL_COLLECTIVES=0), where PyTorch's cache
+  // serves them at no extra memory.
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
+  // Always symmpool memory, registered with the group's NCCL communicator.
+  at::Tensor allocate_symmetric(long size, at::TensorOptions options);
 
   // The communicator of a device exists only after its first collective (or
   // an eager connect): registration starts then, for existing segments too.

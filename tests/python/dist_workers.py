@@ -22,7 +22,24 @@ def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
     device = init_group(rank, world, "cpu:gloo,cuda:symm")
     backend = dist.group.WORLD._get_backend(device)
     assert backend.supports_tensor_alloc(device)
-    first = backend.allocate_tensor(1001, dtype=torch.bfloat16, device=device)  # before any collective
+    on_default = backend.allocate_tensor(1001, dtype=torch.bfloat16, device=device)  # before any collective
+    assert on_default.numel() == 1001 and on_default.dtype == torch.bfloat16
+    # With symmpool's collectives off, the default stream's requests (FSDP2's
+    # reduce-scatter input) come from PyTorch's cache; other streams' from symmpool.
+    assert symmpool.owns(on_default) == (collectives != "0"), collectives
+    del on_default
+    if collectives == "0":
+        with torch.cuda.stream(torch.cuda.Stream(device)):
+            _symm_backend_matches_nccl_on_the_current_stream(rank, world, collectives, device, backend)
+    else:
+        _symm_backend_matches_nccl_on_the_current_stream(rank, world, collectives, device, backend)
+    dist.destroy_process_group()
+
+
+def _symm_backend_matches_nccl_on_the_current_stream(rank, world, collectives, device, backend) -> None:
+    import symmpool
+
+    first = backend.allocate_tensor(1001, dtype=torch.bfloat16, device=device)
     assert symmpool.owns(first) and first.numel() == 1001 and first.dtype == torch.bfloat16
 
     gen = torch.Generator().manual_seed(1234 + rank)
@@ -87,7 +104,6 @@ def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
         assert stats["symm_collectives"] > 0 and stats["nccl_fallbacks"] > 0, stats
     elif collectives == "0":
         assert stats["symm_collectives"] == 0 and stats["nccl_fallbacks"] == 0, stats
-    dist.destroy_process_group()
 
 
 def symm_tensor_freed_in_a_capture_stays_with_the_graph(rank: int, world: int) -> None:
