@@ -48,6 +48,7 @@ struct State {
   std::uintptr_t next_event = 1;
   bool hold_events = false;
   std::set<CUstream> capturing;  // streams in a graph capture (set_capturing)
+  std::function<void()> on_context_synchronize;
   std::set<std::uintptr_t> nccl_registrations;
   std::uintptr_t next_registration = 1;
   std::vector<std::size_t> used;
@@ -400,9 +401,14 @@ CUresult fake_cuEventSynchronize(CUevent e) {
 
 // The "GPU" finishes all its work: every event completes.
 CUresult fake_cuCtxSynchronize() {
-  FAKE_ENTER("cuCtxSynchronize");
-  if (!valid_device(s, device_of(current_context))) return CUDA_ERROR_INVALID_CONTEXT;
-  for (auto& [handle, pending] : s.events) pending = false;
+  std::function<void()> meanwhile;
+  {
+    FAKE_ENTER("cuCtxSynchronize");
+    if (!valid_device(s, device_of(current_context))) return CUDA_ERROR_INVALID_CONTEXT;
+    for (auto& [handle, pending] : s.events) pending = false;
+    meanwhile = s.on_context_synchronize;
+  }
+  if (meanwhile) meanwhile();  // outside the fake's lock: it may call the driver
   return CUDA_SUCCESS;
 }
 
@@ -505,6 +511,7 @@ void FakeDriver::reset(int device_count, FakeDeviceConfig config) {
   s.failures.clear();
   s.hold_events = false;
   s.capturing.clear();
+  s.on_context_synchronize = nullptr;
   s.used.assign(static_cast<std::size_t>(device_count), 0);
   // Leftovers from a previous test are dropped, not freed: tests check leaks
   // through the live_* counters before they end.
@@ -560,6 +567,12 @@ void FakeDriver::hold_events(bool hold) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   s.hold_events = hold;
+}
+
+void FakeDriver::on_context_synchronize(std::function<void()> meanwhile) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.on_context_synchronize = std::move(meanwhile);
 }
 
 void FakeDriver::set_capturing(CUstream stream, bool capturing) {

@@ -61,7 +61,7 @@ std::string rendezvous_or_why_not(const c10::intrusive_ptr<c10d::Backend>& backe
   c10::cuda::CUDAGuard guard(device);
   return call_translating_errors([&]() -> std::string {
     try {
-      comm.rendezvous(t.data_ptr(), bytes);
+      comm.rendezvous(t.data_ptr(), bytes, c10::cuda::getCurrentCUDAStream(device).stream());
       symm_backend(backend).rendezvoused_storages().add(t);
       return {};
     } catch (const not_symmetric_error& e) {

@@ -362,6 +362,7 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   heap_store_ = std::make_unique<C10dStore>(store_for_heap_);
   SymmetricGroupOptions options;
   options.collectives = collective_options_;
+  options.forms_in_capture = is_capturing(c10::cuda::getCurrentCUDAStream(device));
   // Ranks that route a call to different engines would each wait for the
   // other in vain.
   options.same_on_every_rank = {{"SYMMPOOL_COLLECTIVES", to_string(router_.settings())}};

@@ -103,6 +103,16 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
 }
 
 Communicator::~Communicator() {
+  // On our device, whichever one the destroying thread has current (a group
+  // torn down from another thread, or one made without set_device): a sync
+  // of another device would let kernels still using the pads run on.
+  int caller_device = -1;
+  const bool switched = cudaGetDevice(&caller_device) == cudaSuccess &&
+                        caller_device != allocator_.device() &&
+                        cudaSetDevice(allocator_.device()) == cudaSuccess;
+  detail::ScopeExit back_to_caller_device([&] {
+    if (switched) cudaSetDevice(caller_device);
+  });
   // The watchdog, still running, frees streams stuck on a dead peer. Where the
   // sync fails (a sticky error, a capture open on this thread), kernels may
   // still use the pads unmapped below: say so rather than pass in silence.

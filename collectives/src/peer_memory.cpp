@@ -19,13 +19,14 @@
 
 namespace symmpool {
 
-void Communicator::rendezvous(const void* ptr, std::size_t bytes) {
+void Communicator::rendezvous(const void* ptr, std::size_t bytes, cudaStream_t stream) {
   SYMMPOOL_EXPECTS(bytes > 0, "symmpool rendezvous on rank " + std::to_string(rank()) + ": an empty buffer");
   check_errors();
   begin_call("rendezvous");
   bool synced = false;
   try {
     detail::RelaxedCaptureMode relaxed;  // may map peer segments: allowed under capture
+    SymmetricHeap::DeviceWaitsForbidden no_waits(heap_, detail::is_capturing(stream));
     // Every rank exchanges, even with a buffer outside its heap: a rank that
     // passed plain memory fails every rank at once instead of leaving its
     // peers waiting for it.

@@ -12,6 +12,7 @@ SymmetricGroup::SymmetricGroup(const DriverApi& driver, CachingAllocator& alloca
   // (its destructor syncs the device, which a capture open on the caller's
   // thread would not survive).
   for (const auto& [setting, value] : options.same_on_every_rank) heap_->require_same_setting(setting, value);
+  SymmetricHeap::DeviceWaitsForbidden no_waits(*heap_, options.forms_in_capture);
   communicator_ = std::make_unique<Communicator>(
       *heap_, allocator, options.barrier_timeout, std::move(options.on_failure),
       options.collectives ? *options.collectives : CollectiveOptions::from_environment());

@@ -426,14 +426,19 @@ std::map<std::uint64_t, SymmetricHeap::Piece> SymmetricHeap::parse_segments(
 
 // This rank's segments as "id offset size" lines; they are served to peers
 // from now on and kept mapped while the heap lives (keeps_mapped).
+// Under the allocator's lock (taken before ours, as its observer calls do):
+// the allocator holds it from finding a segment unpublished to unmapping it,
+// so a segment is never listed to the peers while it is being unmapped.
 std::string SymmetricHeap::list_for_sync(std::uint64_t* generation) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::string mine;
-  for (auto& [id, p] : local_)
-    mine += std::to_string(p.id) + " " + std::to_string(p.offset) + " " + std::to_string(p.size) + "\n";
-  *generation = local_generation_;
-  mark_published();
-  return mine;
+  return allocator_.with_lock([&] {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::string mine;
+    for (auto& [id, p] : local_)
+      mine += std::to_string(p.id) + " " + std::to_string(p.offset) + " " + std::to_string(p.size) + "\n";
+    *generation = local_generation_;
+    mark_published();
+    return mine;
+  });
 }
 
 // Maps what each peer listed (listings[r], where listed[r]) and unmaps what

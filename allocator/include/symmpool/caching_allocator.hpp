@@ -87,6 +87,15 @@ class CachingAllocator {
   // Registration hooks: see SegmentArena::add_observer / remove_observer.
   void add_observer(SegmentObserver* observer, bool replay_existing);
   void remove_observer(SegmentObserver* observer, bool replay_existing) noexcept;
+  // Runs `step` under the allocator's lock, for an observer's step that must
+  // not fall between the allocator finding a segment releasable (no
+  // observer keeps it) and unmapping it: a heap publishing its segments.
+  // `step` must not call back into the allocator.
+  template <typename Step>
+  auto with_lock(Step&& step) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return step();
+  }
 
   std::vector<Segment> segments() const;  // copies, for inspection
   int device() const { return arena_->device(); }

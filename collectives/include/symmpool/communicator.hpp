@@ -119,7 +119,9 @@ class Communicator {
   // at the same offset and size in every rank's heap (syncing the heap first
   // where a rank's segments changed) and remembers it for peer_address.
   // Throws not_symmetric_error, the same on every rank, otherwise.
-  void rendezvous(const void* ptr, std::size_t bytes);
+  // `stream`: the caller's; while a graph capture is open on it the sync
+  // never waits for the device (the wait would end the capture).
+  void rendezvous(const void* ptr, std::size_t bytes, cudaStream_t stream);
   // Local: where `peer`'s copy of [ptr, ptr + bytes) is mapped here. The
   // range must lie in one that went through rendezvous, in the allocation
   // it had then (logic_error otherwise: a buffer freed and allocated again

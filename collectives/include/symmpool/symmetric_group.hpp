@@ -35,6 +35,10 @@ struct SymmetricGroupOptions {
   // engines wait for each other in vain). Compared when the group forms;
   // ranks that differ fail to form it, naming the setting and both values.
   std::vector<std::pair<std::string, std::string>> same_on_every_rank;
+  // The group forms inside a CUDA graph capture (its first collective is
+  // captured): its first sync must not wait for the device, which would end
+  // the capture; peer mappings retired before wait for a later sync.
+  bool forms_in_capture = false;
 };
 
 class SymmetricGroup {

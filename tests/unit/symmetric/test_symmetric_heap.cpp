@@ -18,6 +18,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace symmpool::test {
@@ -251,6 +252,49 @@ TEST(SymmetricHeapFake, ASegmentOneRankMappedAloneIsSyncedAtTheNextCheck) {
     RANK_CHECK(heap.mapped_peer_segments() == (rank == 0 ? 2u : 1u), "%zu", heap.mapped_peer_segments());
     alloc->deallocate(a, stream(1));
     if (extra) alloc->deallocate(extra, stream(1));
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
+// A sync on another thread lists this rank's segments while empty_cache
+// waits for the device between finding a segment unpublished and unmapping
+// it. The listing waits for the allocator's lock, so the segment is never
+// published. Before, it was listed and then unmapped under the peers, who
+// asked for a segment already gone and failed the heap on every rank.
+TEST(SymmetricHeapFake, ASegmentBeingUnmappedIsNeverPublished) {
+  TempStoreDir dir;
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir.path());
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "unmap-race", rank, w,
+                       HeapOptions{std::chrono::seconds(20)});
+    void* kept = alloc->allocate(4096, stream(1));
+    heap.sync();
+    if (rank == 0) {
+      alloc->deallocate(alloc->allocate(30 * MiB, stream(1)), stream(1));  // mapped since: not published
+      std::thread other;
+      std::string failure;
+      FakeDriver::instance().on_context_synchronize([&] {
+        FakeDriver::instance().on_context_synchronize(nullptr);  // once
+        other = std::thread([&] {
+          try {
+            heap.sync();
+          } catch (const std::exception& e) {
+            failure = e.what();
+          }
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the listing's chance to run
+      });
+      RANK_CHECK(alloc->empty_cache() == 30 * MiB, "empty_cache released something else");
+      other.join();
+      RANK_CHECK(failure.empty(), "the other thread's sync failed: %s", failure.c_str());
+    } else {
+      heap.sync();
+    }
+    RANK_CHECK(heap.mapped_peer_segments() == 1u, "rank %d maps %zu peer segments", rank,
+               heap.mapped_peer_segments());
+    alloc->deallocate(kept, stream(1));
     return 0;
   });
   EXPECT_EQ(result, "");

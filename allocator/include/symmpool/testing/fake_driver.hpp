@@ -8,6 +8,7 @@
 #include <symmpool/nccl_api.hpp>
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,9 @@ class FakeDriver {
   void abort_nccl_communicators();
   // A capturing stream reports CU_STREAM_CAPTURE_STATUS_ACTIVE.
   void set_capturing(CUstream stream, bool capturing);
+  // Runs `meanwhile` inside every cuCtxSynchronize (empty: none), as other
+  // threads run while a real device drains.
+  void on_context_synchronize(std::function<void()> meanwhile);
 
   std::size_t used_memory(int device) const;  // bytes in live handles
   std::size_t live_handles() const;
