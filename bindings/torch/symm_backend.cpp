@@ -191,11 +191,17 @@ void SymmBackend::register_if_ready(const at::Device& device) {
   if (!device.is_cuda()) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (aborted_ || hooks_.count(device.index())) return;
-  if (!getNCCLComm(std::to_string(device.index()))) return;  // no collective on it yet
+  std::shared_ptr<c10d::NCCLComm> nccl_comm = getNCCLComm(std::to_string(device.index()));
+  if (!nccl_comm) return;  // no collective on it yet
   // getCommPtr reads the communicator of the current device.
   c10::cuda::CUDAGuard guard(device.index());
   auto comm = reinterpret_cast<ncclComm_t>(getCommPtr());
-  auto hook = std::make_unique<NcclRegistrationHook>(comm);
+  // ProcessGroupNCCL's watchdog aborts (and NCCL frees) a communicator whose
+  // collective timed out without calling our abort(): the hook asks before
+  // every NCCL call, and an aborted or failed communicator is left alone.
+  // Hooks go before this backend does (detach_all), so `this` outlives it.
+  auto usable = [this, nccl_comm]() mutable { return checkForNCCLErrors(nccl_comm) == nullptr; };
+  auto hook = std::make_unique<NcclRegistrationHook>(comm, loaded_nccl(), std::move(usable));
   call_translating_errors([&] {
     device_allocator(device.index()).add_observer(hook.get(), /*replay_existing=*/true);
     return 0;

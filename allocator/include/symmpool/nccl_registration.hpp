@@ -8,6 +8,7 @@
 #include <symmpool/segment.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 
@@ -34,7 +35,16 @@ struct RegistrationCounts {
 
 class NcclRegistrationHook final : public SegmentObserver {
  public:
-  explicit NcclRegistrationHook(ncclComm_t comm, const NcclApi& nccl = loaded_nccl());
+  // False once the communicator is aborted or failed, when someone else
+  // may abort it (ProcessGroupNCCL's watchdog frees it without telling us).
+  // Asked before every NCCL call; where it says false the hook abandons its
+  // registrations (as abandon()) instead of calling into a freed
+  // communicator. It cannot hold off an abort that starts right after it
+  // answered: it narrows that window to the call itself.
+  using UsableCheck = std::function<bool()>;
+
+  explicit NcclRegistrationHook(ncclComm_t comm, const NcclApi& nccl = loaded_nccl(),
+                                UsableCheck usable = {});
   ~NcclRegistrationHook() override;
 
   void on_segment_mapped(const Segment& segment) override;
@@ -54,8 +64,12 @@ class NcclRegistrationHook final : public SegmentObserver {
     void* handle;
     std::size_t size;
   };
+  bool still_usable() const noexcept;  // under mutex_
+  void abandon_locked() noexcept;      // under mutex_
+
   ncclComm_t comm_;
   const NcclApi& nccl_;
+  UsableCheck usable_;
   mutable std::mutex mutex_;
   std::unordered_map<std::uint64_t, Registration> registrations_;  // by segment id
   RegistrationCounts counts_;

@@ -4,6 +4,7 @@
 #include <symmpool/nccl_registration.hpp>
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace symmpool::test {
 
@@ -125,6 +126,45 @@ TEST_F(RegistrationHookTest, FailedRegistrationFailsTheAllocationAndLeaksNothing
   EXPECT_EQ(a->stats().segments.current, 0);
   a->remove_observer(&h1, true);
   a->remove_observer(&h2, true);
+}
+
+// A communicator someone else aborted (ProcessGroupNCCL's watchdog, after a
+// timeout) is never called again: the next map registers nothing and the
+// next unmap deregisters nothing; every registration counts as abandoned.
+// Before, the hook called ncclCommRegister/Deregister on the freed communicator.
+TEST_F(RegistrationHookTest, ACommunicatorAbortedElsewhereIsLeftAlone) {
+  auto a = make_allocator();
+  bool usable = true;
+  NcclRegistrationHook hook(comm(1), fake().nccl(), [&] { return usable; });
+  a->add_observer(&hook, true);
+  void* first = a->allocate(30 * MiB, stream(1));
+  ASSERT_EQ(hook.counts().live, 1u);
+  usable = false;
+  fake().abort_nccl_communicators();
+  fake().clear_calls();
+  void* second = a->allocate(30 * MiB, stream(1));  // a new segment
+  a->deallocate(first, stream(1));
+  a->deallocate(second, stream(1));
+  a->empty_cache();
+  EXPECT_EQ(fake().count_prefix("nccl"), 0u);
+  EXPECT_EQ(fake().count("cuMemUnmap"), 2u);
+  EXPECT_EQ(hook.counts().registrations, 1u);
+  EXPECT_EQ(hook.counts().abandoned, 1u);
+  EXPECT_EQ(hook.counts().live, 0u);
+  a->remove_observer(&hook, true);
+  EXPECT_EQ(fake().count_prefix("nccl"), 0u);
+}
+
+// A check that throws cannot tell: the communicator is left alone too.
+TEST_F(RegistrationHookTest, ACheckThatThrowsCountsAsAborted) {
+  auto a = make_allocator();
+  NcclRegistrationHook hook(comm(1), fake().nccl(), []() -> bool { throw std::runtime_error("no answer"); });
+  a->add_observer(&hook, true);
+  a->deallocate(a->allocate(30 * MiB, stream(1)), stream(1));
+  a->empty_cache();
+  EXPECT_EQ(fake().count_prefix("nccl"), 0u);
+  EXPECT_EQ(hook.counts().registrations, 0u);
+  a->remove_observer(&hook, true);
 }
 
 TEST_F(RegistrationHookTest, AttachingTwiceIsAnError) {
