@@ -163,7 +163,12 @@ CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size, s
     ++stats_.oom_retries;
     try_retry_unrecorded_events();  // a failure was reported by the free; not an allocation error
     synchronize_pending_events();
-    release_cached_segments();
+    try {
+      release_cached_segments();
+    } catch (const std::exception& e) {
+      // What did go back may be enough: the map below decides.
+      std::fprintf(stderr, "symmpool: releasing cached segments for an allocation failed: %s\n", e.what());
+    }
     segment = arena_->map_new_segment(want);
   }
   if (segment == nullptr) {
@@ -403,11 +408,20 @@ std::size_t CachingAllocator::release_cached_segments() {
   // So the device finishes first; where it cannot (a capture under way, a
   // sticky error), the error names the call and nothing is unmapped.
   SYMMPOOL_CU_TRY(drv_, cuCtxSynchronize());
-  std::size_t released = finish_retiring(/*wait=*/true);
+  // Every segment gets its unmap even where one fails; the first failure is
+  // thrown once all were tried.
+  std::exception_ptr first_failure;
+  std::size_t released = finish_retiring(/*wait=*/true, &first_failure);
   for (Block* head : idle) {
-    released += head->segment->size;
-    unmap_free_segment(head);
+    const std::size_t size = head->segment->size;
+    try {
+      unmap_free_segment(head);
+      released += size;
+    } catch (const std::exception&) {
+      if (!first_failure) first_failure = std::current_exception();
+    }
   }
+  if (first_failure) std::rethrow_exception(first_failure);
   return released;
 }
 
@@ -454,9 +468,9 @@ void CachingAllocator::retire_outgrown_segments(CUstream stream) {
 // `wait`, after the caller synchronized the device); returns the bytes. A
 // heap that published one since it retired (a sync while its stream was
 // busy) keeps it: peers map it now, so it goes back to the pool. With
-// `wait` a failed unmap is thrown once the others are done; without, it is
-// said on stderr (an allocation is not the place to fail for it).
-std::size_t CachingAllocator::finish_retiring(bool wait) {
+// `wait` the first failed unmap goes to `failure` once the others are done;
+// without, it is said on stderr (an allocation is not the place to fail for it).
+std::size_t CachingAllocator::finish_retiring(bool wait, std::exception_ptr* failure) {
   ContextGuard guard(drv_, arena_->context());
   std::size_t released = 0;
   std::exception_ptr first_failure;
@@ -484,7 +498,10 @@ std::size_t CachingAllocator::finish_retiring(bool wait) {
       }
     }
   }
-  if (wait && first_failure) std::rethrow_exception(first_failure);
+  if (wait && first_failure) {
+    if (!failure) std::rethrow_exception(first_failure);
+    if (!*failure) *failure = first_failure;
+  }
   return released;
 }
 

@@ -97,13 +97,16 @@ SegmentArena::SegmentArena(const DriverApi& drv, int device, ArenaOptions option
 }
 
 SegmentArena::~SegmentArena() {
+  // unmap_segment forgets a segment even when its unmap fails; one it could
+  // not even forget is dropped here, so the loop always ends.
   while (!segments_.empty()) {
+    const std::size_t before = segments_.size();
     try {
       unmap_segment(segments_.begin()->second.get());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "symmpool: while destroying the arena of device %d: %s\n", device_, e.what());
-      segments_.erase(segments_.begin());
     }
+    if (segments_.size() == before) segments_.erase(segments_.begin());
   }
   drv_.cuMemAddressFree(va_base_, va_size_);
   drv_.cuDevicePrimaryCtxRelease(cu_device_);

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -128,7 +129,7 @@ class CachingAllocator {
   void synchronize_pending_events();  // the recorded ones
   std::size_t release_cached_segments();
   void retire_outgrown_segments(CUstream stream);
-  std::size_t finish_retiring(bool wait);
+  std::size_t finish_retiring(bool wait, std::exception_ptr* failure = nullptr);
   bool releasable(const Block* head) const;  // a whole segment, free, no peer maps it
   void unmap_free_segment(Block* head);      // head: releasable
   CUevent take_event();

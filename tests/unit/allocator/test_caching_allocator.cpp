@@ -159,6 +159,41 @@ TEST_F(CachingAllocatorTest, ARangeThatFailedToUnmapIsNotHandedOutAgain) {
   EXPECT_EQ(fake().api().cuMemUnmap(reinterpret_cast<CUdeviceptr>(p), 12 * MiB), CUDA_SUCCESS);
 }
 
+// One failed unmap does not keep the other cached segments: each gets its
+// unmap, and the failure is thrown once all were tried. Before, empty_cache
+// stopped at the first failure and kept the rest.
+TEST_F(CachingAllocatorTest, AFailedUnmapStillReleasesTheOtherSegments) {
+  auto a = make_allocator();
+  void* p = a->allocate(12 * MiB, stream(1));
+  void* q = a->allocate(12 * MiB, stream(2));  // another stream: a segment of its own
+  a->deallocate(p, stream(1));
+  a->deallocate(q, stream(2));
+  fake().fail("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
+  EXPECT_THROW(a->empty_cache(), cuda_error);
+  EXPECT_EQ(fake().count("cuMemUnmap"), 2u);
+  EXPECT_EQ(a->stats().segments.current, 0);
+  // The fake left one mapped, as a failed unmap would: undo it so nothing leaks.
+  for (void* r : {p, q}) fake().api().cuMemUnmap(reinterpret_cast<CUdeviceptr>(r), 12 * MiB);
+  EXPECT_EQ(fake().live_mappings(), 0u);
+}
+
+// An allocation that empties the cache to fit goes on when one unmap
+// fails: what the others gave back is enough here. Before, the failure
+// turned an allocation that fits into a cuda_error.
+TEST_F(CachingAllocatorTest, AnAllocationStillFitsAfterAFailedUnmap) {
+  auto a = make_allocator();
+  std::vector<void*> ps;
+  for (int i = 0; i < 40; ++i) ps.push_back(a->allocate(24 * MiB, stream(1)));
+  for (void* p : ps) a->deallocate(p, stream(1));
+  fake().fail("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
+  void* big = a->allocate(512 * MiB, stream(2));
+  EXPECT_NE(big, nullptr);
+  EXPECT_EQ(a->stats().oom_retries, 1u);
+  a->deallocate(big, stream(2));
+  for (void* p : ps) fake().api().cuMemUnmap(reinterpret_cast<CUdeviceptr>(p), 24 * MiB);
+  EXPECT_EQ(fake().live_mappings(), 1u);  // `big`'s, cached
+}
+
 TEST_F(CachingAllocatorTest, OutOfMemoryEmptiesTheCacheAndRetries) {
   auto a = make_allocator();
   // Fill the 1 GiB device with cached, unused segments.

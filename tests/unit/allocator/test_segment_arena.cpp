@@ -26,6 +26,45 @@ TEST_F(SegmentArenaTest, RoundsToGranularityAndMapsReadWrite) {
   EXPECT_EQ(fake().count("cuMemSetAccess"), 1u);
 }
 
+// An arena destroyed while an unmap fails (a sticky error at teardown)
+// still tries every other segment. Before, its destructor erased the next
+// segment unmapped after a failure (unmap_segment had forgotten the failed
+// one already), and with none left erased from an empty map.
+TEST_F(SegmentArenaTest, DestroyingTriesEverySegmentWhenAnUnmapFails) {
+  CUdeviceptr first = 0, base = 0;
+  std::size_t reserved = 0;
+  {
+    SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
+    base = arena.va_base();
+    reserved = arena.va_reserved_bytes();
+    first = arena.map_new_segment(2 * MiB)->address;
+    ASSERT_NE(arena.map_new_segment(2 * MiB), nullptr);
+    fake().fail("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
+    fake().clear_calls();
+  }
+  EXPECT_EQ(fake().count("cuMemUnmap"), 2u);
+  EXPECT_EQ(fake().count("cuMemRelease"), 2u);
+  // The fake left the first mapped, as a failed unmap would, so the range
+  // could not be freed either: undo both so nothing leaks.
+  EXPECT_EQ(fake().api().cuMemUnmap(first, 2 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(fake().api().cuMemAddressFree(base, reserved), CUDA_SUCCESS);
+}
+
+// Only a segment that failed to unmap is left to the destructor: it still ends.
+TEST_F(SegmentArenaTest, DestroyingEndsWhenTheLastUnmapFails) {
+  CUdeviceptr only = 0, base = 0;
+  std::size_t reserved = 0;
+  {
+    SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
+    base = arena.va_base();
+    reserved = arena.va_reserved_bytes();
+    only = arena.map_new_segment(2 * MiB)->address;
+    fake().fail("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
+  }
+  EXPECT_EQ(fake().api().cuMemUnmap(only, 2 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(fake().api().cuMemAddressFree(base, reserved), CUDA_SUCCESS);
+}
+
 TEST_F(SegmentArenaTest, OutOfMemoryReturnsNullAndLeavesNothing) {
   SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
   EXPECT_EQ(arena.map_new_segment(2u << 30), nullptr);  // more than the device holds
