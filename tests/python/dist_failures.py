@@ -139,6 +139,49 @@ def abort_with_nccl_stuck_on_a_dead_peer(rank: int, world: int) -> None:
     os._exit(0)  # NCCL's teardown with a dead peer is not ours to test
 
 
+def a_communicator_the_watchdog_aborted_is_left_alone(rank: int, world: int) -> None:
+    """With TORCH_NCCL_ASYNC_ERROR_HANDLING=2 ProcessGroupNCCL's watchdog
+    aborts a timed-out NCCL communicator itself, without calling the symm
+    backend's abort(). symmpool's registration hooks must not call NCCL on it
+    afterwards: a new segment is not registered, a released one not
+    deregistered, and each registration counts as abandoned. Before, they
+    called ncclCommRegister/Deregister on the freed communicator."""
+    import symmpool
+
+    device, backend, buf = _symm_group(rank, world, "2")
+    plain = torch.ones(1 << 20, device=device)  # not symmpool's: NCCL runs it
+    dist.all_reduce(plain)  # NCCL's communicator forms
+    hooked = backend.allocate_tensor(4096, dtype=torch.float32, device=device)  # the hook comes, registers
+    assert symmpool.memory_stats(device)["nccl_registered_segments"] > 0
+    torch.cuda.synchronize()
+    host_barrier()
+    if rank == world - 1:
+        time.sleep(3 * TIMEOUT_S)  # alive, but never joins the next all-reduce
+        os._exit(0)
+    work = dist.all_reduce(plain, async_op=True)
+    try:
+        work.wait()
+    except RuntimeError:
+        pass  # the watchdog's timeout: the communicator is aborted now
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the abort may land a moment after wait() returns
+        try:
+            dist.all_reduce(plain)
+        except RuntimeError:
+            break
+        time.sleep(0.5)
+    registered = symmpool.memory_stats(device)["nccl_registrations"]
+    big = backend.allocate_tensor(64 << 20, dtype=torch.uint8, device=device)  # a new segment
+    del big, hooked
+    symmpool.empty_cache(device)
+    stats = symmpool.memory_stats(device)
+    assert stats["nccl_registrations"] == registered, f"registered on an aborted communicator: {stats}"
+    assert stats["nccl_abandoned_registrations"] > 0, stats
+    print(f"[rank {rank}] left the aborted communicator alone: {stats['nccl_abandoned_registrations']} "
+          "registrations abandoned", flush=True)
+    os._exit(0)  # NCCL's teardown after an abort is not ours to test
+
+
 def asymmetric_user_allocation_keeps_collectives_correct(rank: int, world: int) -> None:
     """Rank 0 allocates 96 MiB more than the others before the group's first
     collective. symmpool's own buffers do not move (internal slots), buffers

@@ -422,6 +422,45 @@ def peer_view_outlives_its_group(rank: int, world: int) -> None:
     print(f"[rank {rank}] read rank {peer}'s buffer after its group was destroyed", flush=True)
 
 
+def a_group_formed_in_a_capture_leaves_retired_mappings_for_later(rank: int, world: int) -> None:
+    """A peer mapping retired (its view dropped after its group went) waits
+    for the next sync that may wait for the device. A group whose first
+    collective is captured must not be that sync: the wait would end the
+    capture. Before, forming the group inside the capture called
+    cuCtxSynchronize and the capture failed."""
+    import symmpool
+
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+    first = dist.new_group(backend="cpu:gloo,cuda:symm")
+    n = 1 << 20
+    with torch.cuda.use_mem_pool(symmpool.mem_pool()):
+        mine = torch.empty(n, dtype=torch.float32, device=device)
+    mine.fill_(float(rank + 1))
+    symmpool.rendezvous(mine, first)
+    symmpool.barrier(first)
+    view = symmpool.peer_tensor(mine, (rank + 1) % world, first)
+    torch.cuda.synchronize()
+    dist.destroy_process_group(first)
+    del view  # retired: unmapped at the next sync that may wait for the device
+    second = dist.new_group(backend="cpu:gloo,cuda:symm")
+    x = second._get_backend(device).allocate_tensor(4096, dtype=torch.float32, device=device)
+    x.fill_(1.0)
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        dist.all_reduce(x, group=second)  # the group's heap and communicator form here
+    x.fill_(1.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.all(x == float(world)), f"rank {rank}: {x[:4]}"
+    del graph
+    dist.destroy_process_group(second)
+    print(f"[rank {rank}] formed a group inside a capture with a retired peer mapping pending", flush=True)
+    dist.destroy_process_group()
+
+
 def peer_memory_api(rank: int, world: int) -> None:
     """rendezvous, peer_tensor, barrier, and signal/wait ping-pong: each rank
     reads its peers' buffers through views; a plain tensor is refused on

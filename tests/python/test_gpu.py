@@ -124,6 +124,11 @@ def test_abort_returns_while_an_nccl_collective_waits_for_a_dead_peer():
 
 
 @needs_two
+def test_registration_hooks_leave_a_communicator_the_watchdog_aborted_alone():
+    run_workers(dist_failures.a_communicator_the_watchdog_aborted_is_left_alone, gpu_count(), timeout=120)
+
+
+@needs_two
 def test_a_dead_peer_aborts_survivors_by_default(tmp_path):
     import signal
     from launch import start_workers

@@ -175,6 +175,12 @@ def test_a_peer_view_outlives_its_group():
 
 
 @needs_two
+def test_a_group_formed_in_a_capture_leaves_retired_mappings_for_later():
+    run_workers(dist_tp_ops.a_group_formed_in_a_capture_leaves_retired_mappings_for_later, gpu_count(),
+                timeout=120)
+
+
+@needs_two
 def test_a_wait_without_signal_times_out():
     run_workers(dist_tp_ops.a_wait_without_signal_times_out, 2, timeout=120)
 
