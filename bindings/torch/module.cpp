@@ -11,6 +11,7 @@
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
 #include <symmpool/device_allocators.hpp>
+#include <symmpool/peer_mapping.hpp>
 
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
@@ -58,6 +59,8 @@ py::dict memory_stats(int device) {
   d["segment_unmaps"] = st.segment_unmaps;
   d["outgrown_segment_releases"] = st.outgrown_segment_releases;
   d["graph_held_bytes"] = symmpool::torch_ext::graph_held_bytes(static_cast<c10::DeviceIndex>(device));
+  // Peer mappings no heap or view needs, still mapped until a sync waits for the device.
+  d["retired_peer_mappings"] = allocator ? symmpool::retired_peer_mappings(allocator->context()) : 0;
   d["oom_retries"] = st.oom_retries;
   d["ooms"] = st.ooms;
   d["nccl_registrations"] = reg.registrations;

@@ -141,44 +141,56 @@ def abort_with_nccl_stuck_on_a_dead_peer(rank: int, world: int) -> None:
 
 def a_communicator_the_watchdog_aborted_is_left_alone(rank: int, world: int) -> None:
     """With TORCH_NCCL_ASYNC_ERROR_HANDLING=2 ProcessGroupNCCL's watchdog
-    aborts a timed-out NCCL communicator itself, without calling the symm
-    backend's abort(). symmpool's registration hooks must not call NCCL on it
-    afterwards: a new segment is not registered, a released one not
-    deregistered, and each registration counts as abandoned. Before, they
-    called ncclCommRegister/Deregister on the freed communicator."""
+    aborts a timed-out NCCL communicator itself (NCCLComm::abort, not the
+    backend's abort()). symmpool's registration hooks must not call NCCL on
+    it afterwards: a registered segment released then is not deregistered
+    (its registration counts as abandoned), a new one is not registered.
+    Before, they called ncclCommDeregister/Register on the freed communicator."""
+    # The watchdog aborts 4 x this many ms after the timeout (60 s by default),
+    # and no dump or monitor may kill the process meanwhile.
+    os.environ["TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC"] = "100"
+    os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "0"
+    os.environ["TORCH_NCCL_ENABLE_MONITORING"] = "0"
     import symmpool
 
     device, backend, buf = _symm_group(rank, world, "2")
+    # The stuck rank waits on this (gloo) until the others are done: NCCL's
+    # barrier dies with the communicator, and the default group times out in 5 s.
+    done = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=120))
     plain = torch.ones(1 << 20, device=device)  # not symmpool's: NCCL runs it
     dist.all_reduce(plain)  # NCCL's communicator forms
-    hooked = backend.allocate_tensor(4096, dtype=torch.float32, device=device)  # the hook comes, registers
-    assert symmpool.memory_stats(device)["nccl_registered_segments"] > 0
+    pre = backend.allocate_tensor(64 << 20, dtype=torch.uint8, device=device)  # the hook comes: registered
+    before = symmpool.memory_stats(device)
+    assert before["nccl_registered_segments"] > 0, before
     torch.cuda.synchronize()
     host_barrier()
-    if rank == world - 1:
-        time.sleep(3 * TIMEOUT_S)  # alive, but never joins the next all-reduce
-        os._exit(0)
-    work = dist.all_reduce(plain, async_op=True)
-    try:
-        work.wait()
-    except RuntimeError:
-        pass  # the watchdog's timeout: the communicator is aborted now
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # the abort may land a moment after wait() returns
-        try:
-            dist.all_reduce(plain)
-        except RuntimeError:
-            break
-        time.sleep(0.5)
-    registered = symmpool.memory_stats(device)["nccl_registrations"]
-    big = backend.allocate_tensor(64 << 20, dtype=torch.uint8, device=device)  # a new segment
-    del big, hooked
-    symmpool.empty_cache(device)
-    stats = symmpool.memory_stats(device)
-    assert stats["nccl_registrations"] == registered, f"registered on an aborted communicator: {stats}"
-    assert stats["nccl_abandoned_registrations"] > 0, stats
-    print(f"[rank {rank}] left the aborted communicator alone: {stats['nccl_abandoned_registrations']} "
-          "registrations abandoned", flush=True)
+    stuck = world - 1
+    if rank != stuck:
+        work = dist.all_reduce(plain, async_op=True)  # the stuck rank never joins: the watchdog times it out
+        deadline = time.monotonic() + 60
+        while True:  # enqueue nothing more: poll the communicator until the watchdog aborted it
+            try:
+                backend._comm_ptr()
+            except RuntimeError as e:
+                assert "aborted" in str(e), str(e)
+                break
+            assert time.monotonic() < deadline, f"rank {rank}: the watchdog did not abort within 60 s"
+            time.sleep(0.2)
+        expect_error(RuntimeError, "aborted", lambda: dist.all_reduce(plain),
+                     "a collective on the aborted communicator went through")
+        del pre
+        symmpool.empty_cache(device)  # unmaps the registered segment: no deregistration now
+        mid = symmpool.memory_stats(device)
+        assert mid["nccl_deregistrations"] == before["nccl_deregistrations"], (before, mid)
+        assert mid["nccl_abandoned_registrations"] > before["nccl_abandoned_registrations"], (before, mid)
+        big = backend.allocate_tensor(96 << 20, dtype=torch.uint8, device=device)  # a new segment
+        after = symmpool.memory_stats(device)
+        assert after["segment_maps"] > mid["segment_maps"], (mid, after)
+        assert after["nccl_registrations"] == before["nccl_registrations"], (before, after)
+        del big, work
+        print(f"[rank {rank}] left the aborted communicator alone: "
+              f"{after['nccl_abandoned_registrations']} registrations abandoned", flush=True)
+    dist.barrier(group=done)  # the stuck rank stays alive until the others are done
     os._exit(0)  # NCCL's teardown after an abort is not ours to test
 
 

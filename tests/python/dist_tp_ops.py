@@ -442,19 +442,29 @@ def a_group_formed_in_a_capture_leaves_retired_mappings_for_later(rank: int, wor
     view = symmpool.peer_tensor(mine, (rank + 1) % world, first)
     torch.cuda.synchronize()
     dist.destroy_process_group(first)
-    del view  # retired: unmapped at the next sync that may wait for the device
+    del first, view  # retired: unmapped at the next sync that may wait for the device
+    assert symmpool.memory_stats(device)["retired_peer_mappings"] >= 1
     second = dist.new_group(backend="cpu:gloo,cuda:symm")
     x = second._get_backend(device).allocate_tensor(4096, dtype=torch.float32, device=device)
     x.fill_(1.0)
+    before = symmpool.memory_stats(device)
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         dist.all_reduce(x, group=second)  # the group's heap and communicator form here
+    during = symmpool.memory_stats(device)
+    assert during["symm_collectives"] == before["symm_collectives"] + 1, (before, during)
+    assert during["nccl_fallbacks"] == before["nccl_fallbacks"], (before, during)
+    assert during["retired_peer_mappings"] == before["retired_peer_mappings"], "a capture waited for the device"
     x.fill_(1.0)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.all(x == float(world)), f"rank {rank}: {x[:4]}"
+    y = second._get_backend(device).allocate_tensor(1 << 20, dtype=torch.float32, device=device)
+    dist.all_reduce(y, group=second)  # eager, a new buffer: a sync that may wait, and does
+    torch.cuda.synchronize()
+    assert symmpool.memory_stats(device)["retired_peer_mappings"] == 0, "the retired mapping stayed"
     del graph
     dist.destroy_process_group(second)
     print(f"[rank {rank}] formed a group inside a capture with a retired peer mapping pending", flush=True)
