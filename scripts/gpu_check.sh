@@ -40,9 +40,20 @@ for stage in $stages; do
       run env.log $py -c 'import torch, sys; print(sys.version); print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), torch.cuda.device_count())'
       run env.log bash -c 'cmake --version | head -1; nvcc --version | tail -1; ls /usr/include/nccl.h; python3-config --includes; ls /usr/lib/x86_64-linux-gnu/cmake | grep -iE "gtest|bench"; env | grep -E "NVLS|MULTICAST"' ;;
     build)
+      # The device machine keeps build outputs between calls, and copied
+      # sources can look older than them: ninja then skips real changes
+      # (seen 2026-11-26). Sources whose contents changed since the last
+      # build get a fresh mtime first.
+      sources_hash=$(find allocator collectives symmetric bindings tests bench examples cmake CMakeLists.txt \
+        -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.hpp' -o -name '*.h' -o -name '*.cuh' \
+        -o -name 'CMakeLists.txt' -o -name '*.cmake' \) -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -c1-40)
+      if [ -d build ] && [ "$(cat build/.sources_hash 2>/dev/null)" != "$sources_hash" ]; then
+        find allocator collectives symmetric bindings tests bench examples cmake CMakeLists.txt -type f -exec touch {} +
+      fi
       run build.log cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSYMMPOOL_BUILD_TORCH=ON -DPython3_EXECUTABLE=$py
       run build.log cmake --build build -j "$jobs"
-      run build.log $py -m pip install --no-build-isolation --no-deps . ;;
+      run build.log $py -m pip install --no-build-isolation --no-deps .
+      [ "$status" -ne 0 ] || echo "$sources_hash" > build/.sources_hash ;;
     ctest)
       run ctest.log ctest --test-dir build --output-on-failure --timeout 600 ;;
     pytest)
