@@ -44,11 +44,13 @@ for stage in $stages; do
       # sources can look older than them: ninja then skips real changes
       # (seen 2026-11-26). Sources whose contents changed since the last
       # build get a fresh mtime first.
-      sources_hash=$(find allocator collectives symmetric bindings tests bench examples cmake CMakeLists.txt \
-        -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.hpp' -o -name '*.h' -o -name '*.cuh' \
+      sources="allocator collectives symmetric bindings tests bench examples cmake CMakeLists.txt"
+      # shellcheck disable=SC2086  # the variable holds several paths
+      sources_hash=$(find $sources -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.hpp' -o -name '*.h' -o -name '*.cuh' \
         -o -name 'CMakeLists.txt' -o -name '*.cmake' \) -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -c1-40)
       if [ -d build ] && [ "$(cat build/.sources_hash 2>/dev/null)" != "$sources_hash" ]; then
-        find allocator collectives symmetric bindings tests bench examples cmake CMakeLists.txt -type f -exec touch {} +
+        # shellcheck disable=SC2086
+        find $sources -type f -exec touch {} +
       fi
       run build.log cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSYMMPOOL_BUILD_TORCH=ON -DPython3_EXECUTABLE=$py
       run build.log cmake --build build -j "$jobs"

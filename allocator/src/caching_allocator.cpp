@@ -396,6 +396,22 @@ void CachingAllocator::unmap_free_segment(Block* head) {
   arena_->unmap_segment(segment);
 }
 
+// Unmaps `head`'s segment; its bytes, or 0 with the failure kept in
+// `first_failure` (if none is there yet) and, given `say_as`, said on
+// stderr, so that the caller goes on to the next segment.
+std::size_t CachingAllocator::unmap_keeping_failure(Block* head, std::exception_ptr& first_failure,
+                                                    const char* say_as) {
+  const std::size_t size = head->segment->size;
+  try {
+    unmap_free_segment(head);
+    return size;
+  } catch (const std::exception& e) {
+    if (!first_failure) first_failure = std::current_exception();
+    if (say_as) std::fprintf(stderr, "symmpool: %s failed: %s\n", say_as, e.what());
+    return 0;
+  }
+}
+
 std::size_t CachingAllocator::release_cached_segments() {
   ContextGuard guard(drv_, arena_->context());
   std::vector<Block*> idle;
@@ -412,15 +428,7 @@ std::size_t CachingAllocator::release_cached_segments() {
   // thrown once all were tried.
   std::exception_ptr first_failure;
   std::size_t released = finish_retiring(/*wait=*/true, &first_failure);
-  for (Block* head : idle) {
-    const std::size_t size = head->segment->size;
-    try {
-      unmap_free_segment(head);
-      released += size;
-    } catch (const std::exception&) {
-      if (!first_failure) first_failure = std::current_exception();
-    }
-  }
+  for (Block* head : idle) released += unmap_keeping_failure(head, first_failure);
   if (first_failure) std::rethrow_exception(first_failure);
   return released;
 }
@@ -467,13 +475,13 @@ void CachingAllocator::retire_outgrown_segments(CUstream stream) {
 // Unmaps the retired segments whose event completed (all of them with
 // `wait`, after the caller synchronized the device); returns the bytes. A
 // heap that published one since it retired (a sync while its stream was
-// busy) keeps it: peers map it now, so it goes back to the pool. With
-// `wait` the first failed unmap goes to `failure` once the others are done;
-// without, it is said on stderr (an allocation is not the place to fail for it).
+// busy) keeps it: peers map it now, so it goes back to the pool. A failed
+// unmap goes to `failure` where the caller gives one (the others are still
+// tried), and to stderr otherwise (an allocation is not the place to fail for it).
 std::size_t CachingAllocator::finish_retiring(bool wait, std::exception_ptr* failure) {
   ContextGuard guard(drv_, arena_->context());
   std::size_t released = 0;
-  std::exception_ptr first_failure;
+  std::exception_ptr unclaimed;  // where the caller takes no failure
   for (auto it = retiring_.begin(); it != retiring_.end();) {
     if (!wait && drv_.cuEventQuery(it->event) != CUDA_SUCCESS) {  // not yet, or the next wait reports it
       ++it;
@@ -488,19 +496,9 @@ std::size_t CachingAllocator::finish_retiring(bool wait, std::exception_ptr* fai
         pool_of(head).insert(head);
         continue;
       }
-      const std::size_t size = head->segment->size;
-      try {
-        unmap_free_segment(head);
-        released += size;
-      } catch (const std::exception& e) {
-        if (!first_failure) first_failure = std::current_exception();
-        if (!wait) std::fprintf(stderr, "symmpool: unmapping an outgrown segment failed: %s\n", e.what());
-      }
+      released += failure ? unmap_keeping_failure(head, *failure)
+                          : unmap_keeping_failure(head, unclaimed, "unmapping an outgrown segment");
     }
-  }
-  if (wait && first_failure) {
-    if (!failure) std::rethrow_exception(first_failure);
-    if (!*failure) *failure = first_failure;
   }
   return released;
 }

@@ -66,6 +66,20 @@ void hold_for_graphs(c10::DeviceIndex device, std::size_t bytes) {
   held.bytes[device] += bytes;
 }
 
+// The CUDA device an allocate_tensor request names (the current one when it
+// names none); raises for a negative size or a device that is not a GPU here.
+c10::DeviceIndex requested_cuda_device(long size, const at::TensorOptions& options) {
+  TORCH_CHECK(size >= 0, "symm allocate_tensor: size must be >= 0, got ", size);
+  TORCH_CHECK(options.device().is_cuda(),
+              "symm allocate_tensor: only CUDA tensors can come from symmpool, got device ",
+              options.device());
+  const c10::DeviceIndex device =
+      options.device().has_index() ? options.device().index() : c10::cuda::current_device();
+  TORCH_CHECK(device >= 0 && device < c10::cuda::device_count(), "symm allocate_tensor: no CUDA device ",
+              int(device));
+  return device;
+}
+
 }  // namespace
 
 std::size_t graph_held_bytes(c10::DeviceIndex device) {
@@ -138,26 +152,16 @@ at::Tensor SymmBackend::allocateTensor(long size, at::TensorOptions options) {
   // what the activations just freed, while symmpool's would hold the same
   // bytes on top (docs/fsdp2_flag_memory.md). Requests on other streams
   // (FSDP2's all-gather buffers and reduce-scatter outputs) stay registered.
-  if (!router_.settings().enabled && options.device().is_cuda()) {
-    const c10::DeviceIndex device =
-        options.device().has_index() ? options.device().index() : c10::cuda::current_device();
-    if (device >= 0 && device < c10::cuda::device_count() &&
-        c10::cuda::getCurrentCUDAStream(device) == c10::cuda::getDefaultCUDAStream(device)) {
-      TORCH_CHECK(size >= 0, "symm allocate_tensor: size must be >= 0, got ", size);
+  if (!router_.settings().enabled) {
+    const c10::DeviceIndex device = requested_cuda_device(size, options);
+    if (c10::cuda::getCurrentCUDAStream(device) == c10::cuda::getDefaultCUDAStream(device))
       return at::empty({size}, options.device(at::Device(at::kCUDA, device)));
-    }
   }
   return allocate_symmetric(size, options);
 }
 
 at::Tensor SymmBackend::allocate_symmetric(long size, at::TensorOptions options) {
-  TORCH_CHECK(size >= 0, "symm allocate_tensor: size must be >= 0, got ", size);
-  TORCH_CHECK(options.device().is_cuda(),
-              "symm allocate_tensor: only CUDA tensors can come from symmpool, got device ",
-              options.device());
-  const c10::DeviceIndex device =
-      options.device().has_index() ? options.device().index() : c10::cuda::current_device();
-  TORCH_CHECK(supportsTensorAlloc(device), "symm allocate_tensor: no CUDA device ", int(device));
+  const c10::DeviceIndex device = requested_cuda_device(size, options);
   options = options.device(at::Device(at::kCUDA, device));
   const std::size_t itemsize = options.dtype().itemsize();
   TORCH_CHECK(static_cast<std::size_t>(size) <= std::numeric_limits<std::size_t>::max() / itemsize,

@@ -238,14 +238,7 @@ SymmetricHeap::~SymmetricHeap() {
   // (a user's kernel may read a peer's memory) and unmap what retired.
   try {
     ContextGuard guard(drv_, allocator_.context());
-    const std::uint64_t retired_before = retired_peer_mapping_sequence();
-    if (CUresult r = drv_.cuCtxSynchronize(); r != CUDA_SUCCESS)
-      std::fprintf(stderr,
-                   "symmpool: heap '%s' rank %d keeps its peers' segments mapped: waiting for the device "
-                   "failed: %s\n",
-                   group_.c_str(), rank_, drv_.error_string(r));
-    else
-      release_retired_peer_mappings(drv_, allocator_.context(), retired_before);
+    release_retired_peer_segments();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "symmpool: heap '%s' rank %d: %s\n", group_.c_str(), rank_, e.what());
   }

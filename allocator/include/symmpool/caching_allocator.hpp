@@ -130,6 +130,8 @@ class CachingAllocator {
   std::size_t release_cached_segments();
   void retire_outgrown_segments(CUstream stream);
   std::size_t finish_retiring(bool wait, std::exception_ptr* failure = nullptr);
+  std::size_t unmap_keeping_failure(Block* head, std::exception_ptr& first_failure,
+                                    const char* say_as = nullptr);
   bool releasable(const Block* head) const;  // a whole segment, free, no peer maps it
   void unmap_free_segment(Block* head);      // head: releasable
   CUevent take_event();

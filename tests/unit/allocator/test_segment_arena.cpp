@@ -3,7 +3,10 @@
 #include <symmpool/error.hpp>
 #include <symmpool/segment_arena.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
+#include <vector>
 
 namespace symmpool::test {
 
@@ -26,43 +29,46 @@ TEST_F(SegmentArenaTest, RoundsToGranularityAndMapsReadWrite) {
   EXPECT_EQ(fake().count("cuMemSetAccess"), 1u);
 }
 
-// An arena destroyed while an unmap fails (a sticky error at teardown)
-// still tries every other segment. Before, its destructor erased the next
-// segment unmapped after a failure (unmap_segment had forgotten the failed
-// one already), and with none left erased from an empty map.
-TEST_F(SegmentArenaTest, DestroyingTriesEverySegmentWhenAnUnmapFails) {
+// Maps `segments` 2 MiB segments and destroys the arena while the first
+// unmap fails (a sticky error at teardown); then undoes what the failure
+// left (the fake keeps that segment mapped, so its range was not freed
+// either). Returns the fake's calls made by the destruction.
+std::vector<std::string> destroy_with_a_failing_unmap(int segments) {
+  FakeDriver& fake = FakeDriver::instance();
   CUdeviceptr first = 0, base = 0;
   std::size_t reserved = 0;
   {
-    SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
+    SegmentArena arena(fake.api(), 0, ArenaOptions{false, 0, Environment{}});
     base = arena.va_base();
     reserved = arena.va_reserved_bytes();
-    first = arena.map_new_segment(2 * MiB)->address;
-    ASSERT_NE(arena.map_new_segment(2 * MiB), nullptr);
-    fake().fail("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
-    fake().clear_calls();
+    for (int i = 0; i < segments; ++i) {
+      const Segment* segment = arena.map_new_segment(2 * MiB);
+      EXPECT_NE(segment, nullptr);
+      if (i == 0) first = segment->address;
+    }
+    fake.fail("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
+    fake.clear_calls();
   }
-  EXPECT_EQ(fake().count("cuMemUnmap"), 2u);
-  EXPECT_EQ(fake().count("cuMemRelease"), 2u);
-  // The fake left the first mapped, as a failed unmap would, so the range
-  // could not be freed either: undo both so nothing leaks.
-  EXPECT_EQ(fake().api().cuMemUnmap(first, 2 * MiB), CUDA_SUCCESS);
-  EXPECT_EQ(fake().api().cuMemAddressFree(base, reserved), CUDA_SUCCESS);
+  const std::vector<std::string> calls = fake.calls();
+  EXPECT_EQ(fake.api().cuMemUnmap(first, 2 * MiB), CUDA_SUCCESS);
+  EXPECT_EQ(fake.api().cuMemAddressFree(base, reserved), CUDA_SUCCESS);
+  return calls;
 }
 
-// Only a segment that failed to unmap is left to the destructor: it still ends.
+// The destructor still tries every other segment. Before, it erased the
+// next segment unmapped after a failure (unmap_segment had forgotten the
+// failed one already).
+TEST_F(SegmentArenaTest, DestroyingTriesEverySegmentWhenAnUnmapFails) {
+  const std::vector<std::string> calls = destroy_with_a_failing_unmap(2);
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), "cuMemUnmap"), 2);
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), "cuMemRelease"), 2);
+}
+
+// Only the segment that failed to unmap is left: the destructor still ends.
+// Before, it erased from an empty map and spun.
 TEST_F(SegmentArenaTest, DestroyingEndsWhenTheLastUnmapFails) {
-  CUdeviceptr only = 0, base = 0;
-  std::size_t reserved = 0;
-  {
-    SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
-    base = arena.va_base();
-    reserved = arena.va_reserved_bytes();
-    only = arena.map_new_segment(2 * MiB)->address;
-    fake().fail("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
-  }
-  EXPECT_EQ(fake().api().cuMemUnmap(only, 2 * MiB), CUDA_SUCCESS);
-  EXPECT_EQ(fake().api().cuMemAddressFree(base, reserved), CUDA_SUCCESS);
+  const std::vector<std::string> calls = destroy_with_a_failing_unmap(1);
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), "cuMemUnmap"), 1);
 }
 
 TEST_F(SegmentArenaTest, OutOfMemoryReturnsNullAndLeavesNothing) {
