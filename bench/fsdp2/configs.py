@@ -27,6 +27,13 @@ PRESETS = {
     # The largest expected to fit FSDP2 on 2 H200s at batch 2, seq 2048 with
     # fp32 master weights and AdamW (about 54 GB of states per GPU).
     "7b": ModelSpec(layers=32, dim=4096, mlp=11008, heads=32, kv_heads=32),
+    # Four blocks of Llama-70B's shape (3.96B parameters). Few large layers
+    # against few tokens: at batch 1 each block's all-gather and fp32
+    # reduce-scatter outlast its matmuls on the GPU while the host (a handful
+    # of blocks to launch) stays ahead, so communication is exposed on the
+    # GPU. The 1.4b/3.5b/7b batch-1 shapes are host-bound instead: most of
+    # their "exposed" communication is the GPU waiting for launches.
+    "wide4b": ModelSpec(layers=4, dim=8192, mlp=28672, heads=64, kv_heads=8),
 }
 
 # The shapes: batch 2, seq 2048 is compute-heavy; batch 1 with a

@@ -104,6 +104,7 @@ def test_param_counts_match_the_models_on_meta():
     assert 0.9e9 < configs.param_count(configs.PRESETS["1b"]) < 1.1e9
     assert 3.4e9 < configs.param_count(configs.PRESETS["3.5b"]) < 3.6e9
     assert 6.5e9 < configs.param_count(configs.PRESETS["7b"]) < 7e9
+    assert 3.9e9 < configs.param_count(configs.PRESETS["wide4b"]) < 4e9
 
 
 def test_plan_interleaves_repetitions_and_rotates_modes():
