@@ -59,6 +59,11 @@ def per_rep(result: dict) -> dict:
         "exposed_comm_ms": _max_present((p or {}).get("exposed_comm_ms_per_step") for p in profiles),
         "comm_ms": _max_present((p or {}).get("comm_ms_per_step") for p in profiles),
         "compute_ms": _max_present((p or {}).get("compute_ms_per_step") for p in profiles),
+        "gpu_idle_ms": _max_present((p or {}).get("gpu_idle_ms_per_step") for p in profiles),
+        # the host's longest CUDA calls on the rank whose GPU idled most
+        "host_api_ms": max(((p.get("gpu_idle_ms_per_step", 0.0), p.get("host_api_ms_per_step"))
+                            for p in profiles if p and "host_api_ms_per_step" in p),
+                           default=(0.0, None))[1],
         # the rank with the most exposed time: its longest exposed stretches
         "exposed_longest_ms": max(((p.get("exposed_comm_ms_per_step", 0.0), p.get("exposed_longest_ms"))
                                    for p in profiles if p and "exposed_longest_ms" in p),
@@ -107,6 +112,8 @@ def aggregate_mode(mode: str, records: list[dict], reference: dict | None) -> di
         "comm_ms_median": _median_or_none(rep["comm_ms"] for rep in reps),
         "compute_ms_median": _median_or_none(rep["compute_ms"] for rep in reps),
         "exposed_longest_ms_per_rep": [rep["exposed_longest_ms"] for rep in reps],
+        "gpu_idle_ms_median": _median_or_none(rep["gpu_idle_ms"] for rep in reps),
+        "host_api_ms_per_rep": [rep["host_api_ms"] for rep in reps],
         "device_peak_bytes": _max_present(rep["device_peak_bytes"] for rep in reps),
         "device_peak_bytes_per_rep": [rep["device_peak_bytes"] for rep in reps],
         "device_baseline_bytes_per_rep": [rep["device_baseline_bytes"] for rep in reps],
@@ -196,7 +203,7 @@ def table(config: dict) -> str:
     lines = [f"{config['name']}: {size} params ({m['layers']} x {m['dim']}, MLP {m['mlp']}, "
              f"{m['heads']} heads), batch {m['batch']}, seq {m['seq']}",
              f"{'mode':<12} {'reps':>4} {'step ms median [p10-p90]':>26} {'vs stock':>8} {'host ms':>8} "
-             f"{'exp.comm ms':>11} {'dev peak GiB':>12} {'vs stock':>8} {'loss diff':>9}"]
+             f"{'exp.comm ms':>11} {'gpu idle ms':>11} {'dev peak GiB':>12} {'vs stock':>8} {'loss diff':>9}"]
     for run in config["runs"]:
         step = ("-" if run["step_ms_median"] is None else
                 f"{run['step_ms_median']:.1f} [{run['step_ms_p10']:.1f}-{run['step_ms_p90']:.1f}]")
@@ -204,6 +211,6 @@ def table(config: dict) -> str:
         lines.append(
             f"{run['mode']:<12} {run['reps']:>4} {step:>26} {_fmt(run['step_vs_stock'], '.3f', 'x'):>8} "
             f"{_fmt(run['host_ms_median'], '.1f'):>8} {_fmt(run['exposed_comm_ms_median'], '.2f'):>11} "
-            f"{_fmt(run['device_peak_bytes'] and run['device_peak_bytes'] / GIB, '.2f'):>12} "
+            f"{_fmt(run.get('gpu_idle_ms_median'), '.2f'):>11} {_fmt(run['device_peak_bytes'] and run['device_peak_bytes'] / GIB, '.2f'):>12} "
             f"{_fmt(peak_pct, '+.2f', '%'):>8} {_fmt(run['max_rel_loss_diff_vs_stock'], '.1e'):>9}")
     return "\n".join(lines)

@@ -83,8 +83,27 @@ def exposed(comm: list[tuple[float, float]], compute: list[tuple[float, float]])
     return length(exposed_intervals(comm, compute))
 
 
+def gpu_idle(comm: list[tuple[float, float]], compute: list[tuple[float, float]]) -> float:
+    """Time inside the GPU's busy window (first start to last end) when
+    nothing runs on it: the GPU waiting for the host, not for a transfer."""
+    busy = union(comm + compute)
+    return (busy[-1][1] - busy[0][0]) - length(busy) if busy else 0.0
+
+
+def host_api_calls(events: list[dict], top: int = 6) -> dict:
+    """The CUDA runtime and driver calls that took the host longest (total
+    microseconds over the trace, largest first): a host that blocks (a
+    synchronize, an event wait, a mapping) shows up here."""
+    totals: dict[str, float] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            totals[e["name"]] = totals.get(e["name"], 0.0) + float(e.get("dur", 0.0))
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1])[:top])
+
+
 def summarize(events: list[dict], steps: int) -> dict:
-    """Per-step milliseconds of communication, compute and exposed communication."""
+    """Per-step milliseconds of communication, compute and exposed
+    communication, of GPU idle time, and the host's longest CUDA calls."""
     comm, compute = classify(events)
     if not compute:  # a trace without GPU kernels: say so rather than report zero
         raise RuntimeError("the profiler's trace holds no GPU kernel (is CUPTI working?)")
@@ -102,12 +121,15 @@ def summarize(events: list[dict], steps: int) -> dict:
         "exposed_stretches_per_step": len(stretches) / steps,
         "exposed_longest_ms": [round(d * 1e-3, 4) for d in longest],
         "comm_kernels": len(comm),
+        "gpu_idle_ms_per_step": gpu_idle(comm, compute) * per_step,
+        "host_api_ms_per_step": {name: round(us * per_step, 4) for name, us in host_api_calls(events).items()},
     }
 
 
 def profile_steps(step, steps: int) -> dict:
     """Runs `step()` `steps` times under torch.profiler (CUDA activity only:
-    no CPU-op events, the smallest trace) and summarizes the GPU timeline."""
+    no CPU-op events, the smallest trace; the CUDA API calls come with it)
+    and summarizes the GPU timeline."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 

@@ -233,6 +233,10 @@ def test_exposed_communication_is_what_no_compute_covers():
         ev("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 70, 2, 7),  # on the compute stream: compute
         ev("gpu_memset", "Memset (Device)", 80, 1, 20),
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 100},  # not on the GPU
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 3},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 9, "dur": 3},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 60, "dur": 20},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuMemMap", "ts": 20, "dur": 1},
     ]
     comm, compute = comm_profile.classify(events)
     assert len(comm) == 4 and len(compute) == 4
@@ -242,6 +246,11 @@ def test_exposed_communication_is_what_no_compute_covers():
     assert summary["comm_ms_per_step"] == pytest.approx(26 / 2 / 1000)
     assert summary["exposed_stretches_per_step"] == pytest.approx(5 / 2)  # (0,5) (8,10) (30,35) (50,54) (60,62)
     assert summary["exposed_longest_ms"] == pytest.approx([0.005, 0.005, 0.004, 0.002])
+    # busy (0,10) (30,45) (50,54) (60,62) (70,72) (80,81) inside 0..81: 47 us idle
+    assert summary["gpu_idle_ms_per_step"] == pytest.approx(47 / 2 / 1000)
+    assert summary["host_api_ms_per_step"] == pytest.approx(
+        {"cudaStreamSynchronize": 0.01, "cudaLaunchKernel": 0.003, "cuMemMap": 0.0005})
+    assert list(summary["host_api_ms_per_step"]) == ["cudaStreamSynchronize", "cudaLaunchKernel", "cuMemMap"]
     assert comm_profile.exposed([(0, 10)], [(0, 4), (2, 6), (8, 20)]) == pytest.approx(2)
     assert comm_profile.exposed_intervals([(0, 10), (12, 20)], [(2, 4), (5, 13), (15, 16)]) == \
         [(0, 2), (4, 5), (13, 15), (16, 20)]
