@@ -16,6 +16,8 @@ import numpy
 from configs import MODES, model_fields, parse_config
 
 GIB = 2**30
+# Per-step host measurements that say why a host is slow (worker.py)
+HOST_DIAGNOSTICS = ("host_cpu_ms", "process_cpu_ms", "host_voluntary_switches", "host_involuntary_switches")
 # A mode whose host time (until the step's calls return) is at least this
 # share of its step is host-bound: its step time measures the host, not the
 # collectives, and these hosts' speeds differ by up to 1.5x.
@@ -44,6 +46,9 @@ def per_rep(result: dict) -> dict:
     return {
         "step_ms": [max(r["step_ms"][i] for r in ranks) for i in range(steps)],
         "host_ms": [max(r["host_ms"][i] for r in ranks) for i in range(steps)],
+        # results before 2026-11-26 lack these; per step, the rank that used most
+        **{key: [max(r[key][i] for r in ranks) for i in range(steps)] if all(key in r for r in ranks) else []
+           for key in HOST_DIAGNOSTICS},
         "device_peak_bytes": _max_present(r.get("device_peak_bytes") for r in ranks),
         "device_baseline_bytes": _max_present(r.get("device_baseline_bytes") for r in ranks),
         # what the model and training added to what the process held before the model
@@ -98,6 +103,7 @@ def aggregate_mode(mode: str, records: list[dict], reference: dict | None) -> di
     host = [s for rep in reps for s in rep["host_ms"]]
     step_median = statistics.median(steps) if steps else None
     host_median = statistics.median(host) if host else None
+    diagnostics = {f"{key}_median": _median_or_none(v for rep in reps for v in rep[key]) for key in HOST_DIAGNOSTICS}
     entry = {
         "mode": mode,
         "reps": len(ok),
@@ -108,6 +114,7 @@ def aggregate_mode(mode: str, records: list[dict], reference: dict | None) -> di
         "step_ms_rep_medians": [statistics.median(rep["step_ms"]) for rep in reps],
         "host_ms_median": host_median,
         "host_fraction": host_median / step_median if host_median is not None and step_median else None,
+        **diagnostics,
         "exposed_comm_ms_median": _median_or_none(rep["exposed_comm_ms"] for rep in reps),
         "comm_ms_median": _median_or_none(rep["comm_ms"] for rep in reps),
         "compute_ms_median": _median_or_none(rep["compute_ms"] for rep in reps),

@@ -19,6 +19,7 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import resource  # noqa: E402
 import sys  # noqa: E402
 
 import torch  # noqa: E402
@@ -163,6 +164,11 @@ def run(args) -> dict:
         if symmpool is not None:
             symmpool.reset_peak_memory_stats(device)
     losses, step_ms, host_ms, device_used = [], [], [], []
+    # Why a host is slow: the main thread's own CPU time in the host part (a
+    # thread that waits or is descheduled uses less than the wall time), its
+    # context switches (voluntary: it blocked; involuntary: it was preempted),
+    # and the whole process's CPU time over the step (threads that spin).
+    host_cpu_ms, process_cpu_ms, voluntary_switches, involuntary_switches = [], [], [], []
     trace = None
     if args.memory_trace:
         from memory_trace import MemoryTrace
@@ -187,17 +193,24 @@ def run(args) -> dict:
 
     for i in range(total_steps - args.profile_steps):
         measured = i >= args.warmup
+        usage, cpu, process_cpu = thread_usage(), time.thread_time(), time.process_time()
         start = time.perf_counter()
         # Memory after forward and backward in warm-up only (the caches reach
         # their size there); measured steps sample once, outside the timing.
         step(i, phases=not measured)
         host_done = time.perf_counter()  # the host's part: every call of the step has returned
+        host_cpu, usage_done = time.thread_time(), thread_usage()
         sync()
         end = time.perf_counter()
+        process_done = time.process_time()
         device_used.append(sample(device))
         if measured:
             step_ms.append((end - start) * 1e3)
             host_ms.append((host_done - start) * 1e3)
+            host_cpu_ms.append((host_cpu - cpu) * 1e3)
+            process_cpu_ms.append((process_done - process_cpu) * 1e3)
+            voluntary_switches.append(usage_done.ru_nvcsw - usage.ru_nvcsw)
+            involuntary_switches.append(usage_done.ru_nivcsw - usage.ru_nivcsw)
 
     phase("steps_s")
     profile = None
@@ -225,6 +238,10 @@ def run(args) -> dict:
         "losses": [float(x) for x in torch.stack(losses).cpu()],
         "step_ms": step_ms,
         "host_ms": host_ms,
+        "host_cpu_ms": host_cpu_ms,
+        "process_cpu_ms": process_cpu_ms,
+        "host_voluntary_switches": voluntary_switches,
+        "host_involuntary_switches": involuntary_switches,
         "device_baseline_bytes": baseline,
         "device_peak_bytes": max((u for u in device_used if u is not None), default=None),
         "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
@@ -239,6 +256,11 @@ def run(args) -> dict:
     dist.all_gather_object(gathered, mine, group=results_group)
     dist.destroy_process_group()
     return {"world": world, "ranks": gathered}
+
+
+def thread_usage():
+    """This thread's resource usage (Linux's RUSAGE_THREAD; the process's elsewhere)."""
+    return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
 
 
 def context(args) -> dict:

@@ -36,7 +36,9 @@ def fake_result(step_ms, losses, peak, world=2, symm=None, exposed=1.5):
     for rank in range(world):
         ranks.append({
             "rank": rank, "losses": list(losses), "step_ms": [s + rank for s in step_ms],
-            "host_ms": [s / 2 for s in step_ms], "device_baseline_bytes": 1 << 30,
+            "host_ms": [s / 2 for s in step_ms], "host_cpu_ms": [s / 4 + rank for s in step_ms],
+            "process_cpu_ms": [s for s in step_ms], "host_voluntary_switches": [3 * rank] * len(step_ms),
+            "host_involuntary_switches": [1] * len(step_ms), "device_baseline_bytes": 1 << 30,
             "device_peak_bytes": peak - (1 << 20) * rank, "torch_peak_allocated_bytes": peak // 2,
             "torch_peak_reserved_bytes": peak // 2 + 100,
             "symmpool": symm and {"reserved_bytes": {"current": 0, "peak": symm}, "symm_collectives": 7,
@@ -156,6 +158,9 @@ def test_aggregation_has_the_issue_shape_and_numbers():
     assert stock["step_ms_p10"] == pytest.approx(aggregate.percentile([101, 111, 121, 106, 116, 126], 10))
     assert stock["step_ms_rep_medians"] == [111, 116]
     assert stock["host_ms_median"] == pytest.approx(56.25)
+    assert stock["host_cpu_ms_median"] == pytest.approx(113.5 / 4 + 1 - 0.25)  # rank 1's: +1 ms
+    assert stock["process_cpu_ms_median"] == pytest.approx(112.5)
+    assert (stock["host_voluntary_switches_median"], stock["host_involuntary_switches_median"]) == (3, 1)
     assert stock["device_peak_bytes"] == 41 << 30 and stock["device_peak_bytes_per_rep"] == [40 << 30, 41 << 30]
     assert stock["device_peak_above_baseline_bytes"] == 40 << 30  # baseline 1 GiB
     assert stock["exposed_comm_ms_median"] == pytest.approx(2.5)  # the larger rank's
