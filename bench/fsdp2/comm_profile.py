@@ -126,15 +126,27 @@ def summarize(events: list[dict], steps: int) -> dict:
     }
 
 
-def profile_steps(step, steps: int) -> dict:
-    """Runs `step()` `steps` times under torch.profiler (CUDA activity only:
-    no CPU-op events, the smallest trace; the CUDA API calls come with it)
-    and summarizes the GPU timeline."""
+def ops_by_host_time(averages, steps: int, top: int = 15) -> dict:
+    """torch.profiler key averages -> the ops with the most host time of
+    their own (ms per step, largest first), and with the most in all."""
+    def ranked(attribute: str) -> dict:
+        ops = sorted(averages, key=lambda a: -getattr(a, attribute))[:top]
+        return {a.key: round(getattr(a, attribute) * 1e-3 / steps, 4) for a in ops}
+
+    return {"self_ms_per_step": ranked("self_cpu_time_total"), "total_ms_per_step": ranked("cpu_time_total")}
+
+
+def profile_steps(step, steps: int, host_ops: bool = False) -> dict:
+    """Runs `step()` `steps` times under torch.profiler and summarizes the GPU
+    timeline. CUDA activity only (the smallest trace; the CUDA API calls come
+    with it) unless `host_ops`: then CPU ops too, and the ops that took the
+    host longest (recording them slows the host a little)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if host_ops else [])
+    with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
@@ -146,4 +158,7 @@ def profile_steps(step, steps: int) -> dict:
             events = json.load(f)["traceEvents"]
     finally:
         os.unlink(path)
-    return summarize(events, steps)
+    summary = summarize(events, steps)
+    if host_ops:
+        summary["host_ops"] = ops_by_host_time(prof.key_averages(), steps)
+    return summary

@@ -48,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=5, help="steps before the measured ones, not measured")
     p.add_argument("--profile-steps", type=int, default=3,
                    help="steps after the measured ones, under the profiler, for exposed communication; 0: none")
+    p.add_argument("--host-ops", action="store_true",
+                   help="the profiled steps also record CPU ops (their host time per step, in the profile)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--deterministic", action="store_true",
@@ -219,7 +221,8 @@ def run(args) -> dict:
         first = total_steps - args.profile_steps
         it = iter(range(first, total_steps))
         try:
-            profile = comm_profile.profile_steps(lambda: step(next(it), phases=False), args.profile_steps)
+            profile = comm_profile.profile_steps(lambda: step(next(it), phases=False), args.profile_steps,
+                                                 host_ops=args.host_ops)
         except Exception as e:  # the measured steps above must not be lost to the profiler
             profile = {"error": f"{type(e).__name__}: {e}"}
             print(f"rank {rank}: profiling failed: {profile['error']}", file=sys.stderr, flush=True)

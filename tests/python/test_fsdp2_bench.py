@@ -261,6 +261,17 @@ def test_exposed_communication_is_what_no_compute_covers():
         [(0, 2), (4, 5), (13, 15), (16, 20)]
 
 
+def test_host_ops_rank_by_own_and_by_total_time_per_step():
+    from types import SimpleNamespace as Op
+
+    averages = [Op(key="aten::mm", self_cpu_time_total=100.0, cpu_time_total=300.0),
+                Op(key="aten::empty", self_cpu_time_total=400.0, cpu_time_total=400.0),
+                Op(key="c10d::reduce_scatter_tensor_", self_cpu_time_total=10.0, cpu_time_total=900.0)]
+    ranked = comm_profile.ops_by_host_time(averages, steps=2, top=2)
+    assert ranked["self_ms_per_step"] == {"aten::empty": 0.2, "aten::mm": 0.05}
+    assert list(ranked["total_ms_per_step"]) == ["c10d::reduce_scatter_tensor_", "aten::empty"]
+
+
 def test_time_budget_stops_launching_and_every_run_is_accounted_for(tmp_path, monkeypatch):
     clock = [0.0]
     launched = []
