@@ -17,7 +17,8 @@ from configs import MODES, model_fields, parse_config
 
 GIB = 2**30
 # Per-step host measurements that say why a host is slow (worker.py)
-HOST_DIAGNOSTICS = ("host_cpu_ms", "process_cpu_ms", "host_voluntary_switches", "host_involuntary_switches")
+HOST_DIAGNOSTICS = ("host_cpu_ms", "process_cpu_ms", "host_voluntary_switches", "host_involuntary_switches", "gc_ms",
+                    "gc_full_collections")
 # A mode whose host time (until the step's calls return) is at least this
 # share of its step is host-bound: its step time measures the host, not the
 # collectives, and these hosts' speeds differ by up to 1.5x.

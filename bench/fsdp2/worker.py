@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: E402
 
 from configs import MODES, PRESETS, config_name, model_fields, parse_config  # noqa: E402
+import host_threads  # noqa: E402
 import llama  # noqa: E402
 
 try:  # every mode imports symmpool, so that every process looks the same
@@ -50,6 +51,9 @@ def parse_args(argv=None):
                    help="steps after the measured ones, under the profiler, for exposed communication; 0: none")
     p.add_argument("--host-ops", action="store_true",
                    help="the profiled steps also record CPU ops (their host time per step, in the profile)")
+    p.add_argument("--host-threads", action="store_true",
+                   help="each thread's CPU and run-queue time in the host part of every measured step (reading "
+                        "/proc costs the host about a millisecond a step, outside the host time)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--deterministic", action="store_true",
@@ -171,6 +175,8 @@ def run(args) -> dict:
     # context switches (voluntary: it blocked; involuntary: it was preempted),
     # and the whole process's CPU time over the step (threads that spin).
     host_cpu_ms, process_cpu_ms, voluntary_switches, involuntary_switches = [], [], [], []
+    # and what Python's collector took, and (--host-threads) each thread's share
+    gc_timer, gc_ms, gc_full, thread_steps = host_threads.GcTimer(), [], [], []
     trace = None
     if args.memory_trace:
         from memory_trace import MemoryTrace
@@ -195,13 +201,17 @@ def run(args) -> dict:
 
     for i in range(total_steps - args.profile_steps):
         measured = i >= args.warmup
-        usage, cpu, process_cpu = thread_usage(), time.thread_time(), time.process_time()
+        threads = host_threads.sample() if args.host_threads and measured else None
+        (gc_before, full_before), usage = gc_timer.read(), thread_usage()
+        cpu, process_cpu = time.thread_time(), time.process_time()
         start = time.perf_counter()
         # Memory after forward and backward in warm-up only (the caches reach
         # their size there); measured steps sample once, outside the timing.
         step(i, phases=not measured)
         host_done = time.perf_counter()  # the host's part: every call of the step has returned
-        host_cpu, usage_done = time.thread_time(), thread_usage()
+        host_cpu, usage_done, (gc_done, full_done) = time.thread_time(), thread_usage(), gc_timer.read()
+        if threads is not None:  # outside the host time; inside the step's only while the GPU is behind
+            thread_steps.append(host_threads.delta_by_name(threads, host_threads.sample()))
         sync()
         end = time.perf_counter()
         process_done = time.process_time()
@@ -213,7 +223,10 @@ def run(args) -> dict:
             process_cpu_ms.append((process_done - process_cpu) * 1e3)
             voluntary_switches.append(usage_done.ru_nvcsw - usage.ru_nvcsw)
             involuntary_switches.append(usage_done.ru_nivcsw - usage.ru_nivcsw)
+            gc_ms.append(gc_done - gc_before)
+            gc_full.append(full_done - full_before)
 
+    gc_timer.close()
     phase("steps_s")
     profile = None
     if args.profile_steps and device.type == "cuda":
@@ -242,6 +255,9 @@ def run(args) -> dict:
         "step_ms": step_ms,
         "host_ms": host_ms,
         "host_cpu_ms": host_cpu_ms,
+        "gc_ms": gc_ms,
+        "gc_full_collections": gc_full,
+        "host_threads_ms": host_threads.summarize(thread_steps) if thread_steps else None,
         "process_cpu_ms": process_cpu_ms,
         "host_voluntary_switches": voluntary_switches,
         "host_involuntary_switches": involuntary_switches,

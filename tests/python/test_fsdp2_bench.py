@@ -18,6 +18,7 @@ sys.path.insert(0, str(BENCH))
 import aggregate  # noqa: E402
 import comm_profile  # noqa: E402
 import configs  # noqa: E402
+import host_threads  # noqa: E402
 import run  # noqa: E402
 
 REQUIRED_RUN_KEYS = {
@@ -38,7 +39,8 @@ def fake_result(step_ms, losses, peak, world=2, symm=None, exposed=1.5):
             "rank": rank, "losses": list(losses), "step_ms": [s + rank for s in step_ms],
             "host_ms": [s / 2 for s in step_ms], "host_cpu_ms": [s / 4 + rank for s in step_ms],
             "process_cpu_ms": [s for s in step_ms], "host_voluntary_switches": [3 * rank] * len(step_ms),
-            "host_involuntary_switches": [1] * len(step_ms), "device_baseline_bytes": 1 << 30,
+            "host_involuntary_switches": [1] * len(step_ms), "gc_ms": [0.0] * len(step_ms),
+            "gc_full_collections": [0] * len(step_ms), "device_baseline_bytes": 1 << 30,
             "device_peak_bytes": peak - (1 << 20) * rank, "torch_peak_allocated_bytes": peak // 2,
             "torch_peak_reserved_bytes": peak // 2 + 100,
             "symmpool": symm and {"reserved_bytes": {"current": 0, "peak": symm}, "symm_collectives": 7,
@@ -261,6 +263,31 @@ def test_exposed_communication_is_what_no_compute_covers():
         [(0, 2), (4, 5), (13, 15), (16, 20)]
 
 
+def test_host_threads_split_the_host_by_thread_name_and_time_the_collector():
+    import gc
+
+    before = {1: ("python3", 1_000_000, 0), 2: ("pt_autograd_0", 5_000_000, 1_000_000)}
+    after = {1: ("python3", 3_000_000, 500_000), 2: ("pt_autograd_0", 45_000_000, 1_000_000),
+             3: ("pt_autograd_0", 2_000_000, 0)}  # born in between: counts from 0
+    step = host_threads.delta_by_name(before, after)
+    assert step == {"python3": pytest.approx((2.0, 0.5)), "pt_autograd_0": pytest.approx((42.0, 0.0))}
+    summary = host_threads.summarize([step, dict(step, python3=(0.2, 0.0)), step], min_ms=1.0)
+    assert list(summary) == ["pt_autograd_0", "python3"]
+    assert summary["python3"] == {"run_ms": 2.0, "wait_ms": 0.5}
+    assert "pt_autograd_0" in host_threads.summarize([{"pt_autograd_0": (42.0, 0.0)}]) and \
+        host_threads.summarize([{"idle": (0.1, 0.0)}]) == {}
+    me = host_threads.sample()
+    if me:  # Linux with schedstat: this thread is there, and it has run
+        assert any(run > 0 for _, run, _ in me.values())
+    timer = host_threads.GcTimer()
+    try:
+        gc.collect()
+        ms, full = timer.read()
+        assert ms > 0 and full == 1
+    finally:
+        timer.close()
+
+
 def test_host_ops_rank_by_own_and_by_total_time_per_step():
     from types import SimpleNamespace as Op
 
@@ -331,7 +358,8 @@ def test_two_process_stock_run_of_the_tiny_model_on_cpu(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(BENCH / "run.py"), "--device", "cpu", "--nproc", "2", "--configs", "tiny-b2s32",
          "--modes", "stock", "--reps", "2", "--steps", "3", "--warmup", "1", "--out", str(out),
-         "--log-dir", str(tmp_path / "logs"), "--loss-rtol", "0", "--no-plot", "--memory-trace", "1"],
+         "--log-dir", str(tmp_path / "logs"), "--loss-rtol", "0", "--no-plot", "--memory-trace", "1",
+         "--host-threads"],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
@@ -354,6 +382,10 @@ def test_two_process_stock_run_of_the_tiny_model_on_cpu(tmp_path):
     assert list(phases) == ["start_s", "init_s", "build_s", "steps_s", "profile_s"]
     assert all(v >= 0 for v in phases.values()) and phases["start_s"] > 0  # torch's import at least
     assert config["model"]["params"] == configs.param_count(configs.PRESETS["tiny"])
+    rank0 = doc["records"][0]["result"]["ranks"][0]
+    assert len(rank0["gc_ms"]) == len(rank0["host_cpu_ms"]) == 3 and stock["gc_ms_median"] is not None
+    if host_threads.sample():  # Linux with schedstat: the main thread ran (its name: python's)
+        assert rank0["host_threads_ms"], rank0["host_threads_ms"]
 
 
 def test_a_failed_profiler_is_reported_and_keeps_the_measured_steps():

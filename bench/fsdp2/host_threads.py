@@ -1,0 +1,83 @@
+"""Where a step's host time goes, thread by thread, and what Python's garbage
+collector takes of it. The main thread only runs the forward and the
+optimizer: the backward runs on autograd's device threads while the main
+thread waits, so a slow backward shows in their times, not in its own.
+
+Linux's /proc/<pid>/task/<tid>/schedstat gives each thread's time on a CPU
+and its time runnable but waiting for one (the host's other load), in ns.
+Elsewhere `sample()` returns {} and the times stay empty.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import os
+import statistics
+import time
+
+
+def sample() -> dict[int, tuple[str, int, int]]:
+    """tid -> (thread name, ns on a CPU, ns waiting for a CPU)."""
+    base = f"/proc/{os.getpid()}/task"
+    out = {}
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"{base}/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"{base}/{tid}/schedstat") as f:
+                run_ns, wait_ns = (int(x) for x in f.read().split()[:2])
+        except (OSError, ValueError):  # the thread ended meanwhile, or no schedstat
+            continue
+        out[int(tid)] = (name, run_ns, wait_ns)
+    return out
+
+
+def delta_by_name(before: dict, after: dict) -> dict[str, tuple[float, float]]:
+    """Milliseconds on a CPU and waiting for one between two samples, summed
+    over the threads of each name (threads born in between count from 0)."""
+    out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for tid, (name, run_ns, wait_ns) in after.items():
+        _, run0, wait0 = before.get(tid, (name, 0, 0))
+        out[name][0] += (run_ns - run0) * 1e-6
+        out[name][1] += (wait_ns - wait0) * 1e-6
+    return {name: (run, wait) for name, (run, wait) in out.items()}
+
+
+class GcTimer:
+    """Time Python's collector spends, and full (generation 2) collections."""
+
+    def __init__(self):
+        self.ms, self.full, self._start = 0.0, 0, None
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.ms += (time.perf_counter() - self._start) * 1e3
+            self.full += info.get("generation") == 2
+            self._start = None
+
+    def read(self) -> tuple[float, int]:
+        return self.ms, self.full
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+def summarize(per_step: list[dict[str, tuple[float, float]]], min_ms: float = 0.5) -> dict:
+    """Per-step medians by thread name, of the threads that ran at least
+    `min_ms` in a median step, busiest first: {name: {"run_ms", "wait_ms"}}."""
+    names = {name for step in per_step for name in step}
+    medians = {}
+    for name in names:
+        runs = [step.get(name, (0.0, 0.0))[0] for step in per_step]
+        waits = [step.get(name, (0.0, 0.0))[1] for step in per_step]
+        medians[name] = {"run_ms": round(statistics.median(runs), 3), "wait_ms": round(statistics.median(waits), 3)}
+    busy = sorted((kv for kv in medians.items() if kv[1]["run_ms"] >= min_ms), key=lambda kv: -kv[1]["run_ms"])
+    return dict(busy)
