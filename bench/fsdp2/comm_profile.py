@@ -12,6 +12,7 @@ copy-in/out are kernels). Everything else on the GPU is compute.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
@@ -136,11 +137,13 @@ def ops_by_host_time(averages, steps: int, top: int = 15) -> dict:
     return {"self_ms_per_step": ranked("self_cpu_time_total"), "total_ms_per_step": ranked("cpu_time_total")}
 
 
-def profile_steps(step, steps: int, host_ops: bool = False) -> dict:
+def profile_steps(step, steps: int, host_ops: bool = False, keep_trace: str | None = None) -> dict:
     """Runs `step()` `steps` times under torch.profiler and summarizes the GPU
     timeline. CUDA activity only (the smallest trace; the CUDA API calls come
     with it) unless `host_ops`: then CPU ops too, and the ops that took the
-    host longest (recording them slows the host a little)."""
+    host longest (recording them slows the host a little). `keep_trace`: a
+    path where the Chrome trace stays, gzipped (one per rank: to compare
+    the ranks' timelines)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -154,10 +157,14 @@ def profile_steps(step, steps: int, host_ops: bool = False) -> dict:
     os.close(fd)
     try:
         prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
+        with open(path, "rb") as f:
+            raw = f.read()
     finally:
         os.unlink(path)
+    events = json.loads(raw)["traceEvents"]
+    if keep_trace:
+        with gzip.open(keep_trace, "wb") as f:
+            f.write(raw)
     summary = summarize(events, steps)
     if host_ops:
         summary["host_ops"] = ops_by_host_time(prof.key_averages(), steps)

@@ -57,6 +57,8 @@ def parse_args(argv=None):
     p.add_argument("--profile-steps", type=int, default=3, help="profiled steps after the measured ones; 0: none")
     p.add_argument("--host-ops", action="store_true",
                    help="the profiled steps also record CPU ops: the ops that took the host longest, per step")
+    p.add_argument("--keep-traces", action="store_true",
+                   help="keep every rank's profiler trace in the log directory (<run>.rank<N>.json.gz)")
     p.add_argument("--host-threads", action="store_true",
                    help="each thread's CPU and run-queue time per measured step (perturbs a host-bound step)")
     p.add_argument("--seed", type=int, default=0)
@@ -176,7 +178,8 @@ def launch(rep: int, config, mode: str, args, log_dir: str, timeout: float) -> d
            "--profile-steps", str(args.profile_steps), "--seed", str(args.seed), "--device", args.device,
            "--out", out] + (["--deterministic"] if args.deterministic else []) + (
                ["--memory-trace", str(args.memory_trace)] if args.memory_trace else []) + (
-               ["--host-ops"] if args.host_ops else []) + (["--host-threads"] if args.host_threads else [])
+               ["--host-ops"] if args.host_ops else []) + (["--host-threads"] if args.host_threads else []) + (
+               ["--keep-trace", os.path.join(log_dir, stem)] if args.keep_traces else [])
     record = {"config": config.name, "mode": mode, "rep": rep, "returncode": None, "reason": None,
               "log": log, "log_tail": None, "result": None}
     start = time.monotonic()

@@ -51,6 +51,8 @@ def parse_args(argv=None):
                    help="steps after the measured ones, under the profiler, for exposed communication; 0: none")
     p.add_argument("--host-ops", action="store_true",
                    help="the profiled steps also record CPU ops (their host time per step, in the profile)")
+    p.add_argument("--keep-trace", metavar="STEM",
+                   help="keep each rank's profiler trace at STEM.rank<N>.json.gz (Chrome format)")
     p.add_argument("--host-threads", action="store_true",
                    help="each thread's CPU and run-queue time in the host part of every measured step (reading "
                         "/proc costs the host about a millisecond a step, outside the host time)")
@@ -235,7 +237,8 @@ def run(args) -> dict:
         it = iter(range(first, total_steps))
         try:
             profile = comm_profile.profile_steps(lambda: step(next(it), phases=False), args.profile_steps,
-                                                 host_ops=args.host_ops)
+                                                 host_ops=args.host_ops,
+                                                 keep_trace=args.keep_trace and f"{args.keep_trace}.rank{rank}.json.gz")
         except Exception as e:  # the measured steps above must not be lost to the profiler
             profile = {"error": f"{type(e).__name__}: {e}"}
             print(f"rank {rank}: profiling failed: {profile['error']}", file=sys.stderr, flush=True)

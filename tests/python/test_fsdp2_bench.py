@@ -288,6 +288,33 @@ def test_host_threads_split_the_host_by_thread_name_and_time_the_collector():
         timer.close()
 
 
+def test_trace_gaps_names_what_ran_around_each_idle_stretch(tmp_path, capsys):
+    import gzip
+
+    import trace_gaps
+
+    def ev(cat, name, ts, dur, stream):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+    events = [ev("kernel", "gemm", 0, 10, 7), ev("kernel", "ncclDevKernel_AllGather", 5, 20, 20),
+              ev("kernel", "gemm", 40, 5, 7),  # 15 us idle after the all-gather
+              ev("gpu_memcpy", "Memcpy PtoP (Device -> Device)", 50, 30, 21),  # 5 us idle, then comm
+              ev("kernel", "gemm", 81, 1, 7), {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 30, "dur": 9}]
+    items = trace_gaps.gpu_items(events)
+    assert [i["comm"] for i in items] == [False, True, False, True, False]
+    gaps = trace_gaps.idle_gaps(items)
+    assert [(g["us"], g["after"]["name"], g["before"]["name"]) for g in gaps] == [
+        (15, "ncclDevKernel_AllGather", "gemm"), (5, "gemm", "Memcpy PtoP (Device -> Device)"),
+        (1, "Memcpy PtoP (Device -> Device)", "gemm")]
+    path = tmp_path / "t.rank0.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    trace_gaps.main([str(path), "--top", "2"])
+    text = capsys.readouterr().out
+    assert "idle 0.02 ms in 3 gaps" in text and "0.015 ms at    0.025" in text
+    assert "comm on stream 21: Memcpy PtoP" in text
+
+
 def test_host_ops_rank_by_own_and_by_total_time_per_step():
     from types import SimpleNamespace as Op
 
