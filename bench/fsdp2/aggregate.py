@@ -59,6 +59,7 @@ def per_rep(result: dict) -> dict:
         "torch_peak_allocated_bytes": _max_present(r.get("torch_peak_allocated_bytes") for r in ranks),
         "torch_peak_reserved_bytes": _max_present(r.get("torch_peak_reserved_bytes") for r in ranks),
         "symmpool_peak_reserved_bytes": _max_present(s["reserved_bytes"]["peak"] if s else None for s in symm),
+        "heap_exchanges_per_step": _max_present(r.get("heap_exchanges_per_step") for r in ranks),
         "symm_collectives": symm[0]["symm_collectives"] if symm[0] else None,
         "nccl_fallbacks": symm[0]["nccl_fallbacks"] if symm[0] else None,
         # a profile may be None (not profiled) or {"error": ...} (the profiler failed)
@@ -130,6 +131,7 @@ def aggregate_mode(mode: str, records: list[dict], reference: dict | None) -> di
         "torch_peak_reserved_bytes": _max_present(rep["torch_peak_reserved_bytes"] for rep in reps),
         "symmpool_peak_reserved_bytes": _max_present(rep["symmpool_peak_reserved_bytes"] for rep in reps),
         "symm_collectives_per_rep": [rep["symm_collectives"] for rep in reps],
+        "heap_exchanges_per_step_per_rep": [rep["heap_exchanges_per_step"] for rep in reps],
         "nccl_fallbacks_per_rep": [rep["nccl_fallbacks"] for rep in reps],
         "max_rel_loss_diff_vs_stock": (max(max_rel_loss_diff(r["result"], reference) for r in ok)
                                        if ok and reference is not None else None),
@@ -219,6 +221,7 @@ def table(config: dict) -> str:
         lines.append(
             f"{run['mode']:<12} {run['reps']:>4} {step:>26} {_fmt(run['step_vs_stock'], '.3f', 'x'):>8} "
             f"{_fmt(run['host_ms_median'], '.1f'):>8} {_fmt(run['exposed_comm_ms_median'], '.2f'):>11} "
-            f"{_fmt(run.get('gpu_idle_ms_median'), '.2f'):>11} {_fmt(run['device_peak_bytes'] and run['device_peak_bytes'] / GIB, '.2f'):>12} "
+            f"{_fmt(run.get('gpu_idle_ms_median'), '.2f'):>11} "
+            f"{_fmt(run['device_peak_bytes'] and run['device_peak_bytes'] / GIB, '.2f'):>12} "
             f"{_fmt(peak_pct, '+.2f', '%'):>8} {_fmt(run['max_rel_loss_diff_vs_stock'], '.1e'):>9}")
     return "\n".join(lines)

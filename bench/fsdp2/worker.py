@@ -201,8 +201,15 @@ def run(args) -> dict:
         if trace is not None:
             trace.step += 1
 
+    def heap_exchanges():  # host round trips to the peers so far (None: no symmpool)
+        stats = symmpool_stats(device)
+        return stats.get("heap_exchanges") if stats else None
+
+    exchanges_before = None
     for i in range(total_steps - args.profile_steps):
         measured = i >= args.warmup
+        if i == args.warmup:
+            exchanges_before = heap_exchanges()
         threads = host_threads.sample() if args.host_threads and measured else None
         (gc_before, full_before), usage = gc_timer.read(), thread_usage()
         cpu, process_cpu = time.thread_time(), time.process_time()
@@ -229,6 +236,10 @@ def run(args) -> dict:
             gc_full.append(full_done - full_before)
 
     gc_timer.close()
+    exchanges_after = heap_exchanges()
+    # A steady step should need none: each one waits for the peers' hosts.
+    exchanges_per_step = (None if exchanges_before is None or exchanges_after is None or not step_ms else
+                          (exchanges_after - exchanges_before) / len(step_ms))
     phase("steps_s")
     profile = None
     if args.profile_steps and device.type == "cuda":
@@ -260,6 +271,7 @@ def run(args) -> dict:
         "host_cpu_ms": host_cpu_ms,
         "gc_ms": gc_ms,
         "gc_full_collections": gc_full,
+        "heap_exchanges_per_step": exchanges_per_step,
         "host_threads_ms": host_threads.summarize(thread_steps) if thread_steps else None,
         "process_cpu_ms": process_cpu_ms,
         "host_voluntary_switches": voluntary_switches,

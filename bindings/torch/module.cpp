@@ -72,6 +72,8 @@ py::dict memory_stats(int device) {
   auto coll = symmpool::torch_ext::collective_counts();
   d["symm_collectives"] = coll.routed;
   d["nccl_fallbacks"] = coll.fallbacks;
+  // Host round trips to the peers (symmetry verdicts, call checks, syncs), process-wide.
+  d["heap_exchanges"] = symmpool::heap_exchanges();
   return d;
 }
 

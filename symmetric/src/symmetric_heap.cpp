@@ -37,7 +37,11 @@ int next_instance(const std::string& group) {
   return formed[group]++;
 }
 
+std::atomic<std::uint64_t> exchanges_in_process{0};
+
 }  // namespace
+
+std::uint64_t heap_exchanges() { return exchanges_in_process.load(std::memory_order_relaxed); }
 
 // Publishes `mine` for this round and returns every rank's value. Every
 // exchange of a round shares one key, tagged with `what`, so ranks that reach
@@ -45,6 +49,7 @@ int next_instance(const std::string& group) {
 // naming both points, instead of each waiting for a key nobody writes.
 std::vector<std::string> SymmetricHeap::exchange(const std::string& what, const std::string& mine) {
   const std::string name = "round/" + std::to_string(round_++);
+  exchanges_in_process.fetch_add(1, std::memory_order_relaxed);
   store_.set(key(name, rank_), what + "\n" + mine);
   std::vector<std::string> all(static_cast<std::size_t>(world_));
   for (int r = 0; r < world_; ++r) {

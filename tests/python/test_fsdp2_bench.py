@@ -40,7 +40,8 @@ def fake_result(step_ms, losses, peak, world=2, symm=None, exposed=1.5):
             "host_ms": [s / 2 for s in step_ms], "host_cpu_ms": [s / 4 + rank for s in step_ms],
             "process_cpu_ms": [s for s in step_ms], "host_voluntary_switches": [3 * rank] * len(step_ms),
             "host_involuntary_switches": [1] * len(step_ms), "gc_ms": [0.0] * len(step_ms),
-            "gc_full_collections": [0] * len(step_ms), "device_baseline_bytes": 1 << 30,
+            "gc_full_collections": [0] * len(step_ms), "heap_exchanges_per_step": symm and 0.5 * rank,
+            "device_baseline_bytes": 1 << 30,
             "device_peak_bytes": peak - (1 << 20) * rank, "torch_peak_allocated_bytes": peak // 2,
             "torch_peak_reserved_bytes": peak // 2 + 100,
             "symmpool": symm and {"reserved_bytes": {"current": 0, "peak": symm}, "symm_collectives": 7,
@@ -170,6 +171,7 @@ def test_aggregation_has_the_issue_shape_and_numbers():
     assert stock["symmpool_peak_reserved_bytes"] is None
     assert stock["max_rel_loss_diff_vs_stock"] == 0.0
     assert symm["reps"] == 1 and symm["symmpool_peak_reserved_bytes"] == 3 << 30
+    assert symm["heap_exchanges_per_step_per_rep"] == [0.5] and stock["heap_exchanges_per_step_per_rep"] == [None, None]
     assert symm["max_rel_loss_diff_vs_stock"] == pytest.approx(2e-6)
     assert symm["step_vs_stock"] == pytest.approx(96 / 113.5)
     [failure] = symm["failures"]

@@ -13,7 +13,10 @@ symm-nccl once failed its bound here (+5.8%, 4.97 against 4.69 GiB on 2x
 H200): its reduce-scatter inputs sat in symmpool's pool instead of riding
 on torch's freed activations (docs/fsdp2_flag_memory.md); with
 SYMMPOOL_COLLECTIVES=0 the default stream's requests now come from torch.
-No timing assertion: step and host time belong to the benchmark.
+No timing assertion: step and host time belong to the benchmark; but a
+steady step of a mode whose collectives run on symmpool must make no host
+round trip to the peers (memory_stats()["heap_exchanges"]): each would
+make every rank's host wait for the slowest one's.
 FSDP2_REGRESSION_CONFIG picks another config (default mid-b2s1024).
 """
 
@@ -99,3 +102,12 @@ def test_losses_agree_with_stock(bench, mode):
     # Seen on 2x H200 (2026-11-23, deterministic kernels): 0 in every mode.
     bound = 0.0 if gpu_count() == 2 else LOSS_RTOL
     assert diff <= bound, f"{mode}: losses differ from stock by {diff:.3e} relative (> {bound:.1e})\n{output}"
+
+
+@pytest.mark.parametrize("mode", ["symm", "symm-always"])
+def test_steady_steps_make_no_host_round_trips(bench, mode):
+    runs, output = bench
+    per_rep = runs[mode]["heap_exchanges_per_step_per_rep"]
+    assert per_rep and all(x == 0 for x in per_rep), (
+        f"{mode}: {per_rep} host exchanges with the peers per measured step (a verdict or call check that "
+        f"missed its cache, or a sync)\n{output}")

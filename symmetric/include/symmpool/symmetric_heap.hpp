@@ -29,6 +29,11 @@ struct HeapOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};  // for every wait on a peer
 };
 
+// Host round trips every heap of this process made so far (each waits for
+// every peer's host to reach the same point): a steady training step that
+// keeps making them couples the ranks' hosts.
+std::uint64_t heap_exchanges();
+
 class SymmetricHeap final : public SegmentObserver {
  public:
   // Collective over the `world` ranks of `group`; throws timeout_error when a

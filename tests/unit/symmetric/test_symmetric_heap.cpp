@@ -606,10 +606,16 @@ TEST(SymmetricHeapFake, StoreKeysDoNotPileUp) {
     SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "keys", rank, w,
                        HeapOptions{std::chrono::seconds(20)});
     void* a = alloc->allocate(4096, stream(1));
+    const std::uint64_t exchanges_before = heap_exchanges();
     for (int i = 0; i < 100; ++i) {
       heap.sync();
       heap.check_symmetric(a, 4096, "a");
     }
+    // memory_stats()["heap_exchanges"]: every host round trip counts, two
+    // per sync (the listings, then every rank's "synced"), one per check
+    const std::uint64_t exchanges = heap_exchanges() - exchanges_before;
+    RANK_CHECK(exchanges == 300, "%llu heap exchanges counted for 100 syncs and 100 checks",
+               static_cast<unsigned long long>(exchanges));
     int keys = 0;
     if (DIR* d = ::opendir(dir.c_str())) {
       while (const dirent* e = ::readdir(d))
