@@ -19,7 +19,6 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import resource  # noqa: E402
 import sys  # noqa: E402
 
 import torch  # noqa: E402
@@ -29,7 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: E402
 
 from configs import MODES, PRESETS, config_name, model_fields, parse_config  # noqa: E402
-import host_threads  # noqa: E402
+import host_meter  # noqa: E402
 import llama  # noqa: E402
 
 try:  # every mode imports symmpool, so that every process looks the same
@@ -172,13 +171,7 @@ def run(args) -> dict:
         if symmpool is not None:
             symmpool.reset_peak_memory_stats(device)
     losses, step_ms, host_ms, device_used = [], [], [], []
-    # Why a host is slow: the main thread's own CPU time in the host part (a
-    # thread that waits or is descheduled uses less than the wall time), its
-    # context switches (voluntary: it blocked; involuntary: it was preempted),
-    # and the whole process's CPU time over the step (threads that spin).
-    host_cpu_ms, process_cpu_ms, voluntary_switches, involuntary_switches = [], [], [], []
-    # and what Python's collector took, and (--host-threads) each thread's share
-    gc_timer, gc_ms, gc_full, thread_steps = host_threads.GcTimer(), [], [], []
+    meter = host_meter.StepHostMeter(threads=args.host_threads)  # why a host is slow
     trace = None
     if args.memory_trace:
         from memory_trace import MemoryTrace
@@ -210,32 +203,22 @@ def run(args) -> dict:
         measured = i >= args.warmup
         if i == args.warmup:
             exchanges_before = heap_exchanges()
-        threads = host_threads.sample() if args.host_threads and measured else None
-        (gc_before, full_before), usage = gc_timer.read(), thread_usage()
-        cpu, process_cpu = time.thread_time(), time.process_time()
+        meter.start(measured)
         start = time.perf_counter()
         # Memory after forward and backward in warm-up only (the caches reach
         # their size there); measured steps sample once, outside the timing.
         step(i, phases=not measured)
         host_done = time.perf_counter()  # the host's part: every call of the step has returned
-        host_cpu, usage_done, (gc_done, full_done) = time.thread_time(), thread_usage(), gc_timer.read()
-        if threads is not None:  # outside the host time; inside the step's only while the GPU is behind
-            thread_steps.append(host_threads.delta_by_name(threads, host_threads.sample()))
+        meter.host_done()  # outside the host time; inside the step's only while the GPU is behind
         sync()
         end = time.perf_counter()
-        process_done = time.process_time()
+        meter.step_done()
         device_used.append(sample(device))
         if measured:
             step_ms.append((end - start) * 1e3)
             host_ms.append((host_done - start) * 1e3)
-            host_cpu_ms.append((host_cpu - cpu) * 1e3)
-            process_cpu_ms.append((process_done - process_cpu) * 1e3)
-            voluntary_switches.append(usage_done.ru_nvcsw - usage.ru_nvcsw)
-            involuntary_switches.append(usage_done.ru_nivcsw - usage.ru_nivcsw)
-            gc_ms.append(gc_done - gc_before)
-            gc_full.append(full_done - full_before)
 
-    gc_timer.close()
+    host_diagnostics = meter.results()
     exchanges_after = heap_exchanges()
     # A steady step should need none: each one waits for the peers' hosts.
     exchanges_per_step = (None if exchanges_before is None or exchanges_after is None or not step_ms else
@@ -268,14 +251,8 @@ def run(args) -> dict:
         "losses": [float(x) for x in torch.stack(losses).cpu()],
         "step_ms": step_ms,
         "host_ms": host_ms,
-        "host_cpu_ms": host_cpu_ms,
-        "gc_ms": gc_ms,
-        "gc_full_collections": gc_full,
+        **host_diagnostics,
         "heap_exchanges_per_step": exchanges_per_step,
-        "host_threads_ms": host_threads.summarize(thread_steps) if thread_steps else None,
-        "process_cpu_ms": process_cpu_ms,
-        "host_voluntary_switches": voluntary_switches,
-        "host_involuntary_switches": involuntary_switches,
         "device_baseline_bytes": baseline,
         "device_peak_bytes": max((u for u in device_used if u is not None), default=None),
         "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
@@ -290,11 +267,6 @@ def run(args) -> dict:
     dist.all_gather_object(gathered, mine, group=results_group)
     dist.destroy_process_group()
     return {"world": world, "ranks": gathered}
-
-
-def thread_usage():
-    """This thread's resource usage (Linux's RUSAGE_THREAD; the process's elsewhere)."""
-    return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
 
 
 def context(args) -> dict:

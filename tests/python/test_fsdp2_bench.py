@@ -18,7 +18,7 @@ sys.path.insert(0, str(BENCH))
 import aggregate  # noqa: E402
 import comm_profile  # noqa: E402
 import configs  # noqa: E402
-import host_threads  # noqa: E402
+import host_meter  # noqa: E402
 import run  # noqa: E402
 
 REQUIRED_RUN_KEYS = {
@@ -265,29 +265,41 @@ def test_exposed_communication_is_what_no_compute_covers():
         [(0, 2), (4, 5), (13, 15), (16, 20)]
 
 
-def test_host_threads_split_the_host_by_thread_name_and_time_the_collector():
+def test_host_meter_splits_the_host_by_thread_name_and_times_the_collector():
     import gc
 
     before = {1: ("python3", 1_000_000, 0), 2: ("pt_autograd_0", 5_000_000, 1_000_000)}
     after = {1: ("python3", 3_000_000, 500_000), 2: ("pt_autograd_0", 45_000_000, 1_000_000),
              3: ("pt_autograd_0", 2_000_000, 0)}  # born in between: counts from 0
-    step = host_threads.delta_by_name(before, after)
+    step = host_meter.delta_by_name(before, after)
     assert step == {"python3": pytest.approx((2.0, 0.5)), "pt_autograd_0": pytest.approx((42.0, 0.0))}
-    summary = host_threads.summarize([step, dict(step, python3=(0.2, 0.0)), step], min_ms=1.0)
+    summary = host_meter.summarize([step, dict(step, python3=(0.2, 0.0)), step], min_ms=1.0)
     assert list(summary) == ["pt_autograd_0", "python3"]
     assert summary["python3"] == {"run_ms": 2.0, "wait_ms": 0.5}
-    assert "pt_autograd_0" in host_threads.summarize([{"pt_autograd_0": (42.0, 0.0)}]) and \
-        host_threads.summarize([{"idle": (0.1, 0.0)}]) == {}
-    me = host_threads.sample()
+    assert "pt_autograd_0" in host_meter.summarize([{"pt_autograd_0": (42.0, 0.0)}]) and \
+        host_meter.summarize([{"idle": (0.1, 0.0)}]) == {}
+    me = host_meter.sample()
     if me:  # Linux with schedstat: this thread is there, and it has run
         assert any(run > 0 for _, run, _ in me.values())
-    timer = host_threads.GcTimer()
+    timer = host_meter.GcTimer()
     try:
         gc.collect()
         ms, full = timer.read()
         assert ms > 0 and full == 1
     finally:
         timer.close()
+    meter = host_meter.StepHostMeter(threads=True)
+    for measured in (False, True, True):  # a warm-up step, then two measured ones
+        meter.start(measured)
+        sum(i * i for i in range(200_000))  # host work
+        if measured:
+            gc.collect()
+        meter.host_done()
+        meter.step_done()
+    results = meter.results()
+    assert all(len(results[key]) == 2 for key in aggregate.HOST_DIAGNOSTICS), results
+    assert min(results["host_cpu_ms"]) > 0 and results["gc_full_collections"] == [1, 1]
+    assert (results["host_threads_ms"] is not None) == bool(host_meter.sample())
 
 
 def test_trace_gaps_names_what_ran_around_each_idle_stretch(tmp_path, capsys):
@@ -413,7 +425,7 @@ def test_two_process_stock_run_of_the_tiny_model_on_cpu(tmp_path):
     assert config["model"]["params"] == configs.param_count(configs.PRESETS["tiny"])
     rank0 = doc["records"][0]["result"]["ranks"][0]
     assert len(rank0["gc_ms"]) == len(rank0["host_cpu_ms"]) == 3 and stock["gc_ms_median"] is not None
-    if host_threads.sample():  # Linux with schedstat: the main thread ran (its name: python's)
+    if host_meter.sample():  # Linux with schedstat: the main thread ran (its name: python's)
         assert rank0["host_threads_ms"], rank0["host_threads_ms"]
 
 

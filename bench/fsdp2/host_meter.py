@@ -1,7 +1,11 @@
-"""Where a step's host time goes, thread by thread, and what Python's garbage
-collector takes of it. The main thread only runs the forward and the
-optimizer: the backward runs on autograd's device threads while the main
-thread waits, so a slow backward shows in their times, not in its own.
+"""Why a step's host part is slow: the main thread's CPU time in it (a
+thread that waits or is descheduled uses less than the wall time), its
+context switches (voluntary: it blocked; involuntary: it was preempted), the
+process's CPU time over the step (threads that spin), the time Python's
+collector took and, optionally, every thread's share. The main thread only
+runs the forward and the optimizer: the backward runs on autograd's device
+threads while the main thread waits, so a slow backward shows in their
+times, not in its own.
 
 Linux's /proc/<pid>/task/<tid>/schedstat gives each thread's time on a CPU
 and its time runnable but waiting for one (the host's other load), in ns.
@@ -13,6 +17,7 @@ from __future__ import annotations
 import collections
 import gc
 import os
+import resource
 import statistics
 import time
 
@@ -81,3 +86,50 @@ def summarize(per_step: list[dict[str, tuple[float, float]]], min_ms: float = 0.
         medians[name] = {"run_ms": round(statistics.median(runs), 3), "wait_ms": round(statistics.median(waits), 3)}
     busy = sorted((kv for kv in medians.items() if kv[1]["run_ms"] >= min_ms), key=lambda kv: -kv[1]["run_ms"])
     return dict(busy)
+
+
+def thread_usage():
+    """This thread's resource usage (Linux's RUSAGE_THREAD; the process's elsewhere)."""
+    return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
+
+
+class StepHostMeter:
+    """Call start() before a step, host_done() when its calls have returned,
+    step_done() after the device sync; results() gives per measured step
+    lists (and, with `threads`, per-thread medians: reading /proc costs the
+    host about a millisecond a step, taken outside the host part)."""
+
+    def __init__(self, threads: bool = False):
+        self._threads, self._gc = threads, GcTimer()
+        self._fields = {key: [] for key in ("host_cpu_ms", "process_cpu_ms", "host_voluntary_switches",
+                                            "host_involuntary_switches", "gc_ms", "gc_full_collections")}
+        self._thread_steps: list[dict] = []
+
+    def start(self, measured: bool) -> None:
+        self._measured = measured
+        self._thread_sample = sample() if self._threads and measured else None
+        self._gc_start, self._usage = self._gc.read(), thread_usage()
+        self._cpu, self._process_cpu = time.thread_time(), time.process_time()
+
+    def host_done(self) -> None:
+        self._host_cpu, self._usage_done, self._gc_done = time.thread_time(), thread_usage(), self._gc.read()
+        if self._thread_sample is not None:
+            self._thread_steps.append(delta_by_name(self._thread_sample, sample()))
+
+    def step_done(self) -> None:
+        process_done = time.process_time()
+        if not self._measured:
+            return
+        f = self._fields
+        f["host_cpu_ms"].append((self._host_cpu - self._cpu) * 1e3)
+        f["process_cpu_ms"].append((process_done - self._process_cpu) * 1e3)
+        f["host_voluntary_switches"].append(self._usage_done.ru_nvcsw - self._usage.ru_nvcsw)
+        f["host_involuntary_switches"].append(self._usage_done.ru_nivcsw - self._usage.ru_nivcsw)
+        f["gc_ms"].append(self._gc_done[0] - self._gc_start[0])
+        f["gc_full_collections"].append(self._gc_done[1] - self._gc_start[1])
+
+    def results(self) -> dict:
+        """The per-step lists, and "host_threads_ms" (None without `threads`);
+        stops timing the collector."""
+        self._gc.close()
+        return dict(self._fields, host_threads_ms=summarize(self._thread_steps) if self._thread_steps else None)
