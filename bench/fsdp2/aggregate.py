@@ -70,11 +70,11 @@ def per_rep(result: dict) -> dict:
         # the host's longest CUDA calls on the rank whose GPU idled most
         "host_api_ms": max(((p.get("gpu_idle_ms_per_step", 0.0), p.get("host_api_ms_per_step"))
                             for p in profiles if p and "host_api_ms_per_step" in p),
-                           default=(0.0, None))[1],
+                           key=lambda pair: pair[0], default=(0.0, None))[1],
         # the rank with the most exposed time: its longest exposed stretches
         "exposed_longest_ms": max(((p.get("exposed_comm_ms_per_step", 0.0), p.get("exposed_longest_ms"))
                                    for p in profiles if p and "exposed_longest_ms" in p),
-                                  default=(0.0, None))[1],
+                                  key=lambda pair: pair[0], default=(0.0, None))[1],
         "profile_errors": [p["error"] for p in profiles if p and "error" in p],
     }
 

@@ -23,21 +23,33 @@ def is_comm_kernel(name: str) -> bool:
     return "nccl" in lower or "symmpool" in lower
 
 
+def gpu_events(events: list[dict]) -> list[tuple[dict, bool]]:
+    """The kernels, memcpys and memsets of a Chrome trace, each with whether
+    it is communication (the module's rule); other events are left out."""
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    compute_streams = {_stream(e) for e in gpu if e["cat"] == "kernel" and not is_comm_kernel(e["name"])}
+
+    def is_comm(e: dict) -> bool:
+        if e["cat"] == "kernel":
+            return is_comm_kernel(e["name"])
+        if e["cat"] == "gpu_memcpy":
+            return "PtoP" in e["name"] or ("DtoD" in e["name"] and _stream(e) not in compute_streams)
+        return False
+
+    return [(e, is_comm(e)) for e in gpu]
+
+
+def interval(event: dict) -> tuple[float, float]:
+    start = float(event["ts"])
+    return start, start + float(event.get("dur", 0.0))
+
+
 def classify(events: list[dict]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
     """Chrome-trace GPU events -> (communication intervals, compute intervals),
     in microseconds. Events other than kernels, memcpys and memsets are ignored."""
-    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    compute_streams = {_stream(e) for e in gpu if e["cat"] == "kernel" and not is_comm_kernel(e["name"])}
     comm, compute = [], []
-    for e in gpu:
-        interval = (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
-        if e["cat"] == "kernel":
-            is_comm = is_comm_kernel(e["name"])
-        elif e["cat"] == "gpu_memcpy":
-            is_comm = "PtoP" in e["name"] or ("DtoD" in e["name"] and _stream(e) not in compute_streams)
-        else:
-            is_comm = False
-        (comm if is_comm else compute).append(interval)
+    for e, is_comm in gpu_events(events):
+        (comm if is_comm else compute).append(interval(e))
     return comm, compute
 
 
@@ -161,11 +173,13 @@ def profile_steps(step, steps: int, host_ops: bool = False, keep_trace: str | No
             raw = f.read()
     finally:
         os.unlink(path)
-    events = json.loads(raw)["traceEvents"]
+    summary = summarize(json.loads(raw)["traceEvents"], steps)
     if keep_trace:
-        with gzip.open(keep_trace, "wb") as f:
-            f.write(raw)
-    summary = summarize(events, steps)
+        try:
+            with gzip.open(keep_trace, "wb") as f:
+                f.write(raw)
+        except OSError as e:  # the summary stands without the file
+            summary["keep_trace_error"] = f"{keep_trace}: {e}"
     if host_ops:
         summary["host_ops"] = ops_by_host_time(prof.key_averages(), steps)
     return summary

@@ -1,7 +1,7 @@
 """Why a step's host part is slow: the main thread's CPU time in it (a
 thread that waits or is descheduled uses less than the wall time), its
 context switches (voluntary: it blocked; involuntary: it was preempted), the
-process's CPU time over the step (threads that spin), the time Python's
+process's CPU time in it (every thread's: the backward's too), the time Python's
 collector took and, optionally, every thread's share. The main thread only
 runs the forward and the optimizer: the backward runs on autograd's device
 threads while the main thread waits, so a slow backward shows in their
@@ -97,7 +97,8 @@ class StepHostMeter:
     """Call start() before a step, host_done() when its calls have returned,
     step_done() after the device sync; results() gives per measured step
     lists (and, with `threads`, per-thread medians: reading /proc costs the
-    host about a millisecond a step, taken outside the host part)."""
+    host about a millisecond a step, after the host part; it lengthens the
+    step only where the GPU is not behind the host)."""
 
     def __init__(self, threads: bool = False):
         self._threads, self._gc = threads, GcTimer()
@@ -112,17 +113,19 @@ class StepHostMeter:
         self._cpu, self._process_cpu = time.thread_time(), time.process_time()
 
     def host_done(self) -> None:
-        self._host_cpu, self._usage_done, self._gc_done = time.thread_time(), thread_usage(), self._gc.read()
+        self._host_cpu, self._process_done = time.thread_time(), time.process_time()
+        self._usage_done, self._gc_done = thread_usage(), self._gc.read()
         if self._thread_sample is not None:
             self._thread_steps.append(delta_by_name(self._thread_sample, sample()))
 
     def step_done(self) -> None:
-        process_done = time.process_time()
         if not self._measured:
             return
         f = self._fields
         f["host_cpu_ms"].append((self._host_cpu - self._cpu) * 1e3)
-        f["process_cpu_ms"].append((process_done - self._process_cpu) * 1e3)
+        # every thread's CPU in the host part: beyond host_cpu_ms, what the
+        # other threads (autograd's backward, NCCL's, symmpool's) used
+        f["process_cpu_ms"].append((self._process_done - self._process_cpu) * 1e3)
         f["host_voluntary_switches"].append(self._usage_done.ru_nvcsw - self._usage.ru_nvcsw)
         f["host_involuntary_switches"].append(self._usage_done.ru_nivcsw - self._usage.ru_nivcsw)
         f["gc_ms"].append(self._gc_done[0] - self._gc_start[0])

@@ -20,16 +20,11 @@ import comm_profile
 def gpu_items(events: list[dict]) -> list[dict]:
     """Kernels, copies and memsets, each with start, end, stream and whether
     it is communication, in start order."""
-    comm, _ = comm_profile.classify(events)
-    comm_spans = set(comm)
     items = []
-    for e in events:
-        if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
-            continue
-        start = float(e["ts"])
-        end = start + float(e.get("dur", 0.0))
+    for e, is_comm in comm_profile.gpu_events(events):
+        start, end = comm_profile.interval(e)
         items.append({"start": start, "end": end, "stream": e.get("args", {}).get("stream", e.get("tid")),
-                      "name": e["name"], "comm": (start, end) in comm_spans})
+                      "name": e["name"], "comm": is_comm})
     return sorted(items, key=lambda i: i["start"])
 
 

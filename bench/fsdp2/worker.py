@@ -209,7 +209,7 @@ def run(args) -> dict:
         # their size there); measured steps sample once, outside the timing.
         step(i, phases=not measured)
         host_done = time.perf_counter()  # the host's part: every call of the step has returned
-        meter.host_done()  # outside the host time; inside the step's only while the GPU is behind
+        meter.host_done()  # after the host time; in the step's only where the GPU is not behind
         sync()
         end = time.perf_counter()
         meter.step_done()
@@ -221,8 +221,9 @@ def run(args) -> dict:
     host_diagnostics = meter.results()
     exchanges_after = heap_exchanges()
     # A steady step should need none: each one waits for the peers' hosts.
-    exchanges_per_step = (None if exchanges_before is None or exchanges_after is None or not step_ms else
-                          (exchanges_after - exchanges_before) / len(step_ms))
+    # Without warm-up the first step's heap formation would count: none then.
+    exchanges_per_step = (None if exchanges_before is None or exchanges_after is None or not step_ms
+                          or args.warmup == 0 else (exchanges_after - exchanges_before) / len(step_ms))
     phase("steps_s")
     profile = None
     if args.profile_steps and device.type == "cuda":

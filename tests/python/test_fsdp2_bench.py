@@ -186,6 +186,16 @@ def test_aggregation_has_the_issue_shape_and_numbers():
     assert aggregate.host_bound_lines([config]) == []
 
 
+def test_ranks_tied_on_the_profile_still_aggregate():
+    result = fake_result([100, 100, 100], LOSSES, 1 << 30)
+    for r in result["ranks"]:  # equal on both ranks: the pick must not compare the dicts
+        r["profile"].update(exposed_comm_ms_per_step=2.0, gpu_idle_ms_per_step=1.0,
+                            host_api_ms_per_step={"cudaLaunchKernel": 7.0})
+    [config] = aggregate.aggregate([record("stock", 0, result)])
+    [stock] = config["runs"]
+    assert stock["host_api_ms_per_rep"] == [{"cudaLaunchKernel": 7.0}] and stock["gpu_idle_ms_median"] == 1.0
+
+
 def test_a_mode_whose_host_time_fills_the_step_is_reported_host_bound():
     [config] = aggregate.aggregate(RECORDS)
     stock = config["runs"][0]
@@ -320,6 +330,10 @@ def test_trace_gaps_names_what_ran_around_each_idle_stretch(tmp_path, capsys):
     assert [(g["us"], g["after"]["name"], g["before"]["name"]) for g in gaps] == [
         (15, "ncclDevKernel_AllGather", "gemm"), (5, "gemm", "Memcpy PtoP (Device -> Device)"),
         (1, "Memcpy PtoP (Device -> Device)", "gemm")]
+    # an NCCL kernel and a GEMM with the same span keep their own kinds
+    same_span = trace_gaps.gpu_items([ev("kernel", "ncclDevKernel_AllGather", 0, 10, 20),
+                                      ev("kernel", "gemm", 0, 10, 7)])
+    assert [i["comm"] for i in same_span] == [True, False]
     path = tmp_path / "t.rank0.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)
