@@ -341,6 +341,17 @@ def test_trace_gaps_names_what_ran_around_each_idle_stretch(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "idle 0.02 ms in 3 gaps" in text and "0.015 ms at    0.025" in text
     assert "comm on stream 21: Memcpy PtoP" in text
+    # the peer started its second communication item 12 us later (from its first) than we did ours
+    peer = [ev("kernel", "ncclDevKernel_AllGather", 100, 20, 20), ev("gpu_memcpy", "Memcpy PtoP (Device -> Device)",
+                                                                    157, 30, 21)]
+    pairs = trace_gaps.paired_comm(items, trace_gaps.gpu_items(peer))
+    assert [(p["index"], p["at_us"], p["lag_us"]) for p in pairs] == [(0, 0, 0), (1, 45, 12)]
+    peer_path = tmp_path / "t.rank1.json.gz"
+    with gzip.open(peer_path, "wt") as f:
+        json.dump({"traceEvents": peer}, f)
+    trace_gaps.main([str(path), "--peer", str(peer_path), "--top", "1"])
+    text = capsys.readouterr().out
+    assert "communication items: 2 here, 2 on the peer" in text and "#1 at    0.045 ms, lag   +0.012" in text
 
 
 def test_host_ops_rank_by_own_and_by_total_time_per_step():
