@@ -13,12 +13,12 @@ import statistics
 
 import numpy
 
+import host_meter
 from configs import MODES, model_fields, parse_config
 
 GIB = 2**30
-# Per-step host measurements that say why a host is slow (worker.py)
-HOST_DIAGNOSTICS = ("host_cpu_ms", "process_cpu_ms", "host_voluntary_switches", "host_involuntary_switches", "gc_ms",
-                    "gc_full_collections")
+# Per-step host measurements that say why a host is slow (host_meter.py)
+HOST_DIAGNOSTICS = host_meter.FIELDS
 # A mode whose host time (until the step's calls return) is at least this
 # share of its step is host-bound: its step time measures the host, not the
 # collectives, and these hosts' speeds differ by up to 1.5x.
@@ -37,19 +37,29 @@ def _max_present(values):
     return max(present) if present else None
 
 
+def slowest(ranks: list[dict], key: str) -> list:
+    """Per step, the largest of the ranks' `key` values."""
+    return [max(r[key][i] for r in ranks) for i in range(len(ranks[0][key]))]
+
+
+def of_the_profile_with_most(profiles: list, rank_by: str, key: str):
+    """`key` of the rank profile with the largest `rank_by` (None where no
+    profile has `key`); ties pick one without comparing the values."""
+    return max(((p.get(rank_by, 0.0), p[key]) for p in profiles if p and key in p),
+               key=lambda pair: pair[0], default=(0.0, None))[1]
+
+
 def per_rep(result: dict) -> dict:
     """One repetition's numbers: per step the slowest rank, per quantity the
     largest over ranks."""
     ranks = result["ranks"]
-    steps = len(ranks[0]["step_ms"])
     profiles = [r.get("profile") for r in ranks]
     symm = [r.get("symmpool") for r in ranks]
     return {
-        "step_ms": [max(r["step_ms"][i] for r in ranks) for i in range(steps)],
-        "host_ms": [max(r["host_ms"][i] for r in ranks) for i in range(steps)],
+        "step_ms": slowest(ranks, "step_ms"),
+        "host_ms": slowest(ranks, "host_ms"),
         # results before 2026-11-26 lack these; per step, the rank that used most
-        **{key: [max(r[key][i] for r in ranks) for i in range(steps)] if all(key in r for r in ranks) else []
-           for key in HOST_DIAGNOSTICS},
+        **{key: slowest(ranks, key) if all(key in r for r in ranks) else [] for key in HOST_DIAGNOSTICS},
         "device_peak_bytes": _max_present(r.get("device_peak_bytes") for r in ranks),
         "device_baseline_bytes": _max_present(r.get("device_baseline_bytes") for r in ranks),
         # what the model and training added to what the process held before the model
@@ -68,13 +78,9 @@ def per_rep(result: dict) -> dict:
         "compute_ms": _max_present((p or {}).get("compute_ms_per_step") for p in profiles),
         "gpu_idle_ms": _max_present((p or {}).get("gpu_idle_ms_per_step") for p in profiles),
         # the host's longest CUDA calls on the rank whose GPU idled most
-        "host_api_ms": max(((p.get("gpu_idle_ms_per_step", 0.0), p.get("host_api_ms_per_step"))
-                            for p in profiles if p and "host_api_ms_per_step" in p),
-                           key=lambda pair: pair[0], default=(0.0, None))[1],
+        "host_api_ms": of_the_profile_with_most(profiles, "gpu_idle_ms_per_step", "host_api_ms_per_step"),
         # the rank with the most exposed time: its longest exposed stretches
-        "exposed_longest_ms": max(((p.get("exposed_comm_ms_per_step", 0.0), p.get("exposed_longest_ms"))
-                                   for p in profiles if p and "exposed_longest_ms" in p),
-                                  key=lambda pair: pair[0], default=(0.0, None))[1],
+        "exposed_longest_ms": of_the_profile_with_most(profiles, "exposed_comm_ms_per_step", "exposed_longest_ms"),
         "profile_errors": [p["error"] for p in profiles if p and "error" in p],
     }
 

@@ -27,13 +27,13 @@ def gpu_events(events: list[dict]) -> list[tuple[dict, bool]]:
     """The kernels, memcpys and memsets of a Chrome trace, each with whether
     it is communication (the module's rule); other events are left out."""
     gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    compute_streams = {_stream(e) for e in gpu if e["cat"] == "kernel" and not is_comm_kernel(e["name"])}
+    compute_streams = {stream_of(e) for e in gpu if e["cat"] == "kernel" and not is_comm_kernel(e["name"])}
 
     def is_comm(e: dict) -> bool:
         if e["cat"] == "kernel":
             return is_comm_kernel(e["name"])
         if e["cat"] == "gpu_memcpy":
-            return "PtoP" in e["name"] or ("DtoD" in e["name"] and _stream(e) not in compute_streams)
+            return "PtoP" in e["name"] or ("DtoD" in e["name"] and stream_of(e) not in compute_streams)
         return False
 
     return [(e, is_comm(e)) for e in gpu]
@@ -53,7 +53,8 @@ def classify(events: list[dict]) -> tuple[list[tuple[float, float]], list[tuple[
     return comm, compute
 
 
-def _stream(event: dict):
+def stream_of(event: dict):
+    """The stream a trace's GPU event ran on (its thread id in older traces)."""
     args = event.get("args", {})
     return args.get("stream", event.get("tid"))
 

@@ -93,6 +93,11 @@ def thread_usage():
     return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
 
 
+# The per-step lists StepHostMeter.results() gives (aggregate.py summarizes them).
+FIELDS = ("host_cpu_ms", "process_cpu_ms", "host_voluntary_switches", "host_involuntary_switches", "gc_ms",
+          "gc_full_collections")
+
+
 class StepHostMeter:
     """Call start() before a step, host_done() when its calls have returned,
     step_done() after the device sync; results() gives per measured step
@@ -102,8 +107,7 @@ class StepHostMeter:
 
     def __init__(self, threads: bool = False):
         self._threads, self._gc = threads, GcTimer()
-        self._fields = {key: [] for key in ("host_cpu_ms", "process_cpu_ms", "host_voluntary_switches",
-                                            "host_involuntary_switches", "gc_ms", "gc_full_collections")}
+        self._fields = {key: [] for key in FIELDS}
         self._thread_steps: list[dict] = []
 
     def start(self, measured: bool) -> None:

@@ -27,7 +27,7 @@ def gpu_items(events: list[dict]) -> list[dict]:
     items = []
     for e, is_comm in comm_profile.gpu_events(events):
         start, end = comm_profile.interval(e)
-        items.append({"start": start, "end": end, "stream": e.get("args", {}).get("stream", e.get("tid")),
+        items.append({"start": start, "end": end, "stream": comm_profile.stream_of(e),
                       "name": e["name"], "comm": is_comm})
     return sorted(items, key=lambda i: i["start"])
 
@@ -54,7 +54,8 @@ def paired_comm(items: list[dict], peer_items: list[dict]) -> list[dict]:
         return []
     origin, peer_origin = mine[0]["start"], theirs[0]["start"]
     return [{"index": n, "mine": a, "theirs": b, "at_us": a["start"] - origin,
-             "lag_us": (b["start"] - peer_origin) - (a["start"] - origin)} for n, (a, b) in enumerate(zip(mine, theirs))]
+             "lag_us": (b["start"] - peer_origin) - (a["start"] - origin)}
+            for n, (a, b) in enumerate(zip(mine, theirs))]
 
 
 def describe(item: dict | None) -> str:
