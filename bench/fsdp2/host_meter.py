@@ -8,8 +8,11 @@ threads while the main thread waits, so a slow backward shows in their
 times, not in its own.
 
 Linux's /proc/<pid>/task/<tid>/schedstat gives each thread's time on a CPU
-and its time runnable but waiting for one (the host's other load), in ns.
-Elsewhere `sample()` returns {} and the times stay empty.
+and its time runnable but waiting for one (the host's other load), in ns;
+its stat gives the thread's minor page faults (a large temporary buffer that
+malloc maps afresh faults in every page each time: pure CPU time that shows
+in no profiler op but the one that touched it). Elsewhere `sample()` returns
+{} and the times stay empty.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import statistics
 import time
 
 
-def sample() -> dict[int, tuple[str, int, int]]:
-    """tid -> (thread name, ns on a CPU, ns waiting for a CPU)."""
+def sample() -> dict[int, tuple[str, int, int, int]]:
+    """tid -> (thread name, ns on a CPU, ns waiting for a CPU, minor faults)."""
     base = f"/proc/{os.getpid()}/task"
     out = {}
     try:
@@ -36,21 +39,25 @@ def sample() -> dict[int, tuple[str, int, int]]:
                 name = f.read().strip()
             with open(f"{base}/{tid}/schedstat") as f:
                 run_ns, wait_ns = (int(x) for x in f.read().split()[:2])
-        except (OSError, ValueError):  # the thread ended meanwhile, or no schedstat
+            with open(f"{base}/{tid}/stat") as f:  # after the name's ")": state is field 3, minflt field 10
+                minor_faults = int(f.read().rsplit(")", 1)[1].split()[7])
+        except (OSError, ValueError, IndexError):  # the thread ended meanwhile, or no schedstat
             continue
-        out[int(tid)] = (name, run_ns, wait_ns)
+        out[int(tid)] = (name, run_ns, wait_ns, minor_faults)
     return out
 
 
-def delta_by_name(before: dict, after: dict) -> dict[str, tuple[float, float]]:
-    """Milliseconds on a CPU and waiting for one between two samples, summed
-    over the threads of each name (threads born in between count from 0)."""
-    out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
-    for tid, (name, run_ns, wait_ns) in after.items():
-        _, run0, wait0 = before.get(tid, (name, 0, 0))
+def delta_by_name(before: dict, after: dict) -> dict[str, tuple[float, float, int]]:
+    """Milliseconds on a CPU and waiting for one, and minor faults, between
+    two samples, summed over the threads of each name (threads born in
+    between count from 0)."""
+    out: dict[str, list] = collections.defaultdict(lambda: [0.0, 0.0, 0])
+    for tid, (name, run_ns, wait_ns, faults) in after.items():
+        _, run0, wait0, faults0 = before.get(tid, (name, 0, 0, 0))
         out[name][0] += (run_ns - run0) * 1e-6
         out[name][1] += (wait_ns - wait0) * 1e-6
-    return {name: (run, wait) for name, (run, wait) in out.items()}
+        out[name][2] += faults - faults0
+    return {name: tuple(v) for name, v in out.items()}
 
 
 class GcTimer:
@@ -75,15 +82,17 @@ class GcTimer:
         gc.callbacks.remove(self._callback)
 
 
-def summarize(per_step: list[dict[str, tuple[float, float]]], min_ms: float = 0.5) -> dict:
+def summarize(per_step: list[dict[str, tuple[float, float, int]]], min_ms: float = 0.5) -> dict:
     """Per-step medians by thread name, of the threads that ran at least
-    `min_ms` in a median step, busiest first: {name: {"run_ms", "wait_ms"}}."""
+    `min_ms` in a median step, busiest first:
+    {name: {"run_ms", "wait_ms", "minor_faults"}}."""
     names = {name for step in per_step for name in step}
     medians = {}
     for name in names:
-        runs = [step.get(name, (0.0, 0.0))[0] for step in per_step]
-        waits = [step.get(name, (0.0, 0.0))[1] for step in per_step]
-        medians[name] = {"run_ms": round(statistics.median(runs), 3), "wait_ms": round(statistics.median(waits), 3)}
+        steps = [step.get(name, (0.0, 0.0, 0)) for step in per_step]
+        medians[name] = {"run_ms": round(statistics.median(s[0] for s in steps), 3),
+                         "wait_ms": round(statistics.median(s[1] for s in steps), 3),
+                         "minor_faults": statistics.median(s[2] for s in steps)}
     busy = sorted((kv for kv in medians.items() if kv[1]["run_ms"] >= min_ms), key=lambda kv: -kv[1]["run_ms"])
     return dict(busy)
 

@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -128,6 +129,11 @@ def test_child_environment_sets_the_mode_and_keeps_multicast_off(monkeypatch):
         assert env.get("SYMMPOOL_COLLECTIVES") == expected, mode
         assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
         assert env["NVSHMEM_DISABLE_NVLS"] == "1"
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    assert run.child_env("stock")["GLIBC_TUNABLES"] == run.MALLOC_KEEPS_BUFFERS  # the same malloc in every mode
+    assert "GLIBC_TUNABLES" not in run.child_env("symm", keep_malloc_buffers=False)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")  # the caller's own stays
+    assert run.child_env("symm")["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
 
 
 def test_the_commit_stamp_can_come_from_the_environment(monkeypatch):
@@ -278,19 +284,23 @@ def test_exposed_communication_is_what_no_compute_covers():
 def test_host_meter_splits_the_host_by_thread_name_and_times_the_collector():
     import gc
 
-    before = {1: ("python3", 1_000_000, 0), 2: ("pt_autograd_0", 5_000_000, 1_000_000)}
-    after = {1: ("python3", 3_000_000, 500_000), 2: ("pt_autograd_0", 45_000_000, 1_000_000),
-             3: ("pt_autograd_0", 2_000_000, 0)}  # born in between: counts from 0
+    before = {1: ("python3", 1_000_000, 0, 10), 2: ("pt_autograd_0", 5_000_000, 1_000_000, 100)}
+    after = {1: ("python3", 3_000_000, 500_000, 10), 2: ("pt_autograd_0", 45_000_000, 1_000_000, 1700),
+             3: ("pt_autograd_0", 2_000_000, 0, 5)}  # born in between: counts from 0
     step = host_meter.delta_by_name(before, after)
-    assert step == {"python3": pytest.approx((2.0, 0.5)), "pt_autograd_0": pytest.approx((42.0, 0.0))}
-    summary = host_meter.summarize([step, dict(step, python3=(0.2, 0.0)), step], min_ms=1.0)
+    assert step == {"python3": pytest.approx((2.0, 0.5, 0)), "pt_autograd_0": pytest.approx((42.0, 0.0, 1605))}
+    summary = host_meter.summarize([step, dict(step, python3=(0.2, 0.0, 3)), step], min_ms=1.0)
     assert list(summary) == ["pt_autograd_0", "python3"]
-    assert summary["python3"] == {"run_ms": 2.0, "wait_ms": 0.5}
-    assert "pt_autograd_0" in host_meter.summarize([{"pt_autograd_0": (42.0, 0.0)}]) and \
-        host_meter.summarize([{"idle": (0.1, 0.0)}]) == {}
+    assert summary["python3"] == {"run_ms": 2.0, "wait_ms": 0.5, "minor_faults": 0}
+    assert summary["pt_autograd_0"]["minor_faults"] == 1605
+    assert "pt_autograd_0" in host_meter.summarize([{"pt_autograd_0": (42.0, 0.0, 0)}]) and \
+        host_meter.summarize([{"idle": (0.1, 0.0, 0)}]) == {}
     me = host_meter.sample()
     if me:  # Linux with schedstat: this thread is there, and it has run
-        assert any(run > 0 for _, run, _ in me.values())
+        assert any(run > 0 for _, run, _, _ in me.values())
+        before = me[threading.get_native_id()][3]
+        touched = bytearray(64 << 20)  # 64 MiB: malloc maps it afresh, and zeroing it faults in every page
+        assert host_meter.sample()[threading.get_native_id()][3] - before >= len(touched) // (2 << 20)
     timer = host_meter.GcTimer()
     try:
         gc.collect()
@@ -430,6 +440,7 @@ def test_two_process_stock_run_of_the_tiny_model_on_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
     assert doc["context"]["ranks"] == 2 and doc["context"]["device"] == "cpu"
+    assert "GLIBC_TUNABLES" in doc["context"]["env"]  # the malloc every run had is on record
     [config] = doc["configs"]
     [stock] = config["runs"]
     assert REQUIRED_RUN_KEYS <= stock.keys() and stock["reps"] == 2 and stock["failures"] == []
