@@ -144,7 +144,18 @@ class Llama(nn.Module):
                                                                     device=device) * std)
 
 
+def compile_blocks(model: Llama, backend: str = "inductor") -> None:
+    """torch.compile every block in place, as torchtitan does before
+    fully_shard: each block becomes a compiled wrapper that FSDP2 then shards
+    (its hooks and collectives run outside the compiled code)."""
+    for index, block in model.layers.named_children():
+        model.layers.register_module(index, torch.compile(block, backend=backend, fullgraph=True))
+
+
 def _param_seed(seed: int, name: str) -> int:
+    # a compiled block's parameters are named through its wrapper: the same
+    # weights with or without compile
+    name = name.replace("._orig_mod.", ".")
     return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
 
 

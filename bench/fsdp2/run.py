@@ -76,6 +76,9 @@ def parse_args(argv=None):
                         "steps (in each run's record; docs/fsdp2_flag_memory.md)")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels in every run (for loss comparisons; may cost speed)")
+    p.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
+                   help="torch.compile every block in every run, as torchtitan does (default backend: inductor): "
+                        "fewer, fused kernels, so less host time per step")
     p.add_argument("--nproc", type=int, help="processes per run (default: every visible GPU; 2 with --device cpu)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--out", "--json", dest="out",
@@ -191,6 +194,7 @@ def launch(rep: int, config, mode: str, args, log_dir: str, timeout: float) -> d
            "--seq", str(config.seq), "--mode", mode, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--profile-steps", str(args.profile_steps), "--seed", str(args.seed), "--device", args.device,
            "--out", out] + (["--deterministic"] if args.deterministic else []) + (
+               ["--compile", args.compile] if args.compile else []) + (
                ["--memory-trace", str(args.memory_trace)] if args.memory_trace else []) + (
                ["--host-ops"] if args.host_ops else []) + (["--host-threads"] if args.host_threads else []) + (
                ["--keep-trace", os.path.join(log_dir, stem)] if args.keep_traces else [])
@@ -349,7 +353,7 @@ def main(argv=None) -> int:
         "host": socket.gethostname(), "symmpool_commit": symmpool_commit(),
         "env": {k: v for k, v in sorted(child_env("stock", args.deterministic, args.glibc_malloc == "keep").items()) if k.startswith(ENV_OF_NOTE)},
         "command": [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:] if argv is None else ["run.py"] + argv,
-        "steps": args.steps, "warmup": args.warmup, "profile_steps": args.profile_steps, "seed": args.seed,
+        "steps": args.steps, "warmup": args.warmup, "compile": args.compile, "profile_steps": args.profile_steps, "seed": args.seed,
         "modes": args.modes, "log_dir": log_dir,
     }
     runs = plan(args.configs, args.modes, args.reps)

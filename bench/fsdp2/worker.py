@@ -57,6 +57,9 @@ def parse_args(argv=None):
                         "/proc costs the host about a millisecond a step, outside the host time)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
+                   help="torch.compile each block before sharding it, as torchtitan does (default backend: "
+                        "inductor); FSDP2's hooks and collectives stay outside the compiled code")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels (run.py also sets CUBLAS_WORKSPACE_CONFIG): for loss comparisons")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
@@ -104,6 +107,8 @@ def make_mesh(args, device) -> DeviceMesh:
 
 def build_model(args, mesh, device):
     model = llama.build_on_meta(args.preset, args.seq)
+    if args.compile:
+        llama.compile_blocks(model, args.compile)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.layers:
         fully_shard(block, mesh=mesh, mp_policy=mp)
@@ -261,6 +266,8 @@ def run(args) -> dict:
         "symmpool": symmpool_stats(device),
         "profile": profile,
         "phases_s": phases,
+        # graphs dynamo compiled (one for every block shares it; more means recompiles)
+        "compiled_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] if args.compile else None,
     }
     if trace is not None:
         mine["memory_trace"] = trace.close()

@@ -465,6 +465,29 @@ def test_two_process_stock_run_of_the_tiny_model_on_cpu(tmp_path):
         assert rank0["host_threads_ms"], rank0["host_threads_ms"]
 
 
+def test_compiled_blocks_train_the_same_model_as_eager_ones(tmp_path):
+    """--compile wraps each block before fully_shard: the same weights (a
+    wrapped parameter's name seeds as the plain one), the same losses, and
+    dynamo did compile (aot_eager on CPU: no C++ toolchain needed)."""
+    losses = {}
+    for label, extra in (("eager", []), ("compiled", ["--compile", "aot_eager"])):
+        out = tmp_path / f"{label}.json"
+        proc = subprocess.run(
+            [sys.executable, str(BENCH / "run.py"), "--device", "cpu", "--nproc", "2", "--configs", "tiny-b2s32",
+             "--modes", "stock", "--reps", "1", "--steps", "2", "--warmup", "1", "--profile-steps", "0",
+             "--out", str(out), "--log-dir", str(tmp_path / label), "--no-plot"] + extra,
+            capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        doc = json.loads(out.read_text())
+        rank0 = doc["records"][0]["result"]["ranks"][0]
+        losses[label] = rank0["losses"]
+        if extra:
+            assert doc["context"]["compile"] == "aot_eager" and rank0["compiled_graphs"] >= 1, rank0
+        else:
+            assert doc["context"]["compile"] is None and rank0["compiled_graphs"] is None
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-5), losses
+
+
 def test_a_failed_profiler_is_reported_and_keeps_the_measured_steps():
     result = fake_result([100, 100, 100], LOSSES, 1 << 30)
     for r in result["ranks"]:
