@@ -46,9 +46,9 @@ ENV_OF_NOTE = ("NCCL_", "SYMMPOOL_", "TORCH_NCCL_", "TORCH_SYMM_MEM_", "NVSHMEM_
 # gradient). glibc serves blocks that big with a fresh mmap unless its dynamic
 # threshold has risen past them, which depends on each process's history: a
 # run either reuses heap memory or faults in every page every call (17,673
-# faults and +45 ms of backward CPU per step on wide4b, in stock and flag modes
-# alike). Keeping such blocks in the heap in every mode makes runs comparable;
-# --glibc-malloc default measures without it.
+# faults and +45 ms of backward CPU per step on wide4b, in stock runs as in
+# flag-mode ones). Keeping such blocks in the heap in every mode makes runs
+# comparable; --glibc-malloc default measures without it.
 MALLOC_KEEPS_BUFFERS = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
 LOG_TAIL_CHARS = 4000
 
@@ -78,7 +78,7 @@ def parse_args(argv=None):
                    help="deterministic kernels in every run (for loss comparisons; may cost speed)")
     p.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
                    help="torch.compile every block in every run, as torchtitan does (default backend: inductor): "
-                        "fewer, fused kernels, so less host time per step")
+                        "fewer, fused kernels to launch, for shapes host-bound in eager mode")
     p.add_argument("--nproc", type=int, help="processes per run (default: every visible GPU; 2 with --device cpu)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--out", "--json", dest="out",
@@ -90,8 +90,9 @@ def parse_args(argv=None):
                    help="seconds: launch no run that would likely end past it (estimated from finished runs)")
     p.add_argument("--loss-rtol", type=float, help="fail if a mode's losses differ from stock's beyond this")
     p.add_argument("--glibc-malloc", choices=["keep", "default"], default="keep",
-                   help="keep: every run's malloc keeps blocks up to 32 MiB in its heap (GLIBC_TUNABLES, unless "
-                        "set already), so no run pays page faults another does not; default: glibc's own")
+                   help="keep: every run's malloc keeps blocks up to 32 MiB in its heap (GLIBC_TUNABLES, added to the "
+                        "caller's unless it sets a malloc threshold), so no run pays page faults another does "
+                        "not; default: GLIBC_TUNABLES as the caller set it")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="combine result files into --out; runs nothing")
     args = p.parse_args(argv)
@@ -158,7 +159,9 @@ def plan(configs, modes, reps) -> list[tuple[int, object, str]]:
 def child_env(mode: str, deterministic: bool = False, keep_malloc_buffers: bool = True) -> dict:
     env = dict(os.environ)
     if keep_malloc_buffers:
-        env.setdefault("GLIBC_TUNABLES", MALLOC_KEEPS_BUFFERS)
+        theirs = env.get("GLIBC_TUNABLES", "")
+        if "glibc.malloc.mmap_threshold" not in theirs:  # a caller's own threshold wins
+            env["GLIBC_TUNABLES"] = f"{theirs}:{MALLOC_KEEPS_BUFFERS}" if theirs else MALLOC_KEEPS_BUFFERS
     if deterministic:
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS's condition for deterministic GEMMs
     env.pop("SYMMPOOL_COLLECTIVES", None)
@@ -297,6 +300,14 @@ def report(doc: dict, path: str, loss_rtol: float | None, plot: bool) -> int:
     return 1 if failures or problems else 0
 
 
+def merge_keys(context: dict) -> dict:
+    """What runs must share to be aggregated as one (config, mode): the
+    machine, compiled or not, and the malloc they ran with (files from before
+    a key existed read None for it, which is what they ran with)."""
+    return {"gpu": context.get("gpu"), "ranks": context.get("ranks"), "device": context.get("device"),
+            "compile": context.get("compile"), "GLIBC_TUNABLES": context.get("env", {}).get("GLIBC_TUNABLES")}
+
+
 def merge(paths: list[str], out: str) -> dict:
     docs = []
     for path in paths:
@@ -304,10 +315,10 @@ def merge(paths: list[str], out: str) -> dict:
             docs.append(json.load(f))
     first = docs[0]["context"]
     for path, doc in zip(paths, docs):
-        for key in ("gpu", "ranks", "device"):
-            if doc["context"].get(key) != first.get(key):
-                raise SystemExit(f"cannot merge {path}: its {key} is {doc['context'].get(key)!r}, "
-                                 f"{paths[0]}'s is {first.get(key)!r}")
+        for key, value in merge_keys(doc["context"]).items():
+            if value != merge_keys(first)[key]:
+                raise SystemExit(f"cannot merge {path}: its {key} is {value!r}, "
+                                 f"{paths[0]}'s is {merge_keys(first)[key]!r}")
     records, not_run, merged_from, dates = [], [], [], set()
     for path, doc in zip(paths, docs):
         source = os.path.basename(path)

@@ -132,8 +132,11 @@ def test_child_environment_sets_the_mode_and_keeps_multicast_off(monkeypatch):
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     assert run.child_env("stock")["GLIBC_TUNABLES"] == run.MALLOC_KEEPS_BUFFERS  # the same malloc in every mode
     assert "GLIBC_TUNABLES" not in run.child_env("symm", keep_malloc_buffers=False)
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")  # the caller's own stays
-    assert run.child_env("symm")["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0")  # the caller's other tunables stay beside it
+    assert run.child_env("symm")["GLIBC_TUNABLES"] == "glibc.pthread.rseq=0:" + run.MALLOC_KEEPS_BUFFERS
+    assert run.child_env("symm", keep_malloc_buffers=False)["GLIBC_TUNABLES"] == "glibc.pthread.rseq=0"
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")  # a caller's own threshold wins
+    assert run.child_env("symm")["GLIBC_TUNABLES"] == "glibc.malloc.mmap_threshold=65536"
 
 
 def test_the_commit_stamp_can_come_from_the_environment(monkeypatch):
@@ -241,6 +244,14 @@ def test_documents_merge_and_machines_must_match(tmp_path):
     other = tmp_path / "c.json"
     run.write_json(str(other), run.document(dict(context, gpu="h100"), RECORDS[:1], []))
     with pytest.raises(SystemExit, match="its gpu is .h100."):
+        run.merge([str(a), str(other)], str(tmp_path / "n.json"))
+    # compiled runs, or runs with another malloc, are not the same measurement
+    run.write_json(str(other), run.document(dict(context, compile="inductor"), RECORDS[:1], []))
+    with pytest.raises(SystemExit, match="its compile is .inductor."):
+        run.merge([str(a), str(other)], str(tmp_path / "n.json"))
+    run.write_json(str(other), run.document(dict(context, env={"GLIBC_TUNABLES": run.MALLOC_KEEPS_BUFFERS}),
+                                            RECORDS[:1], []))
+    with pytest.raises(SystemExit, match="its GLIBC_TUNABLES is"):
         run.merge([str(a), str(other)], str(tmp_path / "n.json"))
 
 
