@@ -172,6 +172,11 @@ def child_env(mode: str, deterministic: bool = False, keep_malloc_buffers: bool 
     return env
 
 
+def run_env(mode: str, args) -> dict:
+    """child_env for one run of this invocation."""
+    return child_env(mode, args.deterministic, args.glibc_malloc == "keep")
+
+
 def symmpool_commit() -> str | None:
     """$SYMMPOOL_COMMIT where set (a copy whose .git is older than its files,
     as on the lent GPU machines), else HEAD, "-dirty" when tracked files differ."""
@@ -207,7 +212,7 @@ def launch(rep: int, config, mode: str, args, log_dir: str, timeout: float) -> d
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
-        proc = subprocess.Popen(cmd, env=child_env(mode, args.deterministic, args.glibc_malloc == "keep"), stdout=f, stderr=subprocess.STDOUT, cwd=HERE,
+        proc = subprocess.Popen(cmd, env=run_env(mode, args), stdout=f, stderr=subprocess.STDOUT, cwd=HERE,
                                 start_new_session=True)  # its own process group: a timeout kills every rank
         try:
             record["returncode"] = proc.wait(timeout=timeout)
@@ -314,11 +319,11 @@ def merge(paths: list[str], out: str) -> dict:
         with open(path) as f:
             docs.append(json.load(f))
     first = docs[0]["context"]
+    shared = merge_keys(first)
     for path, doc in zip(paths, docs):
         for key, value in merge_keys(doc["context"]).items():
-            if value != merge_keys(first)[key]:
-                raise SystemExit(f"cannot merge {path}: its {key} is {value!r}, "
-                                 f"{paths[0]}'s is {merge_keys(first)[key]!r}")
+            if value != shared[key]:
+                raise SystemExit(f"cannot merge {path}: its {key} is {value!r}, {paths[0]}'s is {shared[key]!r}")
     records, not_run, merged_from, dates = [], [], [], set()
     for path, doc in zip(paths, docs):
         source = os.path.basename(path)
@@ -362,7 +367,7 @@ def main(argv=None) -> int:
         "torch": info["torch"], "cuda": info["cuda"], "nccl": info["nccl"],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(), "symmpool_commit": symmpool_commit(),
-        "env": {k: v for k, v in sorted(child_env("stock", args.deterministic, args.glibc_malloc == "keep").items()) if k.startswith(ENV_OF_NOTE)},
+        "env": {k: v for k, v in sorted(run_env("stock", args).items()) if k.startswith(ENV_OF_NOTE)},
         "command": [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:] if argv is None else ["run.py"] + argv,
         "steps": args.steps, "warmup": args.warmup, "compile": args.compile, "profile_steps": args.profile_steps, "seed": args.seed,
         "modes": args.modes, "log_dir": log_dir,
