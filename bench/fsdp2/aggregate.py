@@ -23,6 +23,8 @@ HOST_DIAGNOSTICS = host_meter.FIELDS
 # share of its step is host-bound: its step time measures the host, not the
 # collectives, and these hosts' speeds differ by up to 1.5x.
 HOST_BOUND_FRACTION = 0.9
+# What kept compute off the GPU while communication was exposed (comm_profile.exposed_by_cause)
+EXPOSED_CAUSES = ("host_late", "comm_bound", "unattributed")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -81,6 +83,10 @@ def per_rep(result: dict) -> dict:
         "host_api_ms": of_the_profile_with_most(profiles, "gpu_idle_ms_per_step", "host_api_ms_per_step"),
         # the rank with the most exposed time: its longest exposed stretches
         "exposed_longest_ms": of_the_profile_with_most(profiles, "exposed_comm_ms_per_step", "exposed_longest_ms"),
+        # and why its compute was off the GPU then (results before 2026-11-27 lack these)
+        **{f"exposed_{cause}_ms": of_the_profile_with_most(profiles, "exposed_comm_ms_per_step",
+                                                           f"exposed_{cause}_ms_per_step")
+           for cause in EXPOSED_CAUSES},
         "profile_errors": [p["error"] for p in profiles if p and "error" in p],
     }
 
@@ -127,6 +133,8 @@ def aggregate_mode(mode: str, records: list[dict], reference: dict | None) -> di
         "comm_ms_median": _median_or_none(rep["comm_ms"] for rep in reps),
         "compute_ms_median": _median_or_none(rep["compute_ms"] for rep in reps),
         "exposed_longest_ms_per_rep": [rep["exposed_longest_ms"] for rep in reps],
+        **{f"exposed_{cause}_ms_median": _median_or_none(rep[f"exposed_{cause}_ms"] for rep in reps)
+           for cause in EXPOSED_CAUSES},
         "gpu_idle_ms_median": _median_or_none(rep["gpu_idle_ms"] for rep in reps),
         "host_api_ms_per_rep": [rep["host_api_ms"] for rep in reps],
         "device_peak_bytes": _max_present(rep["device_peak_bytes"] for rep in reps),
@@ -230,4 +238,9 @@ def table(config: dict) -> str:
             f"{_fmt(run.get('gpu_idle_ms_median'), '.2f'):>11} "
             f"{_fmt(run['device_peak_bytes'] and run['device_peak_bytes'] / GIB, '.2f'):>12} "
             f"{_fmt(peak_pct, '+.2f', '%'):>8} {_fmt(run['max_rel_loss_diff_vs_stock'], '.1e'):>9}")
+    causes = [f"{run['mode']} " + "/".join(_fmt(run.get(f"exposed_{c}_ms_median"), ".2f") for c in EXPOSED_CAUSES)
+              for run in config["runs"] if run.get("exposed_host_late_ms_median") is not None]
+    if causes:
+        lines.append("exposed comm ms by cause (host late / compute waiting on comm / unattributed): "
+                     + ", ".join(causes))
     return "\n".join(lines)

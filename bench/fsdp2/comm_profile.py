@@ -8,10 +8,15 @@ device-to-device copies on streams that run no compute kernel (symmpool's
 copy-engine all-gather issues plain DtoD copies from peer memory mapped into
 this process, on the collective's stream or its side copy streams; FSDP2's own
 copy-in/out are kernels). Everything else on the GPU is compute.
+
+Exposed time is also split by why compute was off the GPU: the host had not
+yet launched the next compute work, or it had and that work waited for a
+collective (`exposed_by_cause`).
 """
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import os
@@ -115,6 +120,39 @@ def host_api_calls(events: list[dict], top: int = 6) -> dict:
     return dict(sorted(totals.items(), key=lambda kv: -kv[1])[:top])
 
 
+def launch_starts(events: list[dict]) -> dict:
+    """correlation id -> when the host began the CUDA call that enqueued that
+    GPU work (us; the kernel cannot start before it)."""
+    return {e["args"]["correlation"]: float(e["ts"]) for e in events
+            if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
+            and "correlation" in e.get("args", {})}
+
+
+def exposed_by_cause(events: list[dict], stretches: list[tuple[float, float]]) -> dict:
+    """Splits exposed communication by what kept compute off the GPU, from
+    the compute work that ran next after each stretch: until the host began
+    the call that enqueued it, the host was late (`host_late_us`: faster
+    collectives would not shorten that part); after, the compute was queued
+    and waited for a collective to finish (`comm_bound_us`). A stretch with
+    no later compute, or whose next compute has no launch call in the trace,
+    counts as `unattributed_us`."""
+    launched = launch_starts(events)
+    compute = sorted((interval(e)[0], e.get("args", {}).get("correlation"))
+                     for e, is_comm in gpu_events(events) if not is_comm)
+    starts = [start for start, _ in compute]
+    out = {"host_late_us": 0.0, "comm_bound_us": 0.0, "unattributed_us": 0.0}
+    for start, end in stretches:
+        i = bisect.bisect_left(starts, end)
+        launch = launched.get(compute[i][1]) if i < len(compute) else None
+        if launch is None:
+            out["unattributed_us"] += end - start
+            continue
+        late = min(max(launch - start, 0.0), end - start)
+        out["host_late_us"] += late
+        out["comm_bound_us"] += end - start - late
+    return out
+
+
 def summarize(events: list[dict], steps: int) -> dict:
     """Per-step milliseconds of communication, compute and exposed
     communication, of GPU idle time, and the host's longest CUDA calls."""
@@ -134,6 +172,8 @@ def summarize(events: list[dict], steps: int) -> dict:
         "exposed_comm_ms_per_step": length(stretches) * per_step,
         "exposed_stretches_per_step": len(stretches) / steps,
         "exposed_longest_ms": [round(d * 1e-3, 4) for d in longest],
+        **{f"exposed_{cause[:-3]}_ms_per_step": us * per_step
+           for cause, us in exposed_by_cause(events, stretches).items()},
         "comm_kernels": len(comm),
         "gpu_idle_ms_per_step": gpu_idle(comm, compute) * per_step,
         "host_api_ms_per_step": {name: round(us * per_step, 4) for name, us in host_api_calls(events).items()},

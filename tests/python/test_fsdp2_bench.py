@@ -292,6 +292,32 @@ def test_exposed_communication_is_what_no_compute_covers():
         [(0, 2), (4, 5), (13, 15), (16, 20)]
 
 
+def test_exposed_communication_is_split_by_whether_the_host_had_launched_the_next_compute():
+    def gpu(cat, name, ts, dur, stream, correlation):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
+                "args": {"stream": stream, "correlation": correlation}}
+
+    def launch(ts, correlation):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 2,
+                "args": {"correlation": correlation}}
+
+    events = [
+        gpu("kernel", "ncclDevKernel_AllGather", 0, 30, 20, 1),  # exposed 0..10 and 20..30
+        gpu("kernel", "sm90_gemm", 10, 10, 7, 2), launch(1, 2),  # host late 0..1, then waited on the comm
+        gpu("kernel", "elementwise_kernel", 30, 5, 7, 3), launch(26, 3),  # launched at 26: host late 20..26
+        gpu("kernel", "ncclDevKernel_ReduceScatter", 40, 8, 20, 4),  # exposed 40..48, nothing after it
+    ]
+    summary = comm_profile.summarize(events, steps=1)
+    assert summary["exposed_comm_ms_per_step"] == pytest.approx(0.028)
+    assert summary["exposed_host_late_ms_per_step"] == pytest.approx(0.001 + 0.006)
+    assert summary["exposed_comm_bound_ms_per_step"] == pytest.approx(0.009 + 0.004)
+    assert summary["exposed_unattributed_ms_per_step"] == pytest.approx(0.008)
+    # a trace without launch calls (older torch) attributes nothing
+    bare = [e for e in events if e["cat"] != "cuda_runtime"]
+    assert comm_profile.exposed_by_cause(bare, [(0.0, 10.0)]) == {
+        "host_late_us": 0.0, "comm_bound_us": 0.0, "unattributed_us": 10.0}
+
+
 def test_host_meter_splits_the_host_by_thread_name_and_times_the_collector():
     import gc
 
