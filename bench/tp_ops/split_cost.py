@@ -18,6 +18,11 @@ hidden]), bf16, it times:
                   beside the last one (the fused all-gather places its own
                   shard there)
   copy            the copy of one chunk alone
+  chunks+sum      the chunks, then the sum over the W chunk products that
+                  the row-parallel op's reduce-scatter ends with (each
+                  rank's chunk d lands in slot d of rank d, which sums its
+                  W slots): matmul_reduce_scatter's floor with no transfer
+  sum             that sum alone
 Per mode: median, p10 and p90 of --reps rounds of --iters calls between CUDA
 events; the modes' order rotates every round. JSON to --out (default
 bench/results/tp_ops_split_cost_<gpu>x1_<date>.json).
@@ -55,6 +60,8 @@ def modes(A, B, C, world: int, side: torch.cuda.Stream) -> dict:
     rows = A.shape[0] // world
     chunk = lambda r: (A[r * rows:(r + 1) * rows], C[r * rows:(r + 1) * rows])  # noqa: E731
     stage = torch.empty_like(chunk(0)[0])
+    slots = C.view(world, rows, C.shape[1])  # chunk r's product, as the reduce-scatter's slot r
+    reduced = torch.empty_like(slots[0])
     main = torch.cuda.current_stream()
 
     def full():
@@ -91,8 +98,15 @@ def modes(A, B, C, world: int, side: torch.cuda.Stream) -> dict:
     def copy():
         stage.copy_(chunk(0)[0])
 
+    def reduce():
+        torch.sum(slots, 0, out=reduced)
+
+    def chunks_sum():
+        chunks()
+        reduce()
+
     return {"full": full, "chunks": chunks, "chunks-2streams": chunks_2streams, "stage+chunks": stage_chunks,
-            "copy-beside": copy_beside, "copy": copy}
+            "copy-beside": copy_beside, "copy": copy, "chunks+sum": chunks_sum, "sum": reduce}
 
 
 def time_modes(fns: dict, iters: int, reps: int, warmup: int) -> dict:
@@ -116,7 +130,7 @@ def time_modes(fns: dict, iters: int, reps: int, warmup: int) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--world", type=int, default=2, help="ranks the layer is split over (chunks)")
-    p.add_argument("--m", default="2048,8192", help="tokens (batch x seq), comma-separated")
+    p.add_argument("--m", default="2048,8192,32768", help="tokens (batch x seq), comma-separated")
     p.add_argument("--models", default="8b,70b")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--reps", type=int, default=15)
