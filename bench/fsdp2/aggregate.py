@@ -87,6 +87,8 @@ def per_rep(result: dict) -> dict:
         **{f"exposed_{cause}_ms": of_the_profile_with_most(profiles, "exposed_comm_ms_per_step",
                                                            f"exposed_{cause}_ms_per_step")
            for cause in EXPOSED_CAUSES},
+        "exposed_by_collective_ms": of_the_profile_with_most(profiles, "exposed_comm_ms_per_step",
+                                                             "exposed_by_collective_ms_per_step"),
         "profile_errors": [p["error"] for p in profiles if p and "error" in p],
     }
 
@@ -135,6 +137,9 @@ def aggregate_mode(mode: str, records: list[dict], reference: dict | None) -> di
         "exposed_longest_ms_per_rep": [rep["exposed_longest_ms"] for rep in reps],
         **{f"exposed_{cause}_ms_median": _median_or_none(rep[f"exposed_{cause}_ms"] for rep in reps)
            for cause in EXPOSED_CAUSES},
+        "exposed_by_collective_ms_median": {
+            kind: _median_or_none((rep["exposed_by_collective_ms"] or {}).get(kind) for rep in reps)
+            for kind in sorted({k for rep in reps for k in (rep["exposed_by_collective_ms"] or {})})},
         "gpu_idle_ms_median": _median_or_none(rep["gpu_idle_ms"] for rep in reps),
         "host_api_ms_per_rep": [rep["host_api_ms"] for rep in reps],
         "device_peak_bytes": _max_present(rep["device_peak_bytes"] for rep in reps),
@@ -243,4 +248,8 @@ def table(config: dict) -> str:
     if causes:
         lines.append("exposed comm ms by cause (host late / compute waiting on comm / unattributed): "
                      + ", ".join(causes))
+    kinds = [f"{run['mode']} " + " ".join(f"{kind} {ms:.2f}" for kind, ms in by.items() if ms is not None)
+             for run in config["runs"] if (by := run.get("exposed_by_collective_ms_median"))]
+    if kinds:
+        lines.append("exposed comm ms by the collectives running: " + ", ".join(kinds))
     return "\n".join(lines)

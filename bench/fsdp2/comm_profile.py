@@ -21,6 +21,7 @@ import gzip
 import json
 import os
 import tempfile
+from collections import Counter
 
 
 def is_comm_kernel(name: str) -> bool:
@@ -153,6 +154,57 @@ def exposed_by_cause(events: list[dict], stretches: list[tuple[float, float]]) -
     return out
 
 
+def collective_of(name: str) -> str | None:
+    """Which kind of collective a communication item belongs to, from its
+    name: "reduction" (reduce-scatter, all-reduce), "all_gather" (NCCL's
+    kernel, symmpool's gather kernel, copy-engine copies), or None
+    (barriers and flags, which serve both)."""
+    lower = name.lower()
+    if "reducescatter" in lower or "allreduce" in lower or "reduce_kernel" in lower:
+        return "reduction"
+    if "allgather" in lower or "gather_copy" in lower or "memcpy" in lower:
+        return "all_gather"
+    return None
+
+
+def exposed_by_collective(events: list[dict], stretches: list[tuple[float, float]]) -> dict:
+    """Exposed time (us) by the kind of collective running then: only
+    all-gathers, only reductions, both, or neither named ("other": a
+    barrier alone). A communication item counts as its stream's kind (the
+    kind most of that stream's named items have), so a barrier or flag wait
+    on the all-gather stream counts as all-gather."""
+    comm = [(e, stream_of(e)) for e, is_comm in gpu_events(events) if is_comm]
+    votes: dict = {}
+    for e, stream in comm:
+        kind = collective_of(e["name"])
+        if kind:
+            votes.setdefault(stream, Counter())[kind] += 1
+    stream_kind = {stream: counts.most_common(1)[0][0] for stream, counts in votes.items()}
+    # sweep over item and stretch edges: at each edge, 0 = a stretch ends, 1 = an item ends,
+    # 2 = an item starts, 3 = a stretch starts (ends before starts at one instant)
+    edges = []
+    for e, stream in comm:
+        start, end = interval(e)
+        kind = stream_kind.get(stream, "other")
+        edges += [(start, 2, kind), (end, 1, kind)]
+    edges += [edge for start, end in stretches for edge in ((start, 3, None), (end, 0, None))]
+    edges.sort(key=lambda edge: (edge[0], edge[1]))
+    active, inside, at = Counter(), 0, None
+    out = {"all_gather": 0.0, "reduction": 0.0, "both": 0.0, "other": 0.0}
+    for t, what, kind in edges:
+        if inside and at is not None and t > at:
+            running = {k for k in ("all_gather", "reduction") if active[k] > 0}
+            out["both" if len(running) == 2 else running.pop() if running else "other"] += t - at
+        at = t
+        if what == 0:
+            inside -= 1
+        elif what == 3:
+            inside += 1
+        else:
+            active[kind] += 1 if what == 2 else -1
+    return out
+
+
 def summarize(events: list[dict], steps: int) -> dict:
     """Per-step milliseconds of communication, compute and exposed
     communication, of GPU idle time, and the host's longest CUDA calls."""
@@ -174,6 +226,8 @@ def summarize(events: list[dict], steps: int) -> dict:
         "exposed_longest_ms": [round(d * 1e-3, 4) for d in longest],
         **{f"exposed_{cause[:-3]}_ms_per_step": us * per_step
            for cause, us in exposed_by_cause(events, stretches).items()},
+        "exposed_by_collective_ms_per_step": {kind: round(us * per_step, 4) for kind, us
+                                              in exposed_by_collective(events, stretches).items()},
         "comm_kernels": len(comm),
         "gpu_idle_ms_per_step": gpu_idle(comm, compute) * per_step,
         "host_api_ms_per_step": {name: round(us * per_step, 4) for name, us in host_api_calls(events).items()},

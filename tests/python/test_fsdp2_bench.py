@@ -318,6 +318,26 @@ def test_exposed_communication_is_split_by_whether_the_host_had_launched_the_nex
         "host_late_us": 0.0, "comm_bound_us": 0.0, "unattributed_us": 10.0}
 
 
+def test_exposed_communication_is_split_by_the_collectives_running_then():
+    def ev(cat, name, ts, dur, stream):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+    events = [
+        ev("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 0, 20, 30),  # all-gather stream: copies...
+        ev("kernel", "void symmpool::detail::barrier_kernel(...)", 20, 5, 30),  # ...and its barrier
+        ev("kernel", "void symmpool::detail::reduce_kernel<float>(...)", 10, 30, 31),  # reduce-scatter stream
+        ev("kernel", "sm90_gemm", 0, 5, 7),  # compute covers 0..5
+        ev("kernel", "void symmpool::detail::barrier_kernel(...)", 50, 4, 32),  # a stream with no named item
+    ]
+    comm, compute = comm_profile.classify(events)
+    stretches = comm_profile.exposed_intervals(comm, compute)
+    assert stretches == [(5, 40), (50, 54)]
+    assert comm_profile.exposed_by_collective(events, stretches) == pytest.approx(
+        {"all_gather": 5.0, "both": 15.0, "reduction": 15.0, "other": 4.0})  # 5..10, 10..25, 25..40, 50..54
+    assert comm_profile.summarize(events, steps=1)["exposed_by_collective_ms_per_step"] == pytest.approx(
+        {"all_gather": 0.005, "both": 0.015, "reduction": 0.015, "other": 0.004})
+
+
 def test_host_meter_splits_the_host_by_thread_name_and_times_the_collector():
     import gc
 
