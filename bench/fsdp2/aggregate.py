@@ -246,10 +246,11 @@ def table(config: dict) -> str:
     causes = [f"{run['mode']} " + "/".join(_fmt(run.get(f"exposed_{c}_ms_median"), ".2f") for c in EXPOSED_CAUSES)
               for run in config["runs"] if run.get("exposed_host_late_ms_median") is not None]
     if causes:
-        lines.append("exposed comm ms by cause (host late / compute waiting on comm / unattributed): "
+        lines.append("exposed comm ms by cause, each a median of its own (host late / compute waiting on comm / "
+                     "unattributed): "
                      + ", ".join(causes))
     kinds = [f"{run['mode']} " + " ".join(f"{kind} {ms:.2f}" for kind, ms in by.items() if ms is not None)
              for run in config["runs"] if (by := run.get("exposed_by_collective_ms_median"))]
     if kinds:
-        lines.append("exposed comm ms by the collectives running: " + ", ".join(kinds))
+        lines.append("exposed comm ms by the collectives running, each a median of its own: " + ", ".join(kinds))
     return "\n".join(lines)

@@ -134,12 +134,15 @@ def exposed_by_cause(events: list[dict], stretches: list[tuple[float, float]]) -
     the compute work that ran next after each stretch: until the host began
     the call that enqueued it, the host was late (`host_late_us`: faster
     collectives would not shorten that part); after, the compute was queued
-    and waited for a collective to finish (`comm_bound_us`). A stretch with
-    no later compute, or whose next compute has no launch call in the trace,
-    counts as `unattributed_us`."""
+    and waited for a collective to finish (`comm_bound_us`). Host late is
+    counted until the launch call began, a lower bound: the call's own
+    microseconds count as waiting. Of compute items starting at one instant,
+    the first in the trace decides. A stretch with no later compute, or
+    whose next compute has no launch call in the trace, counts as
+    `unattributed_us`."""
     launched = launch_starts(events)
-    compute = sorted((interval(e)[0], e.get("args", {}).get("correlation"))
-                     for e, is_comm in gpu_events(events) if not is_comm)
+    compute = sorted(((interval(e)[0], e.get("args", {}).get("correlation"))
+                      for e, is_comm in gpu_events(events) if not is_comm), key=lambda item: item[0])
     starts = [start for start, _ in compute]
     out = {"host_late_us": 0.0, "comm_bound_us": 0.0, "unattributed_us": 0.0}
     for start, end in stretches:
@@ -155,14 +158,14 @@ def exposed_by_cause(events: list[dict], stretches: list[tuple[float, float]]) -
 
 
 def collective_of(name: str) -> str | None:
-    """Which kind of collective a communication item belongs to, from its
+    """Which kind of collective a communication kernel belongs to, from its
     name: "reduction" (reduce-scatter, all-reduce), "all_gather" (NCCL's
-    kernel, symmpool's gather kernel, copy-engine copies), or None
-    (barriers and flags, which serve both)."""
+    kernel, symmpool's gather kernel), or None (copies, barriers and flags,
+    which serve both)."""
     lower = name.lower()
     if "reducescatter" in lower or "allreduce" in lower or "reduce_kernel" in lower:
         return "reduction"
-    if "allgather" in lower or "gather_copy" in lower or "memcpy" in lower:
+    if "allgather" in lower or "gather_copy" in lower:
         return "all_gather"
     return None
 
@@ -170,22 +173,27 @@ def collective_of(name: str) -> str | None:
 def exposed_by_collective(events: list[dict], stretches: list[tuple[float, float]]) -> dict:
     """Exposed time (us) by the kind of collective running then: only
     all-gathers, only reductions, both, or neither named ("other": a
-    barrier alone). A communication item counts as its stream's kind (the
-    kind most of that stream's named items have), so a barrier or flag wait
-    on the all-gather stream counts as all-gather."""
+    barrier alone). A named kernel counts as its own kind; a copy, barrier
+    or flag wait as its stream's (the kind most of that stream's named
+    kernels have), so a barrier on the reduce-scatter stream is a
+    reduction. A stream of copies and barriers alone counts as all-gather
+    (symmpool's copy-engine all-gather); so, misread, do the pulls of the
+    two-step reduce-scatter (SYMMPOOL_REDUCE_SCATTER_ALGORITHM=two-step),
+    which run on streams of their own."""
     comm = [(e, stream_of(e)) for e, is_comm in gpu_events(events) if is_comm]
     votes: dict = {}
     for e, stream in comm:
         kind = collective_of(e["name"])
         if kind:
             votes.setdefault(stream, Counter())[kind] += 1
-    stream_kind = {stream: counts.most_common(1)[0][0] for stream, counts in votes.items()}
+    stream_kind = {stream: "all_gather" for e, stream in comm if e.get("cat") == "gpu_memcpy"}
+    stream_kind.update({stream: counts.most_common(1)[0][0] for stream, counts in votes.items()})
     # sweep over item and stretch edges: at each edge, 0 = a stretch ends, 1 = an item ends,
     # 2 = an item starts, 3 = a stretch starts (ends before starts at one instant)
     edges = []
     for e, stream in comm:
         start, end = interval(e)
-        kind = stream_kind.get(stream, "other")
+        kind = collective_of(e["name"]) or stream_kind.get(stream, "other")
         edges += [(start, 2, kind), (end, 1, kind)]
     edges += [edge for start, end in stretches for edge in ((start, 3, None), (end, 0, None))]
     edges.sort(key=lambda edge: (edge[0], edge[1]))

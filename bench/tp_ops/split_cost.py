@@ -18,11 +18,15 @@ hidden]), bf16, it times:
                   beside the last one (the fused all-gather places its own
                   shard there)
   copy            the copy of one chunk alone
-  chunks+sum      the chunks, then the sum over the W chunk products that
-                  the row-parallel op's reduce-scatter ends with (each
-                  rank's chunk d lands in slot d of rank d, which sums its
-                  W slots): matmul_reduce_scatter's floor with no transfer
+  chunks+sum      row-parallel layers only: the chunks, then the sum over
+                  the W chunk products that the reduce-scatter ends with
+                  (each rank's chunk d lands in slot d of rank d, which sums
+                  its W slots), as at::sum over the [W, rows, cols] stack:
+                  matmul_reduce_scatter's floor with no transfer before
+                  5608019, and at more than 2 ranks
   sum             that sum alone
+  chunks+add, add at 2 ranks, the same with one elementwise add of the two
+                  slots, as the fused op combines them since 5608019
 Per mode: median, p10 and p90 of --reps rounds of --iters calls between CUDA
 events; the modes' order rotates every round. JSON to --out (default
 bench/results/tp_ops_split_cost_<gpu>x1_<date>.json).
@@ -56,11 +60,11 @@ def quantiles(xs: list[float]) -> dict:
             "p90_us": round(pick(0.9), 1)}
 
 
-def modes(A, B, C, world: int, side: torch.cuda.Stream) -> dict:
+def modes(A, B, C, world: int, side: torch.cuda.Stream, reduces: bool) -> dict:
     rows = A.shape[0] // world
     chunk = lambda r: (A[r * rows:(r + 1) * rows], C[r * rows:(r + 1) * rows])  # noqa: E731
     stage = torch.empty_like(chunk(0)[0])
-    slots = C.view(world, rows, C.shape[1])  # chunk r's product, as the reduce-scatter's slot r
+    slots = C[:world * rows].view(world, rows, C.shape[1])  # chunk r's product, as the reduce-scatter's slot r
     reduced = torch.empty_like(slots[0])
     main = torch.cuda.current_stream()
 
@@ -105,8 +109,20 @@ def modes(A, B, C, world: int, side: torch.cuda.Stream) -> dict:
         chunks()
         reduce()
 
-    return {"full": full, "chunks": chunks, "chunks-2streams": chunks_2streams, "stage+chunks": stage_chunks,
-            "copy-beside": copy_beside, "copy": copy, "chunks+sum": chunks_sum, "sum": reduce}
+    def add():
+        torch.add(slots[0], slots[1], out=reduced)
+
+    def chunks_add():
+        chunks()
+        add()
+
+    timed = {"full": full, "chunks": chunks, "chunks-2streams": chunks_2streams, "stage+chunks": stage_chunks,
+             "copy-beside": copy_beside, "copy": copy}
+    if reduces:
+        timed.update({"chunks+sum": chunks_sum, "sum": reduce})
+    if reduces and world == 2:
+        timed.update({"chunks+add": chunks_add, "add": add})
+    return timed
 
 
 def time_modes(fns: dict, iters: int, reps: int, warmup: int) -> dict:
@@ -150,7 +166,8 @@ def main(argv=None) -> int:
                 A = torch.randn(m, k, device=device, dtype=torch.bfloat16)
                 B = torch.randn(k, n, device=device, dtype=torch.bfloat16)
                 C = torch.empty(m, n, device=device, dtype=torch.bfloat16)
-                timed = time_modes(modes(A, B, C, args.world, side), args.iters, args.reps, args.warmup)
+                timed = time_modes(modes(A, B, C, args.world, side, reduces=layer.startswith("row")),
+                                   args.iters, args.reps, args.warmup)
                 full = timed["full"]["median_us"]
                 row = {"model": model, "m": m, "layer": layer, "k": k, "n": n, "modes": timed,
                        "ratio_to_full": {name: round(t["median_us"] / full, 3) for name, t in timed.items()}}

@@ -220,7 +220,8 @@ namespace {
 // sum or mean (reduce-scatter), or a copy (all-to-all). Never the workspace
 // itself, which the group's next fused op overwrites.
 at::Tensor combine(const at::Tensor& stacked, const std::string& how) {
-  // Two slots: one elementwise add, the same round(a + b) as the sum. at::sum
+  // Two slots: one elementwise add, round(a + b) as the sum gives (but for
+  // -0 + -0: -0, as NCCL's sum, where at::sum starts from +0). at::sum
   // over the outer dim of a [2, rows, cols] bf16 stack ran at ~1.3 TB/s on an
   // H200 (303 us at Llama-3-8B M=32768, 10.8% of the matmul;
   // bench/results/tp_ops_split_cost_h200x1_2026-11-26_with-reduce-scatter-sum.json).

@@ -316,6 +316,13 @@ def test_exposed_communication_is_split_by_whether_the_host_had_launched_the_nex
     bare = [e for e in events if e["cat"] != "cuda_runtime"]
     assert comm_profile.exposed_by_cause(bare, [(0.0, 10.0)]) == {
         "host_late_us": 0.0, "comm_bound_us": 0.0, "unattributed_us": 10.0}
+    # a launch after the stretch ended makes it all host-late; compute after an idle gap still decides;
+    # items starting together, one without a correlation id, do not break the sort
+    later = [gpu("kernel", "ncclDevKernel_AllGather", 0, 10, 20, 1),
+             gpu("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 15, 1, 7, 2), launch(12, 2),
+             {"ph": "X", "cat": "kernel", "name": "elementwise_kernel", "ts": 15, "dur": 1, "args": {}}]
+    assert comm_profile.exposed_by_cause(later, [(0.0, 10.0)]) == {
+        "host_late_us": 10.0, "comm_bound_us": 0.0, "unattributed_us": 0.0}
 
 
 def test_exposed_communication_is_split_by_the_collectives_running_then():
@@ -336,6 +343,13 @@ def test_exposed_communication_is_split_by_the_collectives_running_then():
         {"all_gather": 5.0, "both": 15.0, "reduction": 15.0, "other": 4.0})  # 5..10, 10..25, 25..40, 50..54
     assert comm_profile.summarize(events, steps=1)["exposed_by_collective_ms_per_step"] == pytest.approx(
         {"all_gather": 0.005, "both": 0.015, "reduction": 0.015, "other": 0.004})
+    # a named kernel keeps its own kind on a stream of the other; a copy takes its stream's
+    mixed = [ev("kernel", "ncclDevKernel_AllGather_RING_LL", 0, 10, 40),
+             ev("kernel", "ncclDevKernel_ReduceScatter_Sum_f32", 10, 10, 40),
+             ev("kernel", "ncclDevKernel_ReduceScatter_Sum_f32", 20, 10, 40),
+             ev("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 30, 10, 40)]
+    assert comm_profile.exposed_by_collective(mixed, [(0.0, 40.0)]) == pytest.approx(
+        {"all_gather": 10.0, "both": 0.0, "reduction": 30.0, "other": 0.0})
 
 
 def test_host_meter_splits_the_host_by_thread_name_and_times_the_collector():
