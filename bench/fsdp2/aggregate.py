@@ -57,6 +57,10 @@ def per_rep(result: dict) -> dict:
     ranks = result["ranks"]
     profiles = [r.get("profile") for r in ranks]
     symm = [r.get("symmpool") for r in ranks]
+
+    def of_the_most_exposed(key: str):
+        return of_the_profile_with_most(profiles, "exposed_comm_ms_per_step", key)
+
     return {
         "step_ms": slowest(ranks, "step_ms"),
         "host_ms": slowest(ranks, "host_ms"),
@@ -82,13 +86,10 @@ def per_rep(result: dict) -> dict:
         # the host's longest CUDA calls on the rank whose GPU idled most
         "host_api_ms": of_the_profile_with_most(profiles, "gpu_idle_ms_per_step", "host_api_ms_per_step"),
         # the rank with the most exposed time: its longest exposed stretches
-        "exposed_longest_ms": of_the_profile_with_most(profiles, "exposed_comm_ms_per_step", "exposed_longest_ms"),
-        # and why its compute was off the GPU then (results before 2026-11-27 lack these)
-        **{f"exposed_{cause}_ms": of_the_profile_with_most(profiles, "exposed_comm_ms_per_step",
-                                                           f"exposed_{cause}_ms_per_step")
-           for cause in EXPOSED_CAUSES},
-        "exposed_by_collective_ms": of_the_profile_with_most(profiles, "exposed_comm_ms_per_step",
-                                                             "exposed_by_collective_ms_per_step"),
+        "exposed_longest_ms": of_the_most_exposed("exposed_longest_ms"),
+        # and why its compute was off the GPU then (results before 2026-11-26's session 24 lack these)
+        **{f"exposed_{cause}_ms": of_the_most_exposed(f"exposed_{cause}_ms_per_step") for cause in EXPOSED_CAUSES},
+        "exposed_by_collective_ms": of_the_most_exposed("exposed_by_collective_ms_per_step"),
         "profile_errors": [p["error"] for p in profiles if p and "error" in p],
     }
 
