@@ -243,46 +243,79 @@ struct ReduceScalars {
   float scale;
 };
 
-template <typename T>
+// Loads a thread keeps in flight in the reduce kernel's main loop: at
+// kRanksCap ranks it takes kLoadsInFlight / kRanksCap vectors at a time.
+// Peer loads are latency-bound: with one vector per thread, 64 blocks keep
+// 512 KiB of peer reads in flight, about 2 us of NVLink at 262 GB/s; a
+// 1 GiB bf16 reduce-scatter on 2 H200s ran at 0.79x the bare peer copy.
+constexpr int kLoadsInFlight = 8;
+
+template <int kRanksCap>
+constexpr int kVectorsPerThread = kRanksCap >= kLoadsInFlight ? 1 : kLoadsInFlight / kRanksCap;
+
+// Sums one 16-byte vector of every rank in fp32 and scales it.
+template <typename T, int kRanksCap>
+__device__ __forceinline__ uint4 reduce_vector(const uint4 (&raw)[kRanksCap], int world, float scale) {
+  constexpr int V = 16 / sizeof(T);
+  float acc[V] = {};
+#pragma unroll
+  for (int p = 0; p < kRanksCap; ++p) {
+    if (p < world) {
+      const T* e = reinterpret_cast<const T*>(&raw[p]);
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] += to_float(e[j]);
+    }
+  }
+  uint4 packed;
+  T* sums = reinterpret_cast<T*>(&packed);
+#pragma unroll
+  for (int j = 0; j < V; ++j) sums[j] = from_float<T>(acc[j] * scale);
+  return packed;
+}
+
+// kRanksCap >= world: the smallest of 2, 4, kMaxRanks (reduce_as picks it).
+template <typename T, int kRanksCap>
 __global__ void __launch_bounds__(kThreads)
     reduce_kernel(BlockSync sync, PeerPointers in, OutPointers out, ReduceScalars r, bool vectorized) {
   BlockMeeting meeting{sync, r.world};
   if (!meeting.start()) return;
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
+  constexpr int U = kVectorsPerThread<kRanksCap>;
+  // A block's U * blockDim.x vectors at a time, thread t taking t, t +
+  // blockDim.x, ...: each load instruction stays coalesced across the warp.
+  const std::size_t tile = static_cast<std::size_t>(blockDim.x) * U;
+  const std::size_t vectors = vectorized ? r.count / V : 0;
+  for (std::size_t base = blockIdx.x * tile + threadIdx.x; base < vectors; base += gridDim.x * tile) {
+    uint4 raw[U][kRanksCap];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {  // every load in flight before the first add
+      const std::size_t v = base + u * blockDim.x;
+#pragma unroll
+      for (int p = 0; p < kRanksCap; ++p)
+        if (p < r.world && v < vectors)
+          raw[u][p] =
+              __ldcg(reinterpret_cast<const uint4*>(static_cast<const T*>(in.ptr[p]) + r.src_offset) + v);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const std::size_t v = base + u * blockDim.x;
+      if (v >= vectors) break;
+      const uint4 packed = reduce_vector<T, kRanksCap>(raw[u], r.world, r.scale);
+#pragma unroll
+      for (int o = 0; o < kRanksCap; ++o)
+        if (o < r.n_outs) reinterpret_cast<uint4*>(static_cast<T*>(out.ptr[o]) + r.dst_offset)[v] = packed;
+    }
+  }
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::size_t vectors = vectorized ? r.count / V : 0;
-  for (std::size_t v = first; v < vectors; v += stride) {
-    uint4 raw[kMaxRanks];
-#pragma unroll
-    for (int p = 0; p < kMaxRanks; ++p)  // every load in flight before the first add
-      if (p < r.world)
-        raw[p] = __ldcg(reinterpret_cast<const uint4*>(static_cast<const T*>(in.ptr[p]) + r.src_offset) + v);
-    float acc[V] = {};
-#pragma unroll
-    for (int p = 0; p < kMaxRanks; ++p) {
-      if (p < r.world) {
-        const T* e = reinterpret_cast<const T*>(&raw[p]);
-#pragma unroll
-        for (int j = 0; j < V; ++j) acc[j] += to_float(e[j]);
-      }
-    }
-    uint4 packed;
-    T* sums = reinterpret_cast<T*>(&packed);
-#pragma unroll
-    for (int j = 0; j < V; ++j) sums[j] = from_float<T>(acc[j] * r.scale);
-#pragma unroll
-    for (int o = 0; o < kMaxRanks; ++o)
-      if (o < r.n_outs) reinterpret_cast<uint4*>(static_cast<T*>(out.ptr[o]) + r.dst_offset)[v] = packed;
-  }
   for (std::size_t i = vectors * V + first; i < r.count; i += stride) {
     float acc = 0.f;
 #pragma unroll
-    for (int p = 0; p < kMaxRanks; ++p)
+    for (int p = 0; p < kRanksCap; ++p)
       if (p < r.world) acc += to_float(__ldcg(static_cast<const T*>(in.ptr[p]) + r.src_offset + i));
     const T value = from_float<T>(acc * r.scale);
 #pragma unroll
-    for (int o = 0; o < kMaxRanks; ++o)
+    for (int o = 0; o < kRanksCap; ++o)
       if (o < r.n_outs) static_cast<T*>(out.ptr[o])[r.dst_offset + i] = value;
   }
   meeting.end();
@@ -320,7 +353,7 @@ int grid_for(std::size_t work, std::size_t cap) {
   return static_cast<int>(std::max<std::size_t>(1, std::min(blocks, cap)));
 }
 
-template <typename T>
+template <typename T, int kRanksCap>
 cudaError_t reduce_as(const ReduceLaunch& r, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
   // Alignment may differ across ranks (reduce-scatter reads at rank * count),
@@ -330,10 +363,20 @@ cudaError_t reduce_as(const ReduceLaunch& r, cudaStream_t stream) {
     vectorized = vectorized && aligned16(static_cast<const T*>(r.in.ptr[p]) + r.src_offset);
   for (int o = 0; o < r.n_outs; ++o)
     vectorized = vectorized && aligned16(static_cast<T*>(r.out.ptr[o]) + r.dst_offset);
-  const int blocks = grid_for(r.grid_count / V + 1, r.sync.enabled ? kMaxSyncBlocks : r.max_blocks);
+  const std::size_t work = r.grid_count / V / kVectorsPerThread<kRanksCap> + 1;
+  const int blocks = grid_for(work, r.sync.enabled ? kMaxSyncBlocks : r.max_blocks);
   const ReduceScalars scalars{r.src_offset, r.dst_offset, r.count, r.n_outs, r.world, r.scale};
-  reduce_kernel<T><<<blocks, kThreads, 0, stream>>>(r.sync, r.in, r.out, scalars, vectorized);
+  reduce_kernel<T, kRanksCap><<<blocks, kThreads, 0, stream>>>(r.sync, r.in, r.out, scalars, vectorized);
   return cudaGetLastError();
+}
+
+// The kernel's per-rank arrays as small as the world allows: more vectors
+// in flight per thread, in the same registers.
+template <typename T>
+cudaError_t reduce_as(const ReduceLaunch& r, cudaStream_t stream) {
+  if (r.world <= 2 && r.n_outs <= 2) return reduce_as<T, 2>(r, stream);
+  if (r.world <= 4 && r.n_outs <= 4) return reduce_as<T, 4>(r, stream);
+  return reduce_as<T, kMaxRanks>(r, stream);
 }
 
 }  // namespace

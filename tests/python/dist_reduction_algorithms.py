@@ -1,10 +1,12 @@
-"""The two-step reduce-scatter and all-reduce through torch (launch.run_workers,
-or run_sharing_one_gpu on a 1-GPU machine): copy engines pull each rank's
-chunk, a local kernel reduces it, copy engines push it (all-reduce), piece
-by piece. SYMMPOOL_*_ALGORITHM prefer them; small pieces put the larger
-calls through many pieces and every staging slot. Every result equals
-gloo's reference bit for bit, and the algorithm counts show that two-step
-ran."""
+"""symmpool's reduce-scatter and all-reduce algorithms through torch
+(launch.run_workers, or run_sharing_one_gpu): SYMMPOOL_*_ALGORITHM prefer
+one of them. Two-step: copy engines pull each rank's chunk, a local kernel
+reduces it, copy engines push it (all-reduce), piece by piece; small pieces
+put the larger calls through many pieces and every staging slot. One-shot
+and two-shot: one kernel reads every peer (its per-rank arrays sized for 2,
+4 or 8 ranks: ranks sharing a GPU reach the larger ones on a 2-GPU
+machine). Every result equals gloo's reference bit for bit, and the
+algorithm counts show that the chosen algorithms ran."""
 
 from __future__ import annotations
 
@@ -25,22 +27,25 @@ def _scatter_reference(t: torch.Tensor, rank: int, world: int, op) -> torch.Tens
     return reduction_reference(t, op)[rank * n:(rank + 1) * n]
 
 
-def two_step_matches_gloo(rank: int, world: int) -> None:
+def algorithms_match_gloo(rank: int, world: int, all_reduce_algorithm: str = "two-step",
+                          reduce_scatter_algorithm: str = "two-step") -> None:
     import symmpool
 
     os.environ["SYMMPOOL_COLLECTIVES"] = "always"
-    os.environ["SYMMPOOL_ALL_REDUCE_ALGORITHM"] = "two-step"
-    os.environ["SYMMPOOL_REDUCE_SCATTER_ALGORITHM"] = "two-step"
+    os.environ["SYMMPOOL_ALL_REDUCE_ALGORITHM"] = all_reduce_algorithm
+    os.environ["SYMMPOOL_REDUCE_SCATTER_ALGORITHM"] = reduce_scatter_algorithm
     os.environ["SYMMPOOL_TWO_STEP_PIECE_BYTES"] = str(PIECE_BYTES)
     device = init_group(rank, world, "cpu:gloo,cuda:symm")
     pool = symmpool.mem_pool()
     gen = torch.Generator().manual_seed(200 + rank)
     ran = 0
+    chosen = {all_reduce_algorithm, reduce_scatter_algorithm}
 
-    def two_step_calls() -> int:
-        return symmpool._C.algorithm_counts()["two-step"]
+    def chosen_calls() -> int:
+        counts = symmpool._C.algorithm_counts()
+        return sum(counts[a] for a in chosen)
 
-    before = two_step_calls()
+    before = chosen_calls()
     with torch.cuda.use_mem_pool(pool):
         for dtype in DTYPES:
             for n in (1, 3, 1001, 100_003, (1 << 20) + 5):  # up to 32 pieces of a rank's chunk
@@ -57,7 +62,7 @@ def two_step_matches_gloo(rank: int, world: int) -> None:
                     ran += 1
                     assert torch.equal(out.cpu(), _scatter_reference(inp, rank, world, op)), \
                         f"rank {rank}: reduce_scatter {dtype} n={n} {op} differs"
-        assert two_step_calls() - before == ran, (two_step_calls() - before, ran)
+        assert chosen_calls() - before == ran, (chosen_calls() - before, ran)
 
         # The output on the input's first chunk: rank 0's own chunk (reduced
         # in place), every other rank's a chunk its peer pulls (staged first).
@@ -105,6 +110,6 @@ def two_step_matches_gloo(rank: int, world: int) -> None:
             graph.replay()
             assert torch.equal(ar.cpu(), expected_ar), f"rank {rank}: replay {replay}: all_reduce differs"
             assert torch.equal(rs_out.cpu(), expected_rs), f"rank {rank}: replay {replay}: reduce_scatter differs"
-    print(f"[rank {rank}] {ran} two-step reduce-scatters and all-reduces, then sequences and graph replays, "
-          "matched gloo", flush=True)
+    print(f"[rank {rank} of {world}] {ran} reduce-scatters ({reduce_scatter_algorithm}) and all-reduces "
+          f"({all_reduce_algorithm}), then sequences and graph replays, matched gloo", flush=True)
     dist.destroy_process_group()
