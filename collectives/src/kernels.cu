@@ -281,15 +281,17 @@ __global__ void __launch_bounds__(kThreads)
   if (!meeting.start()) return;
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
   constexpr int U = kVectorsPerThread<kRanksCap>;
-  // A block's U * blockDim.x vectors at a time, thread t taking t, t +
-  // blockDim.x, ...: each load instruction stays coalesced across the warp.
-  const std::size_t tile = static_cast<std::size_t>(blockDim.x) * U;
+  // A grid-stride loop taking U strides at a time: each load instruction
+  // stays coalesced across the warp, and a grid that covers the message
+  // (small calls) gives each thread one vector, as a plain loop would.
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t vectors = vectorized ? r.count / V : 0;
-  for (std::size_t base = blockIdx.x * tile + threadIdx.x; base < vectors; base += gridDim.x * tile) {
+  for (std::size_t base = first; base < vectors; base += stride * U) {
     uint4 raw[U][kRanksCap];
 #pragma unroll
     for (int u = 0; u < U; ++u) {  // every load in flight before the first add
-      const std::size_t v = base + u * blockDim.x;
+      const std::size_t v = base + u * stride;
 #pragma unroll
       for (int p = 0; p < kRanksCap; ++p)
         if (p < r.world && v < vectors)
@@ -298,7 +300,7 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const std::size_t v = base + u * blockDim.x;
+      const std::size_t v = base + u * stride;
       if (v >= vectors) break;
       const uint4 packed = reduce_vector<T, kRanksCap>(raw[u], r.world, r.scale);
 #pragma unroll
@@ -306,8 +308,6 @@ __global__ void __launch_bounds__(kThreads)
         if (o < r.n_outs) reinterpret_cast<uint4*>(static_cast<T*>(out.ptr[o]) + r.dst_offset)[v] = packed;
     }
   }
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (std::size_t i = vectors * V + first; i < r.count; i += stride) {
     float acc = 0.f;
 #pragma unroll
@@ -363,8 +363,7 @@ cudaError_t reduce_as(const ReduceLaunch& r, cudaStream_t stream) {
     vectorized = vectorized && aligned16(static_cast<const T*>(r.in.ptr[p]) + r.src_offset);
   for (int o = 0; o < r.n_outs; ++o)
     vectorized = vectorized && aligned16(static_cast<T*>(r.out.ptr[o]) + r.dst_offset);
-  const std::size_t work = r.grid_count / V / kVectorsPerThread<kRanksCap> + 1;
-  const int blocks = grid_for(work, r.sync.enabled ? kMaxSyncBlocks : r.max_blocks);
+  const int blocks = grid_for(r.grid_count / V + 1, r.sync.enabled ? kMaxSyncBlocks : r.max_blocks);
   const ReduceScalars scalars{r.src_offset, r.dst_offset, r.count, r.n_outs, r.world, r.scale};
   reduce_kernel<T, kRanksCap><<<blocks, kThreads, 0, stream>>>(r.sync, r.in, r.out, scalars, vectorized);
   return cudaGetLastError();
