@@ -64,14 +64,16 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
     // 598 vs kernel 647 us at 256 MiB.
     case CollectiveKind::kAllGather:
       return bytes <= 16 * kMiB ? Algorithm::kKernel : Algorithm::kCopyEnginePush;
-    // One-shot. Two-step (copy engines pull, a local reduce) took 475 vs 485 us
-    // at 256 MiB on 2 ranks and slowed 8192^3 matmuls beside it 2.2% against
-    // 7.4%, but was itself slowed more (1.93x vs 1.75x alone;
-    // contention_h200x2_2026-11-26.json), and with it above 64 MiB FSDP2 at
-    // 3.5B batch 2 showed more exposed communication (8.45 vs 6.66 ms) for the
-    // same step ratio to stock (0.964x vs 0.966x) and 0.1 GiB more peak
-    // (fsdp2_h200x2_2026-11-26_two-step-table.json). 4 ranks: one-shot beat
-    // two-step with 8 MiB pieces at every size.
+    // One-shot. Two-step (copy engines pull, a local reduce; 32 MiB pieces) took
+    // 449 vs 425 us at 256 MiB and 1576 vs 1627 at 1 GiB on 2 ranks
+    // (peers_h200x2_2026-11-26_unrolled-reduce.json), slowed 8192^3 matmuls
+    // beside it 2.2% against 7.4% but was itself slowed more (1.93x vs 1.75x
+    // alone; contention_h200x2_2026-11-26.json), and with it above 64 MiB FSDP2
+    // at 3.5B batch 2 showed more exposed communication (8.45 vs 6.66 ms) for
+    // the same step ratio to stock (0.964x vs 0.966x) and 0.1 GiB more peak
+    // (fsdp2_h200x2_2026-11-26_two-step-table.json); on wide4b batch 1 its step
+    // matched one-shot's (89.2 vs 89.6 ms, ..._wide4b-b1s512-rs-two-step.json).
+    // 4 ranks: one-shot beat two-step with 8 MiB pieces at every size.
     case CollectiveKind::kReduceScatter:
       return Algorithm::kOneShot;
     // 2 ranks, in a CUDA graph: low-latency 2.92 / 3.55 / 3.72 us at 1 / 8 / 32 KiB
