@@ -72,7 +72,8 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
     // at 3.5B batch 2 showed more exposed communication (8.45 vs 6.66 ms) for
     // the same step ratio to stock (0.964x vs 0.966x) and 0.1 GiB more peak
     // (fsdp2_h200x2_2026-11-26_two-step-table.json); on wide4b batch 1 its step
-    // matched one-shot's (89.2 vs 89.6 ms, ..._wide4b-b1s512-rs-two-step.json).
+    // matched one-shot's (89.2 vs 89.6 ms, ..._wide4b-b1s512-rs-two-step.json vs
+    // -rs-one-shot.json, one machine).
     // 4 ranks: one-shot beat two-step with 8 MiB pieces at every size.
     case CollectiveKind::kReduceScatter:
       return Algorithm::kOneShot;
