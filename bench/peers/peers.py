@@ -18,7 +18,9 @@ up and how it runs one call of an op at one size.
   (no multimem_* op: NVLink multicast stays off).
 * peer-copy: the bytes a rank receives in an all-gather, pulled from the
   peers' torch symm_mem buffers with torch's copy_ (cudaMemcpyAsync, a
-  copy engine), no synchronization: what the links give.
+  copy engine), no synchronization: what the links give. Its variants pull
+  the same bytes with an elementwise kernel on every SM ("sm") and half
+  each way at once ("copy-engine+sm").
 
 Buffers are two flat bf16 tensors per peer (`a`, `b`) of the largest size;
 every size uses their leading elements.
@@ -172,6 +174,15 @@ class TorchSymmMemPeer:
         return Call(inp, run, poison=None if in_place else out)
 
 
+# The peer copy's variants: how the pull runs. None: torch's copy_, a
+# cudaMemcpyAsync on the copy engines. "sm": an elementwise kernel on every
+# SM (torch.mul by 1, exact in bf16, -0 and NaN included) reading the peer's
+# memory. "copy-engine+sm": half of each peer's chunk each way at once, the
+# copy on a side stream: whether the links give more than either alone.
+PEER_COPY_SM = "sm"
+PEER_COPY_BOTH = "copy-engine+sm"
+
+
 class PeerCopyPeer:
     """Pulls, from every other rank's torch symm_mem buffer, the chunk it
     would receive in an all-gather of this size, into its own output."""
@@ -179,21 +190,48 @@ class PeerCopyPeer:
 
     def __init__(self, handle, buffers: Buffers, rank: int, world: int):
         self.handle, self.buffers, self.rank, self.world = handle, buffers, rank, world
+        self.side = None  # the copy engines' stream of the "copy-engine+sm" variant, made on first use
 
     def variants(self, op: str) -> list:
-        return [None] if op == PEER_COPY else []
+        return [None, PEER_COPY_SM, PEER_COPY_BOTH] if op == PEER_COPY else []
 
     def call(self, op: str, variant, nbytes: int) -> Call:
+        if variant not in (None, PEER_COPY_SM, PEER_COPY_BOTH):
+            raise ValueError(f"unknown peer-copy variant {variant!r}")
         inp, out = self.buffers.views(PEER_COPY, nbytes, self.world, in_place=False)
         chunk = inp.numel()
         peers = [p for p in range(self.world) if p != self.rank]
         # get_buffer(peer, sizes, dtype, storage_offset): the peer's `a` (its input) mapped here.
         pulls = [(out[p * chunk:(p + 1) * chunk], self.handle.get_buffer(p, (chunk,), DTYPE, 0)) for p in peers]
+        if variant == PEER_COPY_BOTH:
+            half = chunk // 2
+            by_copy = [(dst[:half], src[:half]) for dst, src in pulls]
+            by_sm = [(dst[half:], src[half:]) for dst, src in pulls]
+            if self.side is None and out.is_cuda:
+                self.side = torch.cuda.Stream(device=out.device)
+            side = self.side
 
-        def run():
-            for dst, src in pulls:
-                dst.copy_(src)
-            return out
+            def run():
+                if side is not None:
+                    side.wait_stream(torch.cuda.current_stream(out.device))
+                with torch.cuda.stream(side):  # None (no GPU, the unit tests): the current stream
+                    for dst, src in by_copy:
+                        dst.copy_(src)
+                for dst, src in by_sm:
+                    torch.mul(src, 1, out=dst)
+                if side is not None:
+                    torch.cuda.current_stream(out.device).wait_stream(side)
+                return out
+        elif variant == PEER_COPY_SM:
+            def run():
+                for dst, src in pulls:
+                    torch.mul(src, 1, out=dst)
+                return out
+        else:
+            def run():
+                for dst, src in pulls:
+                    dst.copy_(src)
+                return out
 
         def compared(t):  # this rank's own chunk is not copied
             return torch.cat([t[p * chunk:(p + 1) * chunk] for p in peers])

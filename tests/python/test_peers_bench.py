@@ -223,6 +223,32 @@ def test_peer_copy_pulls_every_other_rank_chunk_and_checks_only_those():
     assert call.compared(out).numel() == 3 * chunk and not call.compared(out).isnan().any()
 
 
+@pytest.mark.parametrize("variant", [peers.PEER_COPY_SM, peers.PEER_COPY_BOTH])
+def test_peer_copy_variants_pull_the_same_bytes_exactly(variant):
+    world, rank, nbytes = 3, 2, 4 * KIB + 90  # a chunk of 697 elements: the halves differ by one
+    bufs = peers.Buffers.make(lambda n: torch.zeros(n, dtype=peers.DTYPE), nbytes)
+    chunk = nbytes // 2 // world
+    gen = torch.Generator().manual_seed(7)
+    remote = {p: torch.randn(chunk, generator=gen).to(peers.DTYPE) for p in range(world)}
+    remote[0][:3] = torch.tensor([-0.0, float("inf"), float("nan")])  # copied as they are, sign and NaN too
+
+    class Handle:
+        def get_buffer(self, peer, sizes, dtype, offset):
+            return remote[peer]
+
+    peer = peers.PeerCopyPeer(Handle(), bufs, rank, world)
+    assert peer.variants("peer_copy") == [None, peers.PEER_COPY_SM, peers.PEER_COPY_BOTH]
+    call = peer.call("peer_copy", variant, nbytes)
+    call.poison.fill_(float("nan"))
+    out = call.run()
+    for p in (0, 1):
+        got, want = out[p * chunk:(p + 1) * chunk], remote[p]
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"peer {p}'s chunk differs"
+    assert out[rank * chunk:].isnan().all()  # this rank's own chunk is not pulled
+    with pytest.raises(ValueError, match="unknown peer-copy variant"):
+        peer.call("peer_copy", "nvls", nbytes)
+
+
 def test_plan_orders_ops_then_peers_and_keeps_failed_peers_as_one_entry():
     class Peer:
         def __init__(self, variants):
