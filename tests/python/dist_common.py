@@ -86,3 +86,18 @@ def reduction_reference(t: torch.Tensor, op) -> torch.Tensor:
 def small_integers(n: int, dtype, device, gen) -> torch.Tensor:
     """Small integers: exact in every dtype and any order of summation."""
     return torch.randint(-8, 9, (n,), generator=gen).to(dtype).to(device)
+
+
+def all_reduce_back_to_back(rank: int, calls: list, late_every: int, what: str) -> None:
+    """dist.all_reduce on each of `calls` in turn, no host sync between them,
+    rank 0 late (a 5 M-cycle GPU sleep) at every `late_every`-th call from
+    the middle of the first period; then each result against the reference
+    taken before: a buffer or slot reused too early, or data that lands
+    late, shows."""
+    expected = [reduction_reference(t, dist.ReduceOp.SUM) for t in calls]
+    for i, t in enumerate(calls):
+        if rank == 0 and i % late_every == late_every // 2:
+            torch.cuda._sleep(5_000_000)
+        dist.all_reduce(t)
+    for i, (t, e) in enumerate(zip(calls, expected)):
+        assert torch.equal(t.cpu(), e), f"rank {rank}: back-to-back {what} {i} differs"

@@ -11,7 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_common import init_group, reduction_reference, small_integers
+from dist_common import all_reduce_back_to_back, init_group, reduction_reference, small_integers
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -61,13 +61,7 @@ def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
         # regions'), no host sync, rank 0 late now and then: a packet taken
         # from the wrong call shows.
         calls = [small_integers((5, 1001, 4093)[i % 3], torch.bfloat16, device, gen) for i in range(60)]
-        expected = [reduction_reference(t, dist.ReduceOp.SUM) for t in calls]
-        for i, t in enumerate(calls):
-            if rank == 0 and i % 20 == 10:
-                torch.cuda._sleep(5_000_000)
-            dist.all_reduce(t)
-        for i, (t, e) in enumerate(zip(calls, expected)):
-            assert torch.equal(t.cpu(), e), f"rank {rank}: back-to-back call {i} differs"
+        all_reduce_back_to_back(rank, calls, late_every=20, what="call")
 
         # Captured in a CUDA graph, replayed with new inputs, one rank late.
         graphed = [torch.zeros(n, dtype=torch.bfloat16, device=device) for n in (7, 4093, 16384)]

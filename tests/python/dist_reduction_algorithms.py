@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_common import init_group, reduction_reference, small_integers
+from dist_common import all_reduce_back_to_back, init_group, reduction_reference, small_integers
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 PIECE_BYTES = 64 * 1024  # the smallest SYMMPOOL_TWO_STEP_PIECE_BYTES takes
@@ -75,13 +75,7 @@ def algorithms_match_gloo(rank: int, world: int, all_reduce_algorithm: str = "tw
         # Back to back, no host sync, rank 0 late now and then: a staging slot
         # reused too early, or a push that lands late, shows.
         calls = [small_integers((70_001, 5, 400_003)[i % 3], torch.bfloat16, device, gen) for i in range(30)]
-        expected = [reduction_reference(t, dist.ReduceOp.SUM) for t in calls]
-        for i, t in enumerate(calls):
-            if rank == 0 and i % 10 == 5:
-                torch.cuda._sleep(5_000_000)
-            dist.all_reduce(t)
-        for i, (t, e) in enumerate(zip(calls, expected)):
-            assert torch.equal(t.cpu(), e), f"rank {rank}: back-to-back all_reduce {i} differs"
+        all_reduce_back_to_back(rank, calls, late_every=10, what="all_reduce")
 
         # Captured in a CUDA graph, replayed with new inputs, one rank late.
         n = 200_003
