@@ -321,26 +321,39 @@ __global__ void __launch_bounds__(kThreads)
   meeting.end();
 }
 
+// As the reduce kernel: kLoadsInFlight loads a thread, a grid-stride loop
+// taking U strides at a time (kRanksCap >= world, picked by the launcher).
+template <int kRanksCap>
 __global__ void __launch_bounds__(kThreads)
     gather_copy_kernel(BlockSync sync, PeerPointers src, char* dst, std::size_t bytes, int world,
                        bool vectorized) {
   BlockMeeting meeting{sync, world};
   if (!meeting.start()) return;
+  constexpr int U = kVectorsPerThread<kRanksCap>;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t vectors = vectorized ? bytes / 16 : 0;
-  for (std::size_t v = first; v < vectors; v += stride) {
-    uint4 raw[kMaxRanks];
+  for (std::size_t base = first; base < vectors; base += stride * U) {
+    uint4 raw[U][kRanksCap];
 #pragma unroll
-    for (int p = 0; p < kMaxRanks; ++p)
-      if (p < world) raw[p] = __ldcg(static_cast<const uint4*>(src.ptr[p]) + v);
+    for (int u = 0; u < U; ++u) {
+      const std::size_t v = base + u * stride;
 #pragma unroll
-    for (int p = 0; p < kMaxRanks; ++p)
-      if (p < world) reinterpret_cast<uint4*>(dst + p * bytes)[v] = raw[p];
+      for (int p = 0; p < kRanksCap; ++p)
+        if (p < world && v < vectors) raw[u][p] = __ldcg(static_cast<const uint4*>(src.ptr[p]) + v);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const std::size_t v = base + u * stride;
+      if (v >= vectors) break;
+#pragma unroll
+      for (int p = 0; p < kRanksCap; ++p)
+        if (p < world) reinterpret_cast<uint4*>(dst + p * bytes)[v] = raw[u][p];
+    }
   }
   for (std::size_t i = vectors * 16 + first; i < bytes; i += stride) {
 #pragma unroll
-    for (int p = 0; p < kMaxRanks; ++p)
+    for (int p = 0; p < kRanksCap; ++p)
       if (p < world) dst[p * bytes + i] = static_cast<const char*>(src.ptr[p])[i];
   }
   meeting.end();
@@ -413,7 +426,12 @@ cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, c
   bool vectorized = aligned16(dst) && bytes % 16 == 0;
   for (int p = 0; p < world; ++p) vectorized = vectorized && aligned16(src.ptr[p]);
   const int blocks = grid_for(bytes / 16 + 1, kMaxSyncBlocks);  // equal on every rank
-  gather_copy_kernel<<<blocks, kThreads, 0, stream>>>(sync, src, dst, bytes, world, vectorized);
+  if (world <= 2)
+    gather_copy_kernel<2><<<blocks, kThreads, 0, stream>>>(sync, src, dst, bytes, world, vectorized);
+  else if (world <= 4)
+    gather_copy_kernel<4><<<blocks, kThreads, 0, stream>>>(sync, src, dst, bytes, world, vectorized);
+  else
+    gather_copy_kernel<kMaxRanks><<<blocks, kThreads, 0, stream>>>(sync, src, dst, bytes, world, vectorized);
   return cudaGetLastError();
 }
 

@@ -61,7 +61,9 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
   switch (op) {
     // 2 ranks: kernel 202 vs push 178 GB/s at 16 MiB, push 252 vs kernel 221
     // at 64 MiB (uncapped grid); 4 ranks: kernel 46.8 vs push 65.1 us at 16 MiB, push
-    // 598 vs kernel 647 us at 256 MiB.
+    // 598 vs kernel 647 us at 256 MiB. With 8 loads in flight a thread the kernel
+    // took 38.1 vs 45.7 us at 16 MiB eager and 14.7 vs 16.7 at 4 MiB in a graph
+    // (peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json, 2 rounds each).
     case CollectiveKind::kAllGather:
       return bytes <= 16 * kMiB ? Algorithm::kKernel : Algorithm::kCopyEnginePush;
     // One-shot. Two-step (copy engines pull, a local reduce; 32 MiB pieces) took
@@ -98,6 +100,10 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
 
 // Reduction kernels that read at most this much from each peer meet their
 // peers inside (one launch); bigger ones are bracketed by barrier kernels.
-constexpr bool fused_kernel(std::size_t bytes_per_peer) { return bytes_per_peer <= 1 * kMiB; }
+// 4 MiB, not 1, once the kernel kept 8 loads in flight a thread: at 2 MiB per
+// peer, reduce-scatter 25.4 vs 38.0 us eager and 17.1 vs 19.8 in a graph,
+// all-reduce 31.3 vs 41.9 eager and 23.2 vs 23.8 in a graph (2 rounds each,
+// peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json).
+constexpr bool fused_kernel(std::size_t bytes_per_peer) { return bytes_per_peer <= 4 * kMiB; }
 
 }  // namespace symmpool
