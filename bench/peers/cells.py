@@ -109,9 +109,9 @@ class Reference:
 
 def check(call, data: torch.Tensor, expected: torch.Tensor, ranks: Ranks) -> bool:
     """Runs `call` once on `data` into NaN-poisoned outputs: equal to NCCL's?"""
-    call.inp.copy_(data)
-    if call.poison is not None:
+    if call.poison is not None:  # first: an in-place all-gather's input lies inside its output
         call.poison.fill_(float("nan"))
+    call.inp.copy_(data)
     ranks.start_together()  # every rank's input written before any peer reads it
     result = call.run()
     torch.cuda.synchronize()

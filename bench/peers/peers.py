@@ -100,20 +100,38 @@ def symmpool_variants(two_step_pieces: list[int]) -> list[tuple[str, str, dict]]
     return out
 
 
+# The all-gather as FSDP2 calls it: this rank's input is its own slice of the
+# output (no copy within the GPU), on the peer's own group and buffers.
+ALL_GATHER_IN_PLACE = "in-place"
+
+
 class C10dPeer:
     """torch.distributed's collectives on one group (nccl, symmpool, nccl-registered);
-    `variant_groups` {(variant, op): group} run the same calls through other groups."""
+    `variant_groups` {(variant, op): group} run the same calls through other groups;
+    given `rank`, the all-gather also runs in place (ALL_GATHER_IN_PLACE)."""
 
-    def __init__(self, name: str, group, buffers: Buffers, world: int, variant_groups: dict | None = None):
-        self.name, self.group, self.buffers, self.world = name, group, buffers, world
+    def __init__(self, name: str, group, buffers: Buffers, world: int, variant_groups: dict | None = None,
+                 rank: int | None = None):
+        self.name, self.group, self.buffers, self.world, self.rank = name, group, buffers, world, rank
         self.variant_groups = variant_groups or {}
 
     def variants(self, op: str) -> list:
-        return [None] + [v for v, o in self.variant_groups if o == op] if op in OPS else []
+        if op not in OPS:
+            return []
+        in_place = [ALL_GATHER_IN_PLACE] if op == "all_gather" and self.rank is not None else []
+        return [None] + in_place + [v for v, o in self.variant_groups if o == op]
 
     def call(self, op: str, variant, nbytes: int) -> Call:
-        inp, out = self.buffers.views(op, nbytes, self.world, in_place=op == "all_reduce")
-        g = self.group if variant is None else self.variant_groups[(variant, op)]
+        if variant == ALL_GATHER_IN_PLACE:
+            if op != "all_gather" or self.rank is None:
+                raise ValueError(f"{self.name}: {ALL_GATHER_IN_PLACE} is an all-gather variant given a rank")
+            _, out = self.buffers.views(op, nbytes, self.world, in_place=False)
+            chunk = input_numel(op, nbytes, self.world)
+            inp = out[self.rank * chunk:(self.rank + 1) * chunk]
+            g = self.group
+        else:
+            inp, out = self.buffers.views(op, nbytes, self.world, in_place=op == "all_reduce")
+            g = self.group if variant is None else self.variant_groups[(variant, op)]
         if op == "all_gather":
             def run():
                 dist.all_gather_into_tensor(out, inp, group=g)
@@ -261,7 +279,7 @@ def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nby
     peers, failed = {}, {}
     nccl = dist.new_group(backend="nccl")
     peers["nccl"] = C10dPeer("nccl", nccl, Buffers.make(
-        lambda n: torch.empty(n, dtype=DTYPE, device=device), nbytes), world)
+        lambda n: torch.empty(n, dtype=DTYPE, device=device), nbytes), world, rank=rank)
 
     if "symmpool" in names or "nccl-registered" in names:
         os.environ["SYMMPOOL_COLLECTIVES"] = "always"
@@ -273,8 +291,8 @@ def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nby
         symm_buffers = Buffers.make(lambda n: backend.allocate_tensor(n, dtype=DTYPE, device=device), nbytes)
         variant_groups = {(v, op): _symm_group_with(symm_backend_name, env)
                           for v, op, env in symmpool_variants(list(two_step_pieces))}
-        peers["symmpool"] = C10dPeer("symmpool", symm, symm_buffers, world, variant_groups)
-        peers["nccl-registered"] = C10dPeer("nccl-registered", symm_nccl, symm_buffers, world)
+        peers["symmpool"] = C10dPeer("symmpool", symm, symm_buffers, world, variant_groups, rank=rank)
+        peers["nccl-registered"] = C10dPeer("nccl-registered", symm_nccl, symm_buffers, world, rank=rank)
 
     if "torch-symm-mem" in names or "peer-copy" in names:
         try:

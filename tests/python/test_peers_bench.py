@@ -79,6 +79,40 @@ def test_symmpool_variants_name_the_algorithm_and_piece_their_group_is_made_with
     assert peers.C10dPeer("nccl", "g", None, 2).variants("reduce_scatter") == [None]
 
 
+def test_in_place_all_gather_reads_its_input_from_its_own_slice_of_the_output():
+    world, rank, nbytes = 4, 2, 4 * KIB
+    bufs = peers.Buffers.make(lambda n: torch.zeros(n, dtype=peers.DTYPE), nbytes)
+    p = peers.C10dPeer("symmpool", "group", bufs, world, rank=rank)
+    assert p.variants("all_gather") == [None, peers.ALL_GATHER_IN_PLACE]
+    assert p.variants("all_reduce") == [None]
+    assert peers.C10dPeer("nccl", "g", bufs, world).variants("all_gather") == [None]  # no rank, no in-place
+    call = p.call("all_gather", peers.ALL_GATHER_IN_PLACE, nbytes)
+    chunk = nbytes // 2 // world
+    assert call.poison.data_ptr() == bufs.b.data_ptr() and call.poison.numel() == world * chunk
+    assert call.inp.data_ptr() == bufs.b[rank * chunk:].data_ptr() and call.inp.numel() == chunk
+    with pytest.raises(ValueError, match="all-gather variant"):
+        p.call("reduce_scatter", peers.ALL_GATHER_IN_PLACE, nbytes)
+
+
+def test_check_poisons_before_it_writes_the_input(monkeypatch):
+    """An in-place all-gather's input lies in its output: poisoning after
+    writing the input would gather NaN."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # no GPU here
+    out = torch.zeros(8, dtype=peers.DTYPE)
+    inp = out[2:4]
+    data = torch.tensor([3.0, 4.0], dtype=peers.DTYPE)
+
+    class Ranks:
+        def start_together(self):
+            pass
+
+    call = peers.Call(inp, lambda: out, poison=out, compared=lambda t: t[2:4])
+    expected = torch.zeros(8, dtype=peers.DTYPE)
+    expected[2:4] = data
+    assert cells.check(call, data, expected, Ranks())
+    assert torch.equal(out[2:4], data) and out[:2].isnan().all() and out[4:].isnan().all()
+
+
 def test_sizes_parse_as_ranges_and_lists():
     assert run.parse_sizes("1K:1M:2") == [KIB << i for i in range(11)]
     assert run.parse_sizes("4KiB:64k") == [4 * KIB, 16 * KIB, 64 * KIB]
@@ -473,5 +507,9 @@ def test_a_symmpool_variant_must_run_its_own_algorithm():
         return run.result_row("symmpool", "two-step 8M", "all_reduce", MIB, "eager", 2, [[1.0]], correct=True,
                               calls_issued=10, symm_collectives=10, algorithms_ran=ran)
     assert run.problems([row({"two-step": 10})]) == []
+    in_place = run.result_row("symmpool", peers.ALL_GATHER_IN_PLACE, "all_gather", MIB, "eager", 2, [[1.0]],
+                              correct=True, calls_issued=10, symm_collectives=10,
+                              algorithms_ran={"copy-engine-push": 10})
+    assert run.problems([in_place]) == []  # not named after an algorithm: any may run it
     assert run.problems([row({"two-shot": 10})]) == [
         "symmpool two-step 8M all_reduce 1048576 B eager: ran {'two-shot': 10}, expected 10 x two-step"]
