@@ -58,18 +58,27 @@ def plot(json_path: str) -> str:
     reference = series([r for r in rows if r["op"] == "peer_copy"])
     names = sorted({name for op in ops for name, _ in series([r for r in rows if r["op"] == op])})
     colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(names)}
+    # The peer copy's variants in black, told apart by line style.
+    reference_styles = {name: ("-", "-.", ":", (0, (5, 1)))[i % 4]
+                        for i, name in enumerate(sorted({name for name, _ in reference}))}
     fig, axes = plt.subplots(len(ops), 2, figsize=(13, 3.8 * len(ops)), squeeze=False)
     for (bw_ax, lat_ax), op in zip(axes, ops):
         lines = series([r for r in rows if r["op"] == op])
         for lines_of, is_reference in ((lines, False), (reference, True)):
             for (name, mode), rs in sorted(lines_of.items()):
-                style = dict(color="black" if is_reference else colors[name], marker="." if mode == "eager" else "x",
-                             linestyle="-" if mode == "eager" else "--", linewidth=2.2 if is_reference else 1.4,
-                             label=f"{name} ({mode})")
+                if is_reference:
+                    style = dict(color="black" if mode == "eager" else "dimgray", linewidth=2.2,
+                                 linestyle=reference_styles[name])
+                else:
+                    style = dict(color=colors[name], linewidth=1.4, linestyle="-" if mode == "eager" else "--")
+                style.update(marker="." if mode == "eager" else "x", label=f"{name} ({mode})")
                 bw_ax.plot([r["bytes"] for r in rs], [r["busbw_gbps"] for r in rs], **style)
                 small = [r for r in rs if r["bytes"] <= LATENCY_MAX_BYTES]
                 if small:
                     lat_ax.plot([r["bytes"] for r in small], [r["time_us_median"] for r in small], **style)
+        if not lat_ax.lines:
+            lat_ax.text(0.5, 0.5, f"no size <= {size_label(LATENCY_MAX_BYTES)} in this run", ha="center",
+                        va="center", transform=lat_ax.transAxes)
         limit = ctx.get("nvlink_gbps_per_direction")
         if limit:
             bw_ax.axhline(limit, color="grey", linestyle=":", label=f"NVLink {limit} GB/s per direction")

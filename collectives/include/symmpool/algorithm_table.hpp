@@ -103,7 +103,9 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
 // 4 MiB, not 1, once the kernel kept 8 loads in flight a thread: at 2 MiB per
 // peer, reduce-scatter 25.4 vs 38.0 us eager and 17.1 vs 19.8 in a graph,
 // all-reduce 31.3 vs 41.9 eager and 23.2 vs 23.8 in a graph (2 rounds each,
-// peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json).
+// peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json); at 4 MiB per peer
+// (8 MiB), reduce-scatter 29.9 vs 36.5 / 24.5 vs 26.4 and all-reduce 41.5 vs
+// 44.1 / 36.4 vs 37.7 (..._fused-4m-at-6-and-8-mib.json).
 constexpr bool fused_kernel(std::size_t bytes_per_peer) { return bytes_per_peer <= 4 * kMiB; }
 
 }  // namespace symmpool
