@@ -50,9 +50,29 @@ def start_workers(fn, world: int, *args, timeout: float = 300.0):
                               join=False, start_method="spawn")
 
 
+# _free_port's port is let go before rank 0's store binds it again, and
+# another process may take it in between (seen on a shared 2x H200 host:
+# TCPStore's listen failed with EADDRINUSE in init_process_group). Nothing
+# of the test has run then, so the start is retried on a fresh port.
+PORT_TAKEN = "failed to listen on any local network address"
+START_ATTEMPTS = 3
+
+
 def run_workers(fn, world: int, *args, timeout: float = 300.0) -> None:
     """Runs fn(rank, world, *args) in `world` spawned processes; re-raises a
-    worker's exception; kills them all and raises TimeoutError past `timeout`."""
+    worker's exception; kills them all and raises TimeoutError past `timeout`.
+    A start whose store found its port taken is retried (START_ATTEMPTS in all)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return _run_workers_once(fn, world, *args, timeout=timeout)
+        except mp.ProcessRaisedException as e:
+            if PORT_TAKEN not in str(e) or "EADDRINUSE" not in str(e) or attempt == START_ATTEMPTS:
+                raise
+            print(f"launch: rank 0's store port was taken (attempt {attempt} of {START_ATTEMPTS}), "
+                  "starting the workers again on another port")
+
+
+def _run_workers_once(fn, world: int, *args, timeout: float) -> None:
     ctx = start_workers(fn, world, *args, timeout=timeout)
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=max(0.0, min(5.0, deadline - time.monotonic()))):

@@ -24,6 +24,19 @@ def _sleep(rank: int, world: int) -> None:
     time.sleep(60)
 
 
+def _port_taken_at_first(rank: int, world: int, directory: str, starts_failing: int) -> None:
+    """Fails as TCPStore does when its port was taken, in the first
+    `starts_failing` starts; counts every start on rank 0."""
+    starts = os.path.join(directory, "starts")
+    if rank == 0:
+        with open(starts, "a") as f:
+            f.write("x")
+        if len(open(starts).read()) <= starts_failing:
+            raise RuntimeError("The server socket has failed to listen on any local network address. "
+                               "port: 52863, useIpv6: false, code: -98, name: EADDRINUSE, message: "
+                               "address already in use")
+
+
 def test_start_workers_passes_every_argument(tmp_path):
     ctx = start_workers(_write_rank, 2, str(tmp_path), "hello", timeout=60)
     deadline = time.monotonic() + 60
@@ -43,3 +56,28 @@ def test_run_workers_stops_a_hang_at_the_deadline():
     with pytest.raises(TimeoutError, match="still running after 3 s"):
         run_workers(_sleep, 2, timeout=3)
     assert time.monotonic() - began < 30
+
+
+def test_run_workers_starts_again_where_the_store_port_was_taken(tmp_path):
+    """The race of a port let go and bound again, lost once: the test runs on the next start."""
+    run_workers(_port_taken_at_first, 2, str(tmp_path), 1, timeout=60)
+    assert (tmp_path / "starts").read_text() == "xx"
+
+
+def test_run_workers_gives_up_on_a_port_taken_every_time(tmp_path):
+    with pytest.raises(Exception, match="EADDRINUSE"):
+        run_workers(_port_taken_at_first, 2, str(tmp_path), 99, timeout=60)
+    assert (tmp_path / "starts").read_text() == "xxx"
+
+
+def _count_and_fail(rank: int, world: int, directory: str) -> None:
+    if rank == 0:
+        with open(os.path.join(directory, "starts"), "a") as f:
+            f.write("x")
+        raise ValueError("address already in use, but not the store's: EADDRINUSE")
+
+
+def test_run_workers_does_not_start_again_after_other_errors(tmp_path):
+    with pytest.raises(Exception, match="not the store's"):
+        run_workers(_count_and_fail, 2, str(tmp_path), timeout=60)
+    assert (tmp_path / "starts").read_text() == "x"
