@@ -163,9 +163,9 @@ int correctness(Ctx& c) {
   unsigned seed = 0;
   for (DataType t : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
     const std::size_t es = element_size(t);
-    // The last size reads more than 4 MiB from each peer in every dtype at 2
-    // ranks, so reductions run between barrier kernels (fused_kernel), not only
-    // meeting inside.
+    // The last size reads more than 8 MiB from each peer at 2 ranks in every
+    // reduce-scatter and in fp32 all-reduces, so those run between barrier
+    // kernels (fused_kernel), not only meeting inside.
     for (std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{1001}, std::size_t{65537},
                           (std::size_t{1} << 20) + 7, (std::size_t{1} << 22) + 5}) {
       const std::size_t bytes = n * es, total = bytes * world;
@@ -271,7 +271,7 @@ int back_to_back_and_graph(Ctx& c) {
   // reduce-scatter (single kernels), a large all-reduce (two-shot with
   // barrier kernels); and the copy-engine ones, whose barriers are stream
   // operations when not captured.
-  const std::size_t big = (std::size_t{4} << 20) + 3;
+  const std::size_t big = (std::size_t{8} << 20) + 3;  // bf16: over 8 MiB a rank's chunk (barrier kernels)
   void* rs_in = dev(c, total);
   void* rs_out = dev(c, bytes);
   void* rs_out_2step = dev(c, bytes);

@@ -100,12 +100,16 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
 
 // Reduction kernels that read at most this much from each peer meet their
 // peers inside (one launch); bigger ones are bracketed by barrier kernels.
-// 4 MiB, not 1, once the kernel kept 8 loads in flight a thread: at 2 MiB per
-// peer, reduce-scatter 25.4 vs 38.0 us eager and 17.1 vs 19.8 in a graph,
-// all-reduce 31.3 vs 41.9 eager and 23.2 vs 23.8 in a graph (2 rounds each,
-// peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json); at 4 MiB per peer
-// (8 MiB), reduce-scatter 29.9 vs 36.5 / 24.5 vs 26.4 and all-reduce 41.5 vs
-// 44.1 / 36.4 vs 37.7 (..._fused-4m-at-6-and-8-mib.json).
-constexpr bool fused_kernel(std::size_t bytes_per_peer) { return bytes_per_peer <= 4 * kMiB; }
+// 8 MiB, not 1, once the kernel kept 8 loads in flight a thread (2 rounds
+// each, old and new builds interleaved; fused / bracketed, eager / graph, us):
+// at 2 MiB per peer, reduce-scatter 25.4 / 38.0 and 17.1 / 19.8, all-reduce
+// 31.3 / 41.9 and 23.2 / 23.8 (peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json);
+// at 4 MiB, reduce-scatter 29.9 / 36.5 and 24.5 / 26.4, all-reduce 41.5 / 44.1
+// and 36.4 / 37.7 (..._fused-4m-at-6-and-8-mib.json); at 8 MiB (16 MiB
+// calls), eager, reduce-scatter 39.4 / 43.8, all-reduce 65.3 / 69.2; but at
+// 32 MiB a peer the fused kernel's 32 blocks lost, all-reduce 236.0 / 224.3
+// and reduce-scatter 123.8 / 121.8, and at 128 MiB 902.3 / 837.1 and 433.1 /
+// 425.4 (..._ag-kernel-128m-and-fused-at-every-size.json).
+constexpr bool fused_kernel(std::size_t bytes_per_peer) { return bytes_per_peer <= 8 * kMiB; }
 
 }  // namespace symmpool
