@@ -77,7 +77,7 @@ void Communicator::two_shot(const Reduction& r) {
   require_symmetric(r.out, r.bytes(), "all_reduce output (two-shot)");
   // Rank i reduces chunk i and writes it into every rank's output.
   const ChunkOfRank mine = chunk_of_rank(r.count, es);
-  const bool fused = fused_kernel(mine.stride * es);
+  const bool fused = fused_kernel(mine.stride * es, world());
   detail::ReduceLaunch launch = reduce_launch(r, fused);
   for (int p = 0; p < world(); ++p) {
     launch.in.ptr[p] = heap_.peer_ptr(r.in, p);

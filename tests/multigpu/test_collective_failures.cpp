@@ -10,6 +10,7 @@
 #include "process_group.hpp"
 #include "rank_checks.hpp"
 
+#include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/error.hpp>
@@ -85,7 +86,8 @@ struct RankSetup {
 };
 
 // The two ways two-shot meets its peers: inside one fused kernel (small
-// calls), or around its reduction with two barrier kernels (chunks over 1 MiB).
+// calls), or around its reduction with two barrier kernels (chunks over
+// fused_kernel_limit: 8 MiB at 2 ranks, 1 MiB at others).
 struct TwoShotCase {
   const char* name;
   std::size_t bytes;
@@ -94,7 +96,14 @@ struct TwoShotCase {
     comm.all_reduce(buffer, buffer, bytes / 4, DataType::kFloat32, ReduceOp::kSum, s, Algorithm::kTwoShot);
   }
 };
-constexpr std::size_t kTwoShotLarge = std::size_t{4} << 20;
+constexpr std::size_t kTwoShotLarge = std::size_t{32} << 20;
+constexpr bool chunks_between_barriers(std::size_t bytes) {
+  for (int world = 2; world <= detail::kMaxRanks; ++world)
+    if (fused_kernel(bytes / static_cast<std::size_t>(world), world)) return false;
+  return true;
+}
+static_assert(chunks_between_barriers(kTwoShotLarge),
+              "the large two-shot case must run between barrier kernels");
 constexpr TwoShotCase kTwoShotCases[] = {{"two-shot all-reduce, one fused kernel", 16384},
                                          {"two-shot all-reduce between barriers", kTwoShotLarge}};
 
@@ -365,7 +374,7 @@ TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
     int failures = 0;
     RankSetup setup(rank);
     auto& [device, store, alloc, s] = setup;
-    constexpr std::size_t kLarge = std::size_t{4} << 20;  // two-shot chunks over 1 MiB: barrier kernels
+    constexpr std::size_t kLarge = kTwoShotLarge;  // two-shot chunks between barrier kernels
     auto* a = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
     auto* b = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
     RANK_CUDA(cudaMemsetAsync(a, 0, kLarge, s));

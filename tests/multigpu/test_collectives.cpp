@@ -163,11 +163,14 @@ int correctness(Ctx& c) {
   unsigned seed = 0;
   for (DataType t : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
     const std::size_t es = element_size(t);
-    // The last size reads more than 8 MiB from each peer at 2 ranks in every
-    // reduce-scatter and in fp32 all-reduces, so those run between barrier
-    // kernels (fused_kernel), not only meeting inside.
-    for (std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{1001}, std::size_t{65537},
-                          (std::size_t{1} << 20) + 7, (std::size_t{1} << 22) + 5}) {
+    // (1 << 20) + 8 elements are whole 16-byte vectors in every dtype (the
+    // kernels' vector paths, to a last pass the grid only partly covers). The
+    // last size reads more than 8 MiB from each peer at 2 ranks in every
+    // one-shot reduction and in fp32 two-shot all-reduces, so those run
+    // between barrier kernels (fused_kernel_limit), not only meeting inside.
+    for (std::size_t n :
+         {std::size_t{1}, std::size_t{3}, std::size_t{1001}, std::size_t{65537}, (std::size_t{1} << 20) + 7,
+          (std::size_t{1} << 20) + 8, (std::size_t{1} << 22) + 5}) {
       const std::size_t bytes = n * es, total = bytes * world;
       ++seed;
       const Bytes mine = rank_data(seed, rank, n, t);
@@ -271,7 +274,8 @@ int back_to_back_and_graph(Ctx& c) {
   // reduce-scatter (single kernels), a large all-reduce (two-shot with
   // barrier kernels); and the copy-engine ones, whose barriers are stream
   // operations when not captured.
-  const std::size_t big = (std::size_t{8} << 20) + 3;  // bf16: over 8 MiB a rank's chunk (barrier kernels)
+  // bf16: a rank's two-shot chunk over fused_kernel_limit at every world size (barrier kernels).
+  const std::size_t big = (std::size_t{8} << 20) + 3;
   void* rs_in = dev(c, total);
   void* rs_out = dev(c, bytes);
   void* rs_out_2step = dev(c, bytes);

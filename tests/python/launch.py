@@ -54,8 +54,15 @@ def start_workers(fn, world: int, *args, timeout: float = 300.0):
 # another process may take it in between (seen on a shared 2x H200 host:
 # TCPStore's listen failed with EADDRINUSE in init_process_group). Nothing
 # of the test has run then, so the start is retried on a fresh port.
-PORT_TAKEN = "failed to listen on any local network address"
 START_ATTEMPTS = 3
+
+
+def _store_port_taken(e: "mp.ProcessRaisedException") -> bool:
+    """Rank 0 (the only rank whose store listens) failed to bind its port:
+    libuv's TCPStore says EADDRINUSE, the older one errno 98."""
+    text = str(e)
+    return (e.error_index == 0 and ("failed to listen" in text or "failed to bind" in text)
+            and ("EADDRINUSE" in text or "errno: 98" in text))
 
 
 def run_workers(fn, world: int, *args, timeout: float = 300.0) -> None:
@@ -66,7 +73,7 @@ def run_workers(fn, world: int, *args, timeout: float = 300.0) -> None:
         try:
             return _run_workers_once(fn, world, *args, timeout=timeout)
         except mp.ProcessRaisedException as e:
-            if PORT_TAKEN not in str(e) or "EADDRINUSE" not in str(e) or attempt == START_ATTEMPTS:
+            if not _store_port_taken(e) or attempt == START_ATTEMPTS:
                 raise
             print(f"launch: rank 0's store port was taken (attempt {attempt} of {START_ATTEMPTS}), "
                   "starting the workers again on another port")

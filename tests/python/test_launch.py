@@ -77,6 +77,21 @@ def _count_and_fail(rank: int, world: int, directory: str) -> None:
         raise ValueError("address already in use, but not the store's: EADDRINUSE")
 
 
+def _port_taken_on_rank_one(rank: int, world: int, directory: str) -> None:
+    if rank == 1:
+        with open(os.path.join(directory, "starts"), "a") as f:
+            f.write("x")
+        raise RuntimeError("The server socket has failed to listen on any local network address. "
+                           "code: -98, name: EADDRINUSE")
+
+
+def test_run_workers_starts_again_only_for_rank_zeros_store(tmp_path):
+    """Only rank 0's store listens: the same words from another rank are a failure of the test."""
+    with pytest.raises(Exception, match="EADDRINUSE"):
+        run_workers(_port_taken_on_rank_one, 2, str(tmp_path), timeout=60)
+    assert (tmp_path / "starts").read_text() == "x"
+
+
 def test_run_workers_does_not_start_again_after_other_errors(tmp_path):
     with pytest.raises(Exception, match="not the store's"):
         run_workers(_count_and_fail, 2, str(tmp_path), timeout=60)

@@ -62,7 +62,7 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
     // 2 ranks: kernel 202 vs push 178 GB/s at 16 MiB, push 252 vs kernel 221
     // at 64 MiB (uncapped grid); 4 ranks: kernel 46.8 vs push 65.1 us at 16 MiB, push
     // 598 vs kernel 647 us at 256 MiB. With 8 loads in flight a thread the kernel
-    // took 38.1 vs 45.7 us at 16 MiB eager and 14.7 vs 16.7 at 4 MiB in a graph
+    // took 38.1 vs 45.7 us at 16 MiB eager and 14.7 vs 16.6 at 4 MiB in a graph
     // (peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json, 2 rounds each).
     case CollectiveKind::kAllGather:
       return bytes <= 16 * kMiB ? Algorithm::kKernel : Algorithm::kCopyEnginePush;
@@ -99,17 +99,22 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
 }
 
 // Reduction kernels that read at most this much from each peer meet their
-// peers inside (one launch); bigger ones are bracketed by barrier kernels.
-// 8 MiB, not 1, once the kernel kept 8 loads in flight a thread (2 rounds
+// peers inside (one launch; the grid is kMaxSyncBlocks whatever
+// SYMMPOOL_MAX_BLOCKS says); bigger ones are bracketed by barrier kernels.
+// At 2 ranks 8 MiB, not 1, once the kernel kept 8 loads in flight a thread (2 rounds
 // each, old and new builds interleaved; fused / bracketed, eager / graph, us):
 // at 2 MiB per peer, reduce-scatter 25.4 / 38.0 and 17.1 / 19.8, all-reduce
-// 31.3 / 41.9 and 23.2 / 23.8 (peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json);
+// 31.2 / 41.9 and 23.2 / 23.8 (peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json);
 // at 4 MiB, reduce-scatter 29.9 / 36.5 and 24.5 / 26.4, all-reduce 41.5 / 44.1
 // and 36.4 / 37.7 (..._fused-4m-at-6-and-8-mib.json); at 8 MiB (16 MiB
 // calls), eager, reduce-scatter 39.4 / 43.8, all-reduce 65.3 / 69.2; but at
 // 32 MiB a peer the fused kernel's 32 blocks lost, all-reduce 236.0 / 224.3
 // and reduce-scatter 123.8 / 121.8, and at 128 MiB 902.3 / 837.1 and 433.1 /
-// 425.4 (..._ag-kernel-128m-and-fused-at-every-size.json).
-constexpr bool fused_kernel(std::size_t bytes_per_peer) { return bytes_per_peer <= 8 * kMiB; }
+// 425.4 (..._ag-kernel-128m-and-fused-at-every-size.json). Other world sizes
+// are not measured with it and keep the 1 MiB of before.
+constexpr std::size_t fused_kernel_limit(int world) { return world == 2 ? 8 * kMiB : 1 * kMiB; }
+constexpr bool fused_kernel(std::size_t bytes_per_peer, int world) {
+  return bytes_per_peer <= fused_kernel_limit(world);
+}
 
 }  // namespace symmpool

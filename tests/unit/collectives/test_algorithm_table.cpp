@@ -33,6 +33,15 @@ TEST(AlgorithmTable, FollowsTheFourGpuMeasurements) {
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 8 << 10, 4), Algorithm::kTwoShot);  // LL unmeasured
 }
 
+TEST(AlgorithmTable, FusedReductionsUpToTheirMeasuredLimit) {
+  EXPECT_TRUE(fused_kernel(8 * MiB, 2));
+  EXPECT_FALSE(fused_kernel(8 * MiB + 1, 2));
+  for (int world : {1, 3, 4, 8}) {  // not measured with the 8-load kernel: the limit of before
+    EXPECT_TRUE(fused_kernel(1 * MiB, world)) << world;
+    EXPECT_FALSE(fused_kernel(1 * MiB + 1, world)) << world;
+  }
+}
+
 TEST(AlgorithmTable, UnmeasuredWorldSizesUseNccl) {
   for (int world : {1, 3, 8})
     for (auto op : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce})
