@@ -103,6 +103,12 @@ def symmpool_variants(two_step_pieces: list[int]) -> list[tuple[str, str, dict]]
 # The all-gather as FSDP2 calls it: this rank's input is its own slice of the
 # output (no copy within the GPU), on the peer's own group and buffers.
 ALL_GATHER_IN_PLACE = "in-place"
+# symmpool's functional all-reduce on the same group: torch.ops.symmpool.all_reduce,
+# a C++ op without torch.distributed's Python wrapper (out of place: it
+# clones its input), timed where the table's low-latency all-reduce, which
+# takes any memory, runs it.
+SYMMPOOL_OP = "torch.ops.symmpool"
+SYMMPOOL_OP_MAX_BYTES = 32 << 10
 
 
 class C10dPeer:
@@ -111,17 +117,28 @@ class C10dPeer:
     given `rank`, the all-gather also runs in place (ALL_GATHER_IN_PLACE)."""
 
     def __init__(self, name: str, group, buffers: Buffers, world: int, variant_groups: dict | None = None,
-                 rank: int | None = None):
+                 rank: int | None = None, functional_op: bool = False):
         self.name, self.group, self.buffers, self.world, self.rank = name, group, buffers, world, rank
         self.variant_groups = variant_groups or {}
+        self.functional_op = functional_op  # SYMMPOOL_OP for all-reduces
 
     def variants(self, op: str) -> list:
         if op not in OPS:
             return []
         in_place = [ALL_GATHER_IN_PLACE] if op == "all_gather" and self.rank is not None else []
-        return [None] + in_place + [v for v, o in self.variant_groups if o == op]
+        functional = [SYMMPOOL_OP] if op == "all_reduce" and self.functional_op else []
+        return [None] + in_place + functional + [v for v, o in self.variant_groups if o == op]
 
     def call(self, op: str, variant, nbytes: int) -> Call:
+        if variant == SYMMPOOL_OP:
+            if op != "all_reduce" or not self.functional_op:
+                raise ValueError(f"{self.name}: {SYMMPOOL_OP} is an all-reduce variant of a peer made with it")
+            inp, _ = self.buffers.views(op, nbytes, self.world, in_place=True)
+            group_name = self.group.group_name
+
+            def run_op():
+                return torch.ops.symmpool.all_reduce(inp, "sum", group_name)
+            return Call(inp, run_op, poison=None)  # a new tensor each call
         if variant == ALL_GATHER_IN_PLACE:
             if op != "all_gather" or self.rank is None:
                 raise ValueError(f"{self.name}: {ALL_GATHER_IN_PLACE} is an all-gather variant given a rank")
@@ -291,7 +308,8 @@ def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nby
         symm_buffers = Buffers.make(lambda n: backend.allocate_tensor(n, dtype=DTYPE, device=device), nbytes)
         variant_groups = {(v, op): _symm_group_with(symm_backend_name, env)
                           for v, op, env in symmpool_variants(list(two_step_pieces))}
-        peers["symmpool"] = C10dPeer("symmpool", symm, symm_buffers, world, variant_groups, rank=rank)
+        peers["symmpool"] = C10dPeer("symmpool", symm, symm_buffers, world, variant_groups, rank=rank,
+                                     functional_op=True)
         peers["nccl-registered"] = C10dPeer("nccl-registered", symm_nccl, symm_buffers, world, rank=rank)
 
     if "torch-symm-mem" in names or "peer-copy" in names:

@@ -49,7 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import timing  # noqa: E402
-from peers import ALL_GATHER_IN_PLACE, OPS, PEER_COPY, PEERS  # noqa: E402
+from peers import ALL_GATHER_IN_PLACE, OPS, PEER_COPY, PEERS, SYMMPOOL_OP, SYMMPOOL_OP_MAX_BYTES  # noqa: E402
 from run_output import finish_run, write_json  # noqa: E402
 
 NVLINK_GBPS_PER_DIRECTION = 478  # H200's NVLink limit per GPU per direction (the target machine's)
@@ -210,6 +210,9 @@ def context_of(args, world: int, device) -> dict:
         "symmpool_variants": "rows of peer symmpool with a variant ran through another \"symm\" group made while "
                              "SYMMPOOL_*_ALGORITHM named it (and SYMMPOOL_TWO_STEP_PIECE_BYTES its piece), on the "
                              "same buffers; no variant: the algorithm table's choice",
+        "symmpool_op": f"rows of peer symmpool with variant {SYMMPOOL_OP!r}: torch.ops.symmpool.all_reduce (a C++ "
+                       "op, no torch.distributed Python wrapper; out of place, its input cloned) on the same group "
+                       f"and input, up to {SYMMPOOL_OP_MAX_BYTES} bytes",
         "all_gather_in_place": f"rows with variant {ALL_GATHER_IN_PLACE!r} (nccl, nccl-registered, symmpool): the "
                                "all-gather as FSDP2 calls it, each rank's input its own slice of the output, on the "
                                "peer's own group and buffers; without it the input is a buffer of its own",
@@ -257,8 +260,8 @@ def main(argv=None) -> int:
     for nbytes in args.sizes:
         modes = ["eager"] + (["graph"] if args.graph and nbytes <= args.graph_max_bytes else [])
         for op, name, variant in plan(args.ops, peers, failed, args.peers):
-            if name == "symmpool" and variant not in (None, ALL_GATHER_IN_PLACE) and nbytes < args.two_step_from:
-                continue  # a pipeline of copies is for large messages: not timed below it
+            if skipped(name, variant, nbytes, args):
+                continue
             def row(mode, per_rank=None, **fields):
                 return result_row(name, variant, op, nbytes, mode, world, per_rank, **fields)
 
@@ -287,6 +290,18 @@ def main(argv=None) -> int:
     return 1 if context["problems"] else 0
 
 
+def skipped(peer: str, variant, nbytes: int, args) -> bool:
+    """Cells not timed: symmpool's two-step pipelines below --two-step-from
+    (a pipeline of copies is for large messages), its functional op above
+    the sizes its low-latency all-reduce takes in any memory (larger, the op's
+    plain output goes to NCCL)."""
+    if peer != "symmpool" or variant in (None, ALL_GATHER_IN_PLACE):
+        return False
+    if variant == SYMMPOOL_OP:
+        return nbytes > SYMMPOOL_OP_MAX_BYTES
+    return nbytes < args.two_step_from
+
+
 def problems(results: list[dict]) -> list[str]:
     """Rows that are wrong, or that did not run where their peer says: a
     symmpool row whose calls did not all run on symmpool (or, for a variant,
@@ -303,7 +318,8 @@ def problems(results: list[dict]) -> list[str]:
         if r["symm_collectives"] != expected:
             out.append(f"{where}: {r['symm_collectives']} of {r['calls_issued']} calls ran on symmpool, "
                        f"expected {expected}")
-        if r["peer"] == "symmpool" and r["variant"] not in (None, ALL_GATHER_IN_PLACE) and "algorithms_ran" in r:
+        if r["peer"] == "symmpool" and r["variant"] not in (None, ALL_GATHER_IN_PLACE, SYMMPOOL_OP) \
+                and "algorithms_ran" in r:
             algorithm = r["variant"].split()[0]  # a symmpool variant is named after its algorithm
             if r["algorithms_ran"] != {algorithm: r["calls_issued"]}:
                 out.append(f"{where}: ran {r['algorithms_ran']}, expected {r['calls_issued']} x {algorithm}")

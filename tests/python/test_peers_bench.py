@@ -94,6 +94,31 @@ def test_in_place_all_gather_reads_its_input_from_its_own_slice_of_the_output():
         p.call("reduce_scatter", peers.ALL_GATHER_IN_PLACE, nbytes)
 
 
+def test_symmpool_functional_op_is_an_all_reduce_variant_on_the_same_group_and_input():
+    bufs = peers.Buffers.make(lambda n: torch.zeros(n, dtype=peers.DTYPE), 4 * KIB)
+    group = type("G", (), {"group_name": "7"})()
+    p = peers.C10dPeer("symmpool", group, bufs, 2, {("two-step 8M", "all_reduce"): "g2"}, rank=0, functional_op=True)
+    assert p.variants("all_reduce") == [None, peers.SYMMPOOL_OP, "two-step 8M"]
+    assert peers.SYMMPOOL_OP not in p.variants("all_gather") + p.variants("reduce_scatter")
+    assert peers.SYMMPOOL_OP not in peers.C10dPeer("nccl", group, bufs, 2, rank=0).variants("all_reduce")
+    call = p.call("all_reduce", peers.SYMMPOOL_OP, 4 * KIB)
+    assert call.poison is None and call.inp.data_ptr() == bufs.a.data_ptr() and call.inp.numel() == 2 * KIB
+    with pytest.raises(ValueError, match="all-reduce variant"):
+        p.call("all_gather", peers.SYMMPOOL_OP, 4 * KIB)
+
+
+def test_skipped_cells_are_symmpool_pipelines_below_their_floor_and_the_op_above_low_latency():
+    args = run.parse_args([])
+    assert args.two_step_from == MIB
+    assert run.skipped("symmpool", "two-step 32M", MIB // 2, args)
+    assert not run.skipped("symmpool", "two-step 32M", MIB, args)
+    assert not run.skipped("symmpool", peers.SYMMPOOL_OP, peers.SYMMPOOL_OP_MAX_BYTES, args)
+    assert run.skipped("symmpool", peers.SYMMPOOL_OP, 4 * peers.SYMMPOOL_OP_MAX_BYTES, args)
+    assert not run.skipped("symmpool", peers.ALL_GATHER_IN_PLACE, KIB, args)
+    assert not run.skipped("symmpool", None, KIB, args)
+    assert not run.skipped("nccl", peers.ALL_GATHER_IN_PLACE, KIB, args)
+
+
 def test_check_poisons_before_it_writes_the_input(monkeypatch):
     """An in-place all-gather's input lies in its output: poisoning after
     writing the input would gather NaN."""
@@ -511,5 +536,8 @@ def test_a_symmpool_variant_must_run_its_own_algorithm():
                               correct=True, calls_issued=10, symm_collectives=10,
                               algorithms_ran={"copy-engine-push": 10})
     assert run.problems([in_place]) == []  # not named after an algorithm: any may run it
+    op = run.result_row("symmpool", peers.SYMMPOOL_OP, "all_reduce", KIB, "eager", 2, [[1.0]], correct=True,
+                        calls_issued=10, symm_collectives=10, algorithms_ran={"low-latency": 10})
+    assert run.problems([op]) == []
     assert run.problems([row({"two-shot": 10})]) == [
         "symmpool two-step 8M all_reduce 1048576 B eager: ran {'two-shot': 10}, expected 10 x two-step"]
