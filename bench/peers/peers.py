@@ -105,8 +105,10 @@ def symmpool_variants(two_step_pieces: list[int]) -> list[tuple[str, str, dict]]
 ALL_GATHER_IN_PLACE = "in-place"
 # symmpool's functional all-reduce on the same group: torch.ops.symmpool.all_reduce,
 # a C++ op without torch.distributed's Python wrapper (out of place: it
-# clones its input), timed where the table's low-latency all-reduce, which
-# takes any memory, runs it.
+# clones its input into plain memory), timed where the table's low-latency
+# all-reduce, which takes any memory, runs it: up to 32 KiB at 2 ranks (at
+# other world sizes the table has no low-latency entry and the op's plain
+# output goes to NCCL, so the variant is not made there).
 SYMMPOOL_OP = "torch.ops.symmpool"
 SYMMPOOL_OP_MAX_BYTES = 32 << 10
 
@@ -309,7 +311,7 @@ def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nby
         variant_groups = {(v, op): _symm_group_with(symm_backend_name, env)
                           for v, op, env in symmpool_variants(list(two_step_pieces))}
         peers["symmpool"] = C10dPeer("symmpool", symm, symm_buffers, world, variant_groups, rank=rank,
-                                     functional_op=True)
+                                     functional_op=world == 2)
         peers["nccl-registered"] = C10dPeer("nccl-registered", symm_nccl, symm_buffers, world, rank=rank)
 
     if "torch-symm-mem" in names or "peer-copy" in names:

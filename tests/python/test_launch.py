@@ -77,6 +77,22 @@ def _count_and_fail(rank: int, world: int, directory: str) -> None:
         raise ValueError("address already in use, but not the store's: EADDRINUSE")
 
 
+def _legacy_port_taken_once(rank: int, world: int, directory: str) -> None:
+    """As the TCPStore without libuv (USE_LIBUV=0) says it, once."""
+    starts = os.path.join(directory, "starts")
+    if rank == 0:
+        with open(starts, "a") as f:
+            f.write("x")
+        if len(open(starts).read()) == 1:
+            raise RuntimeError("The server socket has failed to bind to [::]:52863 (errno: 98 - Address already "
+                               "in use).")
+
+
+def test_run_workers_starts_again_after_the_legacy_stores_port_error(tmp_path):
+    run_workers(_legacy_port_taken_once, 2, str(tmp_path), timeout=60)
+    assert (tmp_path / "starts").read_text() == "xx"
+
+
 def _port_taken_on_rank_one(rank: int, world: int, directory: str) -> None:
     if rank == 1:
         with open(os.path.join(directory, "starts"), "a") as f:
