@@ -2,6 +2,7 @@
 #include "kernels.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace symmpool::detail {
 
@@ -382,13 +383,20 @@ cudaError_t reduce_as(const ReduceLaunch& r, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The kernel's per-rank arrays as small as the world allows: more vectors
-// in flight per thread, in the same registers.
+// Calls launch(std::integral_constant<int, cap>) with the smallest of 2, 4,
+// kMaxRanks that is >= ranks: a kernel's per-rank arrays as small as the world
+// allows, so more vectors are in flight per thread in the same registers.
+template <typename Launch>
+cudaError_t with_ranks_cap(int ranks, Launch&& launch) {
+  if (ranks <= 2) return launch(std::integral_constant<int, 2>{});
+  if (ranks <= 4) return launch(std::integral_constant<int, 4>{});
+  return launch(std::integral_constant<int, kMaxRanks>{});
+}
+
 template <typename T>
 cudaError_t reduce_as(const ReduceLaunch& r, cudaStream_t stream) {
-  if (r.world <= 2 && r.n_outs <= 2) return reduce_as<T, 2>(r, stream);
-  if (r.world <= 4 && r.n_outs <= 4) return reduce_as<T, 4>(r, stream);
-  return reduce_as<T, kMaxRanks>(r, stream);
+  return with_ranks_cap(std::max(r.world, r.n_outs),
+                        [&](auto cap) { return reduce_as<T, decltype(cap)::value>(r, stream); });
 }
 
 }  // namespace
@@ -426,13 +434,11 @@ cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, c
   bool vectorized = aligned16(dst) && bytes % 16 == 0;
   for (int p = 0; p < world; ++p) vectorized = vectorized && aligned16(src.ptr[p]);
   const int blocks = grid_for(bytes / 16 + 1, kMaxSyncBlocks);  // equal on every rank
-  if (world <= 2)
-    gather_copy_kernel<2><<<blocks, kThreads, 0, stream>>>(sync, src, dst, bytes, world, vectorized);
-  else if (world <= 4)
-    gather_copy_kernel<4><<<blocks, kThreads, 0, stream>>>(sync, src, dst, bytes, world, vectorized);
-  else
-    gather_copy_kernel<kMaxRanks><<<blocks, kThreads, 0, stream>>>(sync, src, dst, bytes, world, vectorized);
-  return cudaGetLastError();
+  return with_ranks_cap(world, [&](auto cap) {
+    gather_copy_kernel<decltype(cap)::value>
+        <<<blocks, kThreads, 0, stream>>>(sync, src, dst, bytes, world, vectorized);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace symmpool::detail

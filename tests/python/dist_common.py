@@ -88,6 +88,14 @@ def small_integers(n: int, dtype, device, gen) -> torch.Tensor:
     return torch.randint(-8, 9, (n,), generator=gen).to(dtype).to(device)
 
 
+def all_reduce_matches_reference(t: torch.Tensor, op, what: str) -> None:
+    """dist.all_reduce of t in place, then equal to reduction_reference bit
+    for bit (taken before the call)."""
+    expected = reduction_reference(t, op)
+    dist.all_reduce(t, op=op)
+    assert torch.equal(t.cpu(), expected), f"{what} differs"
+
+
 def all_reduce_back_to_back(rank: int, calls: list, late_every: int, what: str) -> None:
     """dist.all_reduce on each of `calls` in turn, no host sync between them,
     rank 0 late (a 5 M-cycle GPU sleep) at every `late_every`-th call from

@@ -11,7 +11,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_common import all_reduce_back_to_back, init_group, reduction_reference, small_integers
+from dist_common import (all_reduce_back_to_back, all_reduce_matches_reference, init_group, reduction_reference,
+                         small_integers)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -37,10 +38,8 @@ def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
             for n in (1, 3, 1001, most // size - 1, most // size):
                 for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
                     t = small_integers(n, dtype, device, gen)
-                    expected = reduction_reference(t, op)
-                    dist.all_reduce(t, op=op)
+                    all_reduce_matches_reference(t, op, f"rank {rank}: {dtype} n={n} {op}")
                     ran += 1
-                    assert torch.equal(t.cpu(), expected), f"rank {rank}: {dtype} n={n} {op} differs"
             # The functional op, out of place, runs the same kernel.
             t = small_integers(1001, dtype, device, gen)
             out = torch.ops.symmpool.all_reduce(t, "sum", dist.group.WORLD.group_name)

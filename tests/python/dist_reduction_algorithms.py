@@ -16,7 +16,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_common import all_reduce_back_to_back, init_group, reduction_reference, small_integers
+from dist_common import (all_reduce_back_to_back, all_reduce_matches_reference, init_group, reduction_reference,
+                         small_integers)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 PIECE_BYTES = 64 * 1024  # the smallest SYMMPOOL_TWO_STEP_PIECE_BYTES takes
@@ -51,10 +52,8 @@ def algorithms_match_gloo(rank: int, world: int, all_reduce_algorithm: str = "tw
             for n in (1, 3, 1001, 100_003, (1 << 20) + 5):  # up to 32 pieces of a rank's chunk
                 for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
                     t = small_integers(n, dtype, device, gen)
-                    expected = reduction_reference(t, op)
-                    dist.all_reduce(t, op=op)
+                    all_reduce_matches_reference(t, op, f"rank {rank}: all_reduce {dtype} n={n} {op}")
                     ran += 1
-                    assert torch.equal(t.cpu(), expected), f"rank {rank}: all_reduce {dtype} n={n} {op} differs"
 
                     inp = small_integers(n * world, dtype, device, gen)
                     out = torch.full((n,), float("nan"), dtype=dtype, device=device)
