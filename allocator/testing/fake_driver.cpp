@@ -44,7 +44,10 @@ struct State {
   CUmemGenericAllocationHandle next_handle = 1;
   std::map<std::uintptr_t, std::size_t> reservations;
   std::map<std::uintptr_t, Mapping> mappings;
-  std::map<std::uintptr_t, bool> events;  // event id -> pending
+  std::map<std::uintptr_t, bool> events;           // event id -> pending
+  std::map<std::uintptr_t, CUstream> recorded_on;  // event id -> stream of its last record
+  std::vector<std::pair<CUstream, CUstream>>
+      stream_waits;  // (waiting stream, stream the event was recorded on)
   std::uintptr_t next_event = 1;
   bool hold_events = false;
   std::set<CUstream> capturing;  // streams in a graph capture (set_capturing)
@@ -372,11 +375,20 @@ CUresult fake_cuEventCreate(CUevent* e, unsigned int) {
   return CUDA_SUCCESS;
 }
 
-CUresult fake_cuEventRecord(CUevent e, CUstream) {
+CUresult fake_cuEventRecord(CUevent e, CUstream stream) {
   FAKE_ENTER("cuEventRecord");
   auto it = s.events.find(reinterpret_cast<std::uintptr_t>(e));
   if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
   it->second = s.hold_events;
+  s.recorded_on[it->first] = stream;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuStreamWaitEvent(CUstream stream, CUevent e, unsigned int flags) {
+  FAKE_ENTER("cuStreamWaitEvent");
+  auto it = s.recorded_on.find(reinterpret_cast<std::uintptr_t>(e));
+  if (flags != 0 || it == s.recorded_on.end() || !s.events.count(it->first)) return CUDA_ERROR_INVALID_HANDLE;
+  s.stream_waits.emplace_back(stream, it->second);
   return CUDA_SUCCESS;
 }
 
@@ -519,6 +531,8 @@ void FakeDriver::reset(int device_count, FakeDeviceConfig config) {
   s.mappings.clear();
   s.reservations.clear();
   s.events.clear();
+  s.recorded_on.clear();
+  s.stream_waits.clear();
   s.nccl_registrations.clear();
   current_context = nullptr;
 }
@@ -573,6 +587,12 @@ void FakeDriver::on_context_synchronize(std::function<void()> meanwhile) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   s.on_context_synchronize = std::move(meanwhile);
+}
+
+std::vector<std::pair<CUstream, CUstream>> FakeDriver::stream_waits() const {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return s.stream_waits;
 }
 
 void FakeDriver::set_capturing(CUstream stream, bool capturing) {

@@ -58,6 +58,7 @@ py::dict memory_stats(int device) {
   d["segment_maps"] = st.segment_maps;
   d["segment_unmaps"] = st.segment_unmaps;
   d["outgrown_segment_releases"] = st.outgrown_segment_releases;
+  d["segment_stream_moves"] = st.segment_stream_moves;
   d["graph_held_bytes"] = symmpool::torch_ext::graph_held_bytes(static_cast<c10::DeviceIndex>(device));
   // Peer mappings no heap or view needs, still mapped until a sync waits for the device.
   d["retired_peer_mappings"] = allocator ? symmpool::retired_peer_mappings(allocator->context()) : 0;

@@ -29,6 +29,7 @@ struct AllocatorStats {
   std::uint64_t segment_maps = 0;
   std::uint64_t segment_unmaps = 0;
   std::uint64_t outgrown_segment_releases = 0;  // retired for a larger request of their stream
+  std::uint64_t segment_stream_moves = 0;       // idle segments another stream took instead of a map
   std::uint64_t oom_retries = 0;                // cache emptied to satisfy a request
   std::uint64_t ooms = 0;                       // requests that failed with out_of_memory
 };

@@ -52,6 +52,7 @@ namespace symmpool {
   X(cuEventQuery, 2000)                       \
   X(cuEventSynchronize, 2000)                 \
   X(cuEventDestroy, 4000)                     \
+  X(cuStreamWaitEvent, 3020)                  \
   X(cuStreamIsCapturing, 10000)               \
   X(cuThreadExchangeStreamCaptureMode, 10010) \
   X(cuStreamWriteValue32, 11070)              \

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace symmpool::testing {
@@ -45,6 +46,9 @@ class FakeDriver {
   void complete_events();
   // As ncclCommAbort does: every registration goes with its communicator.
   void abort_nccl_communicators();
+  // Every cuStreamWaitEvent so far: (the waiting stream, the stream its
+  // event was last recorded on).
+  std::vector<std::pair<CUstream, CUstream>> stream_waits() const;
   // A capturing stream reports CU_STREAM_CAPTURE_STATUS_ACTIVE.
   void set_capturing(CUstream stream, bool capturing);
   // Runs `meanwhile` inside every cuCtxSynchronize (empty: none), as other
