@@ -8,6 +8,8 @@
 
 #include "functional_ops.hpp"
 
+#include "symm_backend.hpp"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
@@ -79,11 +81,21 @@ at::Tensor reduce_scatter(const at::Tensor& input, c10::string_view op, std::int
   return out;
 }
 
+// On a "symm" group the backend runs it straight into a new tensor (no
+// copy of the input first, no trip through c10d's dispatcher, no Work):
+// the per-call host cost torch's own symmetric-memory ops have.
 at::Tensor all_reduce(const at::Tensor& input, c10::string_view op, c10::string_view group_name) {
   c10d::AllreduceOptions opts;
   opts.reduceOp = reduce_op(op);
   opts.asyncOp = false;
   auto group = c10d::resolve_process_group(std::string(group_name));
+  if (input.is_cuda()) {
+    if (auto backend = symm_backend_of(*group)) {
+      at::Tensor out = at::empty_like(input, at::MemoryFormat::Contiguous);
+      at::Tensor out_real = as_real(out), in_real = as_real(input.contiguous());
+      if (static_cast<SymmBackend&>(*backend).all_reduce_now(out_real, in_real, opts.reduceOp)) return out;
+    }
+  }
   at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
   std::vector<at::Tensor> tensors{as_real(out)};
   wait_if_any(group->allreduce(tensors, opts));

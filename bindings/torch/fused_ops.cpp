@@ -105,14 +105,6 @@ bool peer_memory_available(c10d::Backend& backend, c10::DeviceIndex device) {
       [&] { return static_cast<SymmBackend&>(backend).peer_memory(device) != nullptr; });
 }
 
-// The group's "symm" backend for CUDA, or null.
-c10::intrusive_ptr<c10d::Backend> symm_backend_of(c10d::ProcessGroup& group) {
-  const auto types = group.getDeviceTypes();
-  if (std::find(types.begin(), types.end(), c10::Device(c10::DeviceType::CUDA)) == types.end()) return {};
-  auto backend = group.getBackend(c10::DeviceType::CUDA);
-  return dynamic_cast<SymmBackend*>(backend.get()) ? backend : c10::intrusive_ptr<c10d::Backend>();
-}
-
 struct Fusing {
   c10::intrusive_ptr<c10d::Backend> backend;  // null: run unfused
   std::shared_ptr<FusedWorkspace> workspace;

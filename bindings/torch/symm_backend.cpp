@@ -286,6 +286,23 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::allreduce(std::vector<at::Tensor>& t
   });
 }
 
+bool SymmBackend::all_reduce_now(at::Tensor& output, at::Tensor& input, c10d::ReduceOp::RedOpType op) {
+  if (blocking_wait_) return false;
+  c10::intrusive_ptr<c10d::Work> nccl_work =
+      registering(input.device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
+        if (router_.route(CollectiveKind::kAllReduce, output, input, op).engine == Engine::kSymmpool)
+          return {};
+        output.copy_(input);
+        std::vector<at::Tensor> tensors{output};
+        c10d::AllreduceOptions opts;
+        opts.reduceOp = op;
+        opts.asyncOp = false;
+        return ProcessGroupNCCL::allreduce(tensors, opts);
+      });
+  if (nccl_work) nccl_work->wait();
+  return true;
+}
+
 c10::intrusive_ptr<c10d::Work> SymmBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions& opts) {
   return registering(input.device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
@@ -441,6 +458,13 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::on_symmpool(CollectiveKind kind, at:
   return c10::make_intrusive<SymmWork>(std::vector<at::Tensor>{output}, type, comm.issued(),
                                        c10::cuda::getCurrentCUDAStream(output.device().index()),
                                        comm.take_end_of_last_call(), failure_, blocking_wait_);
+}
+
+c10::intrusive_ptr<c10d::Backend> symm_backend_of(c10d::ProcessGroup& group) {
+  const auto types = group.getDeviceTypes();
+  if (std::find(types.begin(), types.end(), c10::Device(c10::DeviceType::CUDA)) == types.end()) return {};
+  auto backend = group.getBackend(c10::DeviceType::CUDA);
+  return dynamic_cast<SymmBackend*>(backend.get()) ? backend : c10::intrusive_ptr<c10d::Backend>();
 }
 
 }  // namespace symmpool::torch_ext

@@ -64,6 +64,15 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override;
 
+  // The functional all-reduce (torch.ops.symmpool.all_reduce): `output` =
+  // every rank's `input` reduced, on the current stream, as a synchronous
+  // call, without c10d's dispatcher and without a Work: where the router
+  // picks symmpool the collective is already on the caller's stream, and
+  // NCCL runs the others in place on `output`. False, and nothing run, where
+  // TORCH_NCCL_BLOCKING_WAIT asks every call to block: the caller goes
+  // through ProcessGroup::allreduce and its Work.
+  bool all_reduce_now(at::Tensor& output, at::Tensor& input, c10d::ReduceOp::RedOpType op);
+
   // Deregister before the communicators go away.
   void shutdown() override;
   void abort() override;
@@ -126,5 +135,8 @@ RegistrationCounts registration_counts_of_all_backends();
 // Bytes of symm tensors allocated during a CUDA graph capture and freed since,
 // kept out of the cache for the graphs that may replay on them.
 std::size_t graph_held_bytes(c10::DeviceIndex device);
+
+// The group's "symm" backend for CUDA, or null.
+c10::intrusive_ptr<c10d::Backend> symm_backend_of(c10d::ProcessGroup& group);
 
 }  // namespace symmpool::torch_ext

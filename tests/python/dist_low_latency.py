@@ -56,6 +56,15 @@ def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
         assert symmpool._C.algorithm_counts()["two-shot"] == two_shot + 1
         assert low_latency_calls() - before == ran
 
+        # The functional op at that size: out of place into a new tensor of
+        # the pool (two-shot straight into it), the input left as it was.
+        t = small_integers(100_003, torch.bfloat16, device, gen)
+        kept = t.clone()
+        out = torch.ops.symmpool.all_reduce(t, "avg", dist.group.WORLD.group_name)
+        assert torch.equal(out.cpu(), reduction_reference(kept, dist.ReduceOp.AVG)), f"rank {rank}: functional two-shot"
+        assert torch.equal(t, kept), f"rank {rank}: the functional op changed its input"
+        assert symmpool._C.algorithm_counts()["two-shot"] == two_shot + 2
+
         # Back to back, three sizes (a period other than the two packet
         # regions'), no host sync, rank 0 late now and then: a packet taken
         # from the wrong call shows.
