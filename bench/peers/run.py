@@ -211,7 +211,8 @@ def context_of(args, world: int, device) -> dict:
                              "SYMMPOOL_*_ALGORITHM named it (and SYMMPOOL_TWO_STEP_PIECE_BYTES its piece), on the "
                              "same buffers; no variant: the algorithm table's choice",
         "symmpool_op": f"rows of peer symmpool with variant {SYMMPOOL_OP!r}: torch.ops.symmpool.all_reduce (a C++ "
-                       "op, no torch.distributed Python wrapper; out of place, its input cloned) on the same group "
+                       "op, no torch.distributed Python wrapper; out of place, straight into a new tensor, no "
+                       "Work, since 8aec56e) on the same group "
                        f"and input, up to {SYMMPOOL_OP_MAX_BYTES} bytes",
         "all_gather_in_place": f"rows with variant {ALL_GATHER_IN_PLACE!r} (nccl, nccl-registered, symmpool): the "
                                "all-gather as FSDP2 calls it, each rank's input its own slice of the output, on the "

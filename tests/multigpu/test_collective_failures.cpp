@@ -87,7 +87,7 @@ struct RankSetup {
 
 // The two ways two-shot meets its peers: inside one fused kernel (small
 // calls), or around its reduction with two barrier kernels (chunks over
-// fused_kernel_limit: 8 MiB at 2 ranks, 1 MiB at others).
+// fused_kernel_limit: 16 MiB at 2 ranks, 1 MiB at others).
 struct TwoShotCase {
   const char* name;
   std::size_t bytes;
@@ -96,7 +96,7 @@ struct TwoShotCase {
     comm.all_reduce(buffer, buffer, bytes / 4, DataType::kFloat32, ReduceOp::kSum, s, Algorithm::kTwoShot);
   }
 };
-constexpr std::size_t kTwoShotLarge = std::size_t{32} << 20;
+constexpr std::size_t kTwoShotLarge = std::size_t{64} << 20;
 constexpr bool chunks_between_barriers(std::size_t bytes) {
   for (int world = 2; world <= detail::kMaxRanks; ++world)
     if (fused_kernel(bytes / static_cast<std::size_t>(world), world)) return false;

@@ -8,6 +8,7 @@
 #include "process_group.hpp"
 #include "rank_checks.hpp"
 
+#include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/error.hpp>
@@ -165,9 +166,10 @@ int correctness(Ctx& c) {
     const std::size_t es = element_size(t);
     // (1 << 20) + 8 elements are whole 16-byte vectors in every dtype (the
     // kernels' vector paths, to a last pass the grid only partly covers). The
-    // last size reads more than 8 MiB from each peer at 2 ranks in every
-    // one-shot reduction and in fp32 two-shot all-reduces, so those run
-    // between barrier kernels (fused_kernel_limit), not only meeting inside.
+    // last size reads more than 16 MiB from each peer at 2 ranks in fp32
+    // reduce-scatters and one-shot all-reduces (more than 1 MiB at other
+    // world sizes in every reduction), so those run between barrier kernels
+    // (fused_kernel_limit), not only meeting inside.
     for (std::size_t n :
          {std::size_t{1}, std::size_t{3}, std::size_t{1001}, std::size_t{65537}, (std::size_t{1} << 20) + 7,
           (std::size_t{1} << 20) + 8, (std::size_t{1} << 22) + 5}) {
@@ -275,7 +277,8 @@ int back_to_back_and_graph(Ctx& c) {
   // barrier kernels); and the copy-engine ones, whose barriers are stream
   // operations when not captured.
   // bf16: a rank's two-shot chunk over fused_kernel_limit at every world size (barrier kernels).
-  const std::size_t big = (std::size_t{8} << 20) + 3;
+  constexpr std::size_t big = (std::size_t{16} << 20) + 3;
+  static_assert(!fused_kernel(big * 2 / 2, 2), "2 bytes an element, half of them from the peer at 2 ranks");
   void* rs_in = dev(c, total);
   void* rs_out = dev(c, bytes);
   void* rs_out_2step = dev(c, bytes);

@@ -34,8 +34,8 @@ TEST(AlgorithmTable, FollowsTheFourGpuMeasurements) {
 }
 
 TEST(AlgorithmTable, FusedReductionsUpToTheirMeasuredLimit) {
-  EXPECT_TRUE(fused_kernel(8 * MiB, 2));
-  EXPECT_FALSE(fused_kernel(8 * MiB + 1, 2));
+  EXPECT_TRUE(fused_kernel(16 * MiB, 2));
+  EXPECT_FALSE(fused_kernel(16 * MiB + 1, 2));
   for (int world : {1, 3, 4, 8}) {  // not measured with the 8-load kernel: the limit of before
     EXPECT_TRUE(fused_kernel(1 * MiB, world)) << world;
     EXPECT_FALSE(fused_kernel(1 * MiB + 1, world)) << world;

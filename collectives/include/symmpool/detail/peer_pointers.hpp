@@ -9,7 +9,7 @@ namespace symmpool::detail {
 constexpr int kMaxRanks = 8;
 // Blocks of a kernel that synchronises with its peers block by block; each
 // block has its own row of signal pads and its own epoch.
-constexpr int kMaxSyncBlocks = 32;
+constexpr int kMaxSyncBlocks = 64;
 
 struct PeerPointers {
   const void* ptr[kMaxRanks];
@@ -37,7 +37,7 @@ constexpr int kPadRows = kCallRow + 1;
 // at this byte offset of every rank's pads, each holding the meeting's
 // value (high half) and the call's digest (low half): one store carries
 // both, so the digest needs no fence to arrive with the signal.
-constexpr std::size_t kStartWordsOffset = 2048;
+constexpr std::size_t kStartWordsOffset = 3072;
 
 // How a communicator's kernels report a failure and learn of one.
 struct FailureWords {
