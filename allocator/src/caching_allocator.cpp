@@ -73,8 +73,8 @@ class RelaxedCapture {
 
 }  // namespace
 
-CachingAllocator::CachingAllocator(std::unique_ptr<SegmentArena> arena)
-    : drv_(arena->driver()), arena_(std::move(arena)) {
+CachingAllocator::CachingAllocator(std::unique_ptr<SegmentArena> arena, bool move_idle_segments)
+    : drv_(arena->driver()), arena_(std::move(arena)), move_idle_segments_(move_idle_segments) {
   device_total_ = arena_->device_memory_info().second;
 }
 
@@ -157,8 +157,9 @@ CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size, s
   const std::size_t want = segment_size_for(size);
   ContextGuard guard(drv_, arena_->context());
   if (!small) {
-    if (Block* idle = take_idle_segment_of_another_stream(size, stream)) return idle;
     retire_outgrown_segments(stream);
+    if (move_idle_segments_)
+      if (Block* idle = take_idle_segment_of_another_stream(size, stream)) return idle;
   }
   const Segment* segment = arena_->map_new_segment(want);
   if (segment == nullptr) {
@@ -487,6 +488,13 @@ void CachingAllocator::retire_outgrown_segments(CUstream stream) {
 // still use it (frees from other streams wait on events, so their blocks are
 // not free yet). Not in a capture (no event outside the graph), nor where
 // the event cannot be recorded or waited for: then a segment is mapped.
+// The wait covers all the old stream's queued work, not only this
+// segment's; and the old stream must still exist, as PyTorch's expandable
+// segments assume when they synchronize a segment's stream before unmapping.
+// Uses on other streams must be ordered before the free (record_stream, or
+// the freeing stream waiting on them, as FSDP2 does), not only before the
+// old stream's next work: SYMMPOOL_SEGMENT_MOVES=0 keeps segments on their
+// stream for code that relies on the latter.
 CachingAllocator::Block* CachingAllocator::take_idle_segment_of_another_stream(std::size_t size,
                                                                                CUstream stream) {
   const std::size_t most = size + size / 4;

@@ -35,6 +35,7 @@ Environment Environment::from_process() {
   env.collectives_always = lowered(std::getenv("SYMMPOOL_COLLECTIVES")) == "always";
   env.collectives_enabled = !is_false("SYMMPOOL_COLLECTIVES");
   env.debug_routing = is_true("SYMMPOOL_DEBUG_ROUTING");
+  env.segment_moves = !is_false("SYMMPOOL_SEGMENT_MOVES");
   if (const char* v = std::getenv("SYMMPOOL_MAX_BLOCKS")) env.max_blocks = v;
   if (const char* v = std::getenv("SYMMPOOL_COPY_STREAMS")) env.copy_streams = v;
   if (const char* v = std::getenv("SYMMPOOL_BARRIER_TIMEOUT")) env.barrier_timeout = v;

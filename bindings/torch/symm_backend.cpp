@@ -290,8 +290,10 @@ bool SymmBackend::all_reduce_now(at::Tensor& output, at::Tensor& input, c10d::Re
   if (blocking_wait_) return false;
   c10::intrusive_ptr<c10d::Work> nccl_work =
       registering(input.device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
-        if (router_.route(CollectiveKind::kAllReduce, output, input, op).engine == Engine::kSymmpool)
+        if (router_.route(CollectiveKind::kAllReduce, output, input, op).engine == Engine::kSymmpool) {
+          raise_if_failed();  // a failure found meanwhile, which SymmWork::wait() would raise
           return {};
+        }
         output.copy_(input);
         std::vector<at::Tensor> tensors{output};
         c10d::AllreduceOptions opts;

@@ -433,7 +433,11 @@ cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, c
                                int world, cudaStream_t stream) {
   bool vectorized = aligned16(dst) && bytes % 16 == 0;
   for (int p = 0; p < world; ++p) vectorized = vectorized && aligned16(src.ptr[p]);
-  const int blocks = grid_for(bytes / 16 + 1, kMaxSyncBlocks);  // equal on every rank
+  // 32 blocks at most, as measured (peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json);
+  // 64, the reductions' meeting grid since ed6ac05, is not measured for it.
+  constexpr std::size_t kGatherBlocks = 32;
+  static_assert(kGatherBlocks <= kMaxSyncBlocks, "a block meets its peers on its own row");
+  const int blocks = grid_for(bytes / 16 + 1, kGatherBlocks);  // equal on every rank
   return with_ranks_cap(world, [&](auto cap) {
     gather_copy_kernel<decltype(cap)::value>
         <<<blocks, kThreads, 0, stream>>>(sync, src, dst, bytes, world, vectorized);

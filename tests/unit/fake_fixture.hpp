@@ -58,7 +58,8 @@ class FakeDriverTest : public ::testing::Test {
     ArenaOptions options;
     options.multicast_requested = multicast;
     options.env = env;
-    return std::make_unique<CachingAllocator>(std::make_unique<SegmentArena>(fake().api(), device, options));
+    return std::make_unique<CachingAllocator>(std::make_unique<SegmentArena>(fake().api(), device, options),
+                                              env.segment_moves);
   }
 
   // Every test ends with the fake driver clean: what the test made (its

@@ -41,7 +41,10 @@ class CachingAllocator {
   static constexpr std::size_t kLargeRounding = 2 << 20;   // big requests round to this
 
   // Owns `arena` (its device, driver table and address range).
-  explicit CachingAllocator(std::unique_ptr<SegmentArena> arena);
+  // `move_idle_segments`: a large request may take a segment another stream
+  // keeps idle (take_idle_segment_of_another_stream); SYMMPOOL_SEGMENT_MOVES=0
+  // turns it off for the device allocators.
+  explicit CachingAllocator(std::unique_ptr<SegmentArena> arena, bool move_idle_segments = true);
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -142,6 +145,7 @@ class CachingAllocator {
   const DriverApi& drv_;                 // declared before arena_: taken from the arena before it is moved in
   std::unique_ptr<SegmentArena> arena_;  // never null
   std::size_t device_total_ = 0;
+  bool move_idle_segments_ = true;
   mutable std::mutex mutex_;
   Pool small_pool_;
   Pool large_pool_;

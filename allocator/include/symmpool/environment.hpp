@@ -18,6 +18,9 @@ struct Environment {
   // SYMMPOOL_COLLECTIVES=always (tests), and never with SYMMPOOL_COLLECTIVES=0.
   bool collectives_enabled = true;
   bool collectives_always = false;
+  // SYMMPOOL_SEGMENT_MOVES=0: a segment serves only the stream it was
+  // mapped for (CachingAllocator's move_idle_segments).
+  bool segment_moves = true;
   // SYMMPOOL_DEBUG_ROUTING=1: the backend prints where each collective runs, and why.
   bool debug_routing = false;
   // SYMMPOOL_MAX_BLOCKS: cap on the grid of reduction kernels too large to

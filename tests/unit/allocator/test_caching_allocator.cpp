@@ -444,6 +444,35 @@ TEST_F(CachingAllocatorTest, NoSegmentChangesStreamsInACaptureOrWithoutAnEvent) 
   EXPECT_TRUE(fake().stream_waits().empty());
 }
 
+// SYMMPOOL_SEGMENT_MOVES=0: every stream keeps its own segments, as before.
+TEST_F(CachingAllocatorTest, WithSegmentMovesOffEachStreamKeepsItsOwnSegments) {
+  Environment env;
+  env.segment_moves = false;
+  auto a = make_allocator(0, false, env);
+  void* idle = a->allocate(30 * MiB, stream(1));
+  a->deallocate(idle, stream(1));
+  void* p = a->allocate(30 * MiB, stream(2));
+  EXPECT_NE(p, idle);
+  EXPECT_EQ(a->stats().segment_maps, 2u);
+  EXPECT_EQ(a->stats().segment_stream_moves, 0u);
+  EXPECT_TRUE(fake().stream_waits().empty());
+  a->deallocate(p, stream(2));
+}
+
+// Two idle segments of the same size: the lower address moves, whichever
+// stream freed it last, so ranks that allocate alike take the same one.
+TEST_F(CachingAllocatorTest, OfTwoEqualIdleSegmentsTheLowerAddressMoves) {
+  auto a = make_allocator();
+  void* low = a->allocate(30 * MiB, stream(1));
+  void* high = a->allocate(30 * MiB, stream(3));
+  ASSERT_LT(low, high);
+  a->deallocate(high, stream(3));
+  a->deallocate(low, stream(1));
+  EXPECT_EQ(a->allocate(30 * MiB, stream(2)), low);
+  EXPECT_EQ(a->allocate(30 * MiB, stream(2)), high);
+  for (void* p : {low, high}) a->deallocate(p, stream(2));
+}
+
 // Steps that repeat the same requests stop mapping after the first.
 TEST_F(CachingAllocatorTest, RepeatedStepsSettleWithoutMappingAgain) {
   auto a = make_allocator();

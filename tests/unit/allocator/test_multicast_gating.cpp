@@ -119,6 +119,18 @@ TEST(Environment, ReadsTheCollectivesMode) {
   ::unsetenv("SYMMPOOL_COLLECTIVES");
 }
 
+TEST(Environment, ReadsWhetherSegmentsMoveBetweenStreams) {
+  ::unsetenv("SYMMPOOL_SEGMENT_MOVES");
+  EXPECT_TRUE(Environment::from_process().segment_moves);
+  ::setenv("SYMMPOOL_SEGMENT_MOVES", "0", 1);
+  EXPECT_FALSE(Environment::from_process().segment_moves);
+  ::setenv("SYMMPOOL_SEGMENT_MOVES", "off", 1);
+  EXPECT_FALSE(Environment::from_process().segment_moves);
+  ::setenv("SYMMPOOL_SEGMENT_MOVES", "1", 1);
+  EXPECT_TRUE(Environment::from_process().segment_moves);
+  ::unsetenv("SYMMPOOL_SEGMENT_MOVES");
+}
+
 // The collectives' knobs are read as written; CollectiveOptions checks them.
 TEST(Environment, ReadsTheCollectivesKnobsAsWritten) {
   const struct {
