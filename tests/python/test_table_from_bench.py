@@ -53,3 +53,30 @@ def test_a_repeated_benchmark_counts_by_its_median():
     times = table_from_bench.parse_times([run(30.0), run(10.0), run(11.0), run(17.0, "mean"),
                                           run(11.0, "median"), run(9.5, "stddev")])
     assert times == {("AllReduce", False, "symmpool", 1 << 20): 11.0}
+
+
+def test_the_fused_reduction_limit_at_two_ranks_follows_its_benchmark_file():
+    """fused_kernel_limit(2): the largest size a peer where one meeting kernel
+    beat the kernel between barriers, in both reductions, by more than the
+    same file's spread between the two builds where they run the same kernel
+    (sizes under the old 8 MiB limit)."""
+    result_file = "peers_h200x2_2026-11-27_sync64-and-fused-every-size.json"
+    assert result_file in HEADER
+    runs = json.loads((ROOT / "bench/results" / result_file).read_text())
+
+    def eager(tag):
+        return {(r["op"], r["bytes"]): r["time_us_median"] for r in runs[tag]["results"]
+                if r["peer"] == "symmpool" and not r["variant"] and r["mode"] == "eager"}
+
+    fused, bracketed = eager("sync64fused-1"), eager("sync64-1")
+    ops, world, old_limit = ("all_reduce", "reduce_scatter"), 2, 8 << 20
+    per_peer = sorted({b // world for _, b in fused})
+    spread = max(abs(fused[(op, p * world)] / bracketed[(op, p * world)] - 1)
+                 for op in ops for p in per_peer if p <= old_limit)
+    limit = old_limit
+    for p in (p for p in per_peer if p > old_limit):
+        if not all(fused[(op, p * world)] < bracketed[(op, p * world)] * (1 - spread) for op in ops):
+            break
+        limit = p
+    assert limit == 16 << 20, (limit, spread)
+    assert "world == 2 ? 16 * kMiB" in HEADER
