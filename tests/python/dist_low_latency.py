@@ -65,6 +65,19 @@ def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
         assert torch.equal(t, kept), f"rank {rank}: the functional op changed its input"
         assert symmpool._C.algorithm_counts()["two-shot"] == two_shot + 2
 
+        # ... and straight to the backend: c10d's dispatcher (which
+        # dist.all_reduce goes through, checked first so that a renamed event
+        # cannot make the check pass) does not see it.
+        def through_c10d(call) -> bool:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                call()
+            return any(e.name == "c10d::allreduce_" for e in prof.events())
+
+        small = small_integers(1001, torch.bfloat16, device, gen)
+        assert through_c10d(lambda: dist.all_reduce(small)), f"rank {rank}: no c10d::allreduce_ event to look for"
+        assert not through_c10d(lambda: torch.ops.symmpool.all_reduce(small, "sum", dist.group.WORLD.group_name)), \
+            f"rank {rank}: the functional op went through c10d's dispatcher"
+
         # Back to back, three sizes (a period other than the two packet
         # regions'), no host sync, rank 0 late now and then: a packet taken
         # from the wrong call shows.
