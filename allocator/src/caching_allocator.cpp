@@ -454,19 +454,8 @@ void CachingAllocator::retire_outgrown_segments(CUstream stream) {
   for (auto& [id, head] : segment_heads_)
     if (!head->small && head->stream == stream && releasable(head)) outgrown.push_back(head);
   if (outgrown.empty()) return;
-  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (drv_.cuStreamIsCapturing(stream, &capture) != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE)
-    return;
-  CUevent event = nullptr;
-  try {
-    event = take_event();
-  } catch (const std::exception&) {
-    return;  // saving memory is not worth failing the request for
-  }
-  if (drv_.cuEventRecord(event, stream) != CUDA_SUCCESS) {
-    spare_events_.push_back(event);
-    return;
-  }
+  CUevent event = record_outside_capture(stream);
+  if (event == nullptr) return;
   for (Block* head : outgrown) {
     pool_of(head).erase(head);
     head->retiring = true;
@@ -474,6 +463,32 @@ void CachingAllocator::retire_outgrown_segments(CUstream stream) {
   stats_.outgrown_segment_releases += outgrown.size();
   retiring_.push_back(Retiring{event, std::move(outgrown)});
   finish_retiring(/*wait=*/false);  // an idle stream: unmapped now
+}
+
+// A capture on `stream`, or no answer from the driver: either way no event
+// recorded outside the graph can order its work.
+bool CachingAllocator::capturing(CUstream stream) const {
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  return drv_.cuStreamIsCapturing(stream, &capture) != CUDA_SUCCESS ||
+         capture != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+// An event recorded on `stream` now, for the steps that save memory; null
+// where the stream captures or the event cannot be made or recorded (saving
+// memory is not worth failing the request for).
+CUevent CachingAllocator::record_outside_capture(CUstream stream) {
+  if (capturing(stream)) return nullptr;
+  CUevent event = nullptr;
+  try {
+    event = take_event();
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+  if (drv_.cuEventRecord(event, stream) != CUDA_SUCCESS) {
+    spare_events_.push_back(event);
+    return nullptr;
+  }
+  return event;
 }
 
 // Before mapping, a large request takes a whole-free segment that another
@@ -506,23 +521,12 @@ CachingAllocator::Block* CachingAllocator::take_idle_segment_of_another_stream(s
     if (best == nullptr || head->size < best->size || (head->size == best->size && head->ptr < best->ptr))
       best = head;
   }
-  if (best == nullptr) return nullptr;
-  for (CUstream s : {stream, best->stream}) {
-    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (drv_.cuStreamIsCapturing(s, &capture) != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE)
-      return nullptr;
-  }
-  CUevent event = nullptr;
-  try {
-    event = take_event();
-  } catch (const std::exception&) {
-    return nullptr;  // a new segment serves the request instead
-  }
+  if (best == nullptr || capturing(stream)) return nullptr;
+  CUevent event = record_outside_capture(best->stream);
+  if (event == nullptr) return nullptr;  // a new segment serves the request instead
   // The wait holds the event's state at the call: it can be reused at once.
   spare_events_.push_back(event);
-  if (drv_.cuEventRecord(event, best->stream) != CUDA_SUCCESS ||
-      drv_.cuStreamWaitEvent(stream, event, 0) != CUDA_SUCCESS)
-    return nullptr;
+  if (drv_.cuStreamWaitEvent(stream, event, 0) != CUDA_SUCCESS) return nullptr;
   large_pool_.erase(best);  // keyed by its stream: out before the key changes
   best->stream = stream;
   ++stats_.segment_stream_moves;

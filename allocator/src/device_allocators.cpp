@@ -49,10 +49,9 @@ CachingAllocator& device_allocator(int device) {
   if (slot == nullptr) {
     ArenaOptions options;
     options.multicast_requested = options.env.multicast_requested;
-    const bool move_idle_segments = options.env.segment_moves;
     slot = new CachingAllocator(
         std::make_unique<SegmentArena>(r.driver ? *r.driver : real_driver(), device, options),
-        move_idle_segments);
+        options.env.segment_moves);
   }
   return *slot;
 }

@@ -104,8 +104,8 @@ def symmpool_variants(two_step_pieces: list[int]) -> list[tuple[str, str, dict]]
 # output (no copy within the GPU), on the peer's own group and buffers.
 ALL_GATHER_IN_PLACE = "in-place"
 # symmpool's functional all-reduce on the same group: torch.ops.symmpool.all_reduce,
-# a C++ op without torch.distributed's Python wrapper (out of place: it
-# clones its input into plain memory), timed where the table's low-latency
+# a C++ op without torch.distributed's Python wrapper (out of place, into a
+# new tensor in plain memory), timed where the table's low-latency
 # all-reduce, which takes any memory, runs it: up to 32 KiB at 2 ranks (at
 # other world sizes the table has no low-latency entry and the op's plain
 # output goes to NCCL, so the variant is not made there).

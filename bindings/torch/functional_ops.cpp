@@ -94,7 +94,7 @@ at::Tensor all_reduce(const at::Tensor& input, c10::string_view op, c10::string_
     if (auto backend = symm_backend_of(*group)) {
       at::Tensor out = at::empty_like(input, at::MemoryFormat::Contiguous);
       at::Tensor out_real = as_real(out), in_real = as_real(input.contiguous());
-      if (static_cast<SymmBackend&>(*backend).all_reduce_now(out_real, in_real, opts.reduceOp)) return out;
+      if (static_cast<SymmBackend&>(*backend).all_reduce_now(out_real, in_real, opts)) return out;
     }
   }
   at::Tensor out = input.clone(at::MemoryFormat::Contiguous);

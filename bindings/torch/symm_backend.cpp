@@ -286,19 +286,17 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::allreduce(std::vector<at::Tensor>& t
   });
 }
 
-bool SymmBackend::all_reduce_now(at::Tensor& output, at::Tensor& input, c10d::ReduceOp::RedOpType op) {
+bool SymmBackend::all_reduce_now(at::Tensor& output, at::Tensor& input, const c10d::AllreduceOptions& opts) {
   if (blocking_wait_) return false;
   c10::intrusive_ptr<c10d::Work> nccl_work =
       registering(input.device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
-        if (router_.route(CollectiveKind::kAllReduce, output, input, op).engine == Engine::kSymmpool) {
+        if (router_.route(CollectiveKind::kAllReduce, output, input, opts.reduceOp).engine ==
+            Engine::kSymmpool) {
           raise_if_failed();  // a failure found meanwhile, which SymmWork::wait() would raise
           return {};
         }
         output.copy_(input);
         std::vector<at::Tensor> tensors{output};
-        c10d::AllreduceOptions opts;
-        opts.reduceOp = op;
-        opts.asyncOp = false;
         return ProcessGroupNCCL::allreduce(tensors, opts);
       });
   if (nccl_work) nccl_work->wait();

@@ -71,7 +71,8 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   // NCCL runs the others in place on `output`. False, and nothing run, where
   // TORCH_NCCL_BLOCKING_WAIT asks every call to block: the caller goes
   // through ProcessGroup::allreduce and its Work.
-  bool all_reduce_now(at::Tensor& output, at::Tensor& input, c10d::ReduceOp::RedOpType op);
+  // `opts` as the caller's synchronous call (asyncOp false).
+  bool all_reduce_now(at::Tensor& output, at::Tensor& input, const c10d::AllreduceOptions& opts);
 
   // Deregister before the communicators go away.
   void shutdown() override;

@@ -133,6 +133,8 @@ class CachingAllocator {
   std::size_t release_cached_segments();
   void retire_outgrown_segments(CUstream stream);
   Block* take_idle_segment_of_another_stream(std::size_t size, CUstream stream);
+  bool capturing(CUstream stream) const;
+  CUevent record_outside_capture(CUstream stream);
   std::size_t finish_retiring(bool wait, std::exception_ptr* failure = nullptr);
   std::size_t unmap_keeping_failure(Block* head, std::exception_ptr& first_failure,
                                     const char* say_as = nullptr);
