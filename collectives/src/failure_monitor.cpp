@@ -5,6 +5,7 @@
 #include <symmpool/error.hpp>
 
 #include <cstdio>
+#include <vector>
 
 namespace symmpool::detail {
 
@@ -93,13 +94,55 @@ std::uint64_t FailureMonitor::issued() const {
   return next_seq_ - 1;
 }
 
+std::uint64_t FailureMonitor::event_queries() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return event_queries_;
+}
+
+bool FailureMonitor::finished(const Entry& entry) {
+  ++event_queries_;
+  return cudaEventQuery(entry.done.get()) == cudaSuccess;
+}
+
+// Eager collectives end in the order they were issued (each one's stream
+// waits for the previous one's end: IssueOrder), so the newest finished one
+// vouches for every older one. Probing back from the newest (1, 2, 4, ...
+// calls back) and then bisecting queries one event or a few instead of one
+// per call: each query took about 2 us, 12% of an eager 8 KiB all-reduce's
+// host time (py-spy, 2x H200). Point-to-point calls are outside that order
+// and are queried one by one.
 void FailureMonitor::retire_finished() {
   // The caller's thread may be capturing in global mode (torch.cuda.graph),
   // which refuses cudaEventQuery and would invalidate the capture.
   RelaxedCaptureMode relaxed;
-  while (!entries_.empty() && entries_.front().done &&
-         cudaEventQuery(entries_.front().done.get()) == cudaSuccess)
-    entries_.pop_front();    // its event goes back to the pool once no Work holds it either
+  std::vector<std::size_t> collectives;  // positions in entries_
+  for (std::size_t i = 0; i < entries_.size(); ++i)
+    if (entries_[i].peer < 0 && entries_[i].done) collectives.push_back(i);
+  const std::size_t n = collectives.size();
+  auto finished_at = [&](std::size_t k) { return finished(entries_[collectives[k]]); };
+  std::size_t done = 0, not_done = n;  // collectives [0, done) finished, [not_done, n) not
+  for (std::size_t back = 1; not_done > 0; back *= 2) {
+    const std::size_t k = back < n ? n - back : 0;
+    if (finished_at(k)) {
+      done = k + 1;
+      break;
+    }
+    not_done = k;
+  }
+  while (done < not_done) {
+    const std::size_t mid = done + (not_done - done) / 2;
+    if (finished_at(mid))
+      done = mid + 1;
+    else
+      not_done = mid;
+  }
+  const std::size_t last_done = done > 0 ? collectives[done - 1] : 0;
+  for (std::size_t position = 0; !entries_.empty(); ++position) {
+    const Entry& e = entries_.front();
+    const bool ended = e.peer < 0 ? done > 0 && position <= last_done : e.done && finished(e);
+    if (!ended) break;
+    entries_.pop_front();  // its event goes back to the pool once no Work holds it either
+  }
   (void)cudaGetLastError();  // cudaErrorNotReady is not an error to keep
 }
 

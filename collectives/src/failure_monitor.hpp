@@ -67,6 +67,11 @@ class FailureMonitor {
 
   const std::shared_ptr<FailureRecord>& record_of_failure() const { return failure_; }
   std::uint64_t issued() const;
+  // The oldest eager call the GPU has not finished, as a failure names it.
+  std::string describe_unfinished();
+  // cudaEventQuery calls made to retire finished calls (a test's measure of
+  // their host cost: about 2 us each on an H200 host).
+  std::uint64_t event_queries() const;
 
  private:
   struct Entry {
@@ -78,8 +83,8 @@ class FailureMonitor {
   };
   void push(Entry entry, bool captured);  // under mutex_
   void watch();
-  void retire_finished();  // under mutex_
-  std::string describe_unfinished();
+  void retire_finished();             // under mutex_
+  bool finished(const Entry& entry);  // under mutex_
   void finish_failure(const std::string& message);
 
   const int device_, rank_, world_;
@@ -91,6 +96,7 @@ class FailureMonitor {
   mutable std::mutex mutex_;  // entries_, next_seq_
   std::deque<Entry> entries_;
   std::size_t retire_at_ = 0;  // entries_ size at which record retires finished ones next
+  std::uint64_t event_queries_ = 0;
   std::uint64_t next_seq_ = 1;
   std::map<std::pair<std::string, int>, std::uint64_t> point_to_point_calls_;  // (op, peer) -> calls so far
 

@@ -1,7 +1,8 @@
 // The failure monitor retires finished collectives' events as eager calls
 // are recorded; an eager call may come from the thread of an open capture
 // in global mode (torch.cuda.graph's default), where cudaEventQuery is
-// refused and would invalidate the capture.
+// refused and would invalidate the capture. It names the oldest call the
+// GPU has not finished, and queries few events to find it.
 
 #include "event_pool.hpp"
 #include "failure_monitor.hpp"
@@ -9,9 +10,44 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
+#include <thread>
 
 namespace symmpool::test {
+
+namespace {
+
+// A stream held by a host function until release(): events recorded on it
+// stay unfinished until then.
+class HeldStream {
+ public:
+  HeldStream() {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaLaunchHostFunc(
+                  stream_,
+                  [](void* gate) {
+                    while (!static_cast<std::atomic<bool>*>(gate)->load()) std::this_thread::yield();
+                  },
+                  &released_),
+              cudaSuccess);
+  }
+  ~HeldStream() {
+    release();
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+  HeldStream(const HeldStream&) = delete;
+  HeldStream& operator=(const HeldStream&) = delete;
+  void release() { released_ = true; }
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  std::atomic<bool> released_{false};
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
 
 TEST(FailureMonitor, RecordingEagerCallsLeavesAGlobalCaptureValid) {
   SYMMPOOL_SKIP_WITHOUT_GPUS(1);
@@ -36,6 +72,60 @@ TEST(FailureMonitor, RecordingEagerCallsLeavesAGlobalCaptureValid) {
   CUDA_OK(cudaFree(buffer));
   CUDA_OK(cudaStreamDestroy(captured));
   CUDA_OK(cudaStreamDestroy(eager));
+}
+
+TEST(FailureMonitor, NamesTheOldestUnfinishedCallBehindFinishedOnesOfBothKinds) {
+  SYMMPOOL_SKIP_WITHOUT_GPUS(1);
+  CUDA_OK(cudaSetDevice(0));
+  detail::ErrorWords words{};
+  detail::FailureMonitor monitor(0, 0, 2, std::chrono::seconds(5), &words, {});
+  auto pool = detail::EventPool::make();
+  cudaStream_t ready;
+  CUDA_OK(cudaStreamCreateWithFlags(&ready, cudaStreamNonBlocking));
+  {
+    HeldStream waits, later;
+    for (int call = 1; call <= 5; ++call) monitor.record("all_gather", 4096, pool->record(ready), false);
+    // Point-to-point calls are outside the collectives' order: one still
+    // waiting may sit before collectives that finished.
+    monitor.record_point_to_point("wait", 1, pool->record(waits.get()), false);
+    for (int call = 6; call <= 40; ++call) monitor.record("all_gather", 4096, pool->record(ready), false);
+    CUDA_OK(cudaStreamSynchronize(ready));
+    // Later collectives wait for the earlier ones (IssueOrder), as they do
+    // on the held stream.
+    for (int call = 41; call <= 45; ++call)
+      monitor.record("reduce_scatter", 8192, pool->record(later.get()), false);
+    EXPECT_EQ(monitor.describe_unfinished(), "wait #1 from rank 1 (45 collectives issued)");
+    waits.release();
+    CUDA_OK(cudaStreamSynchronize(waits.get()));
+    EXPECT_EQ(monitor.describe_unfinished(), "reduce_scatter #41 (8192 bytes; 45 collectives issued)");
+    later.release();
+    CUDA_OK(cudaStreamSynchronize(later.get()));
+  }
+  EXPECT_EQ(monitor.describe_unfinished().rfind("a collective (none issued eagerly is unfinished", 0), 0u)
+      << monitor.describe_unfinished();
+  CUDA_OK(cudaStreamDestroy(ready));
+}
+
+// Each cudaEventQuery took about 2 us of an eager call's host time: with
+// the GPU keeping up, the newest finished collective vouches for the
+// others (one query per 32 calls, not one per call).
+TEST(FailureMonitor, RetiringFinishedCollectivesQueriesFewEvents) {
+  SYMMPOOL_SKIP_WITHOUT_GPUS(1);
+  CUDA_OK(cudaSetDevice(0));
+  detail::ErrorWords words{};
+  detail::FailureMonitor monitor(0, 0, 2, std::chrono::seconds(5), &words, {});
+  auto pool = detail::EventPool::make();
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr int kCalls = 1000;
+  for (int call = 0; call < kCalls; ++call) {
+    monitor.record("all_reduce", 8192, pool->record(stream), false);
+    CUDA_OK(cudaStreamSynchronize(stream));
+  }
+  EXPECT_LE(monitor.event_queries(), static_cast<std::uint64_t>(kCalls / 10))
+      << "queried about one event per call";
+  EXPECT_GT(monitor.event_queries(), 0u);
+  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 }  // namespace symmpool::test
