@@ -128,4 +128,25 @@ TEST(FailureMonitor, RetiringFinishedCollectivesQueriesFewEvents) {
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
+// With the GPU behind every call (a stalled peer), each retire takes two
+// queries (the newest, the oldest), not a probe for every power of two.
+TEST(FailureMonitor, CollectivesTheGpuHasNotReachedCostTwoQueriesARetire) {
+  SYMMPOOL_SKIP_WITHOUT_GPUS(1);
+  CUDA_OK(cudaSetDevice(0));
+  detail::ErrorWords words{};
+  detail::FailureMonitor monitor(0, 0, 2, std::chrono::seconds(5), &words, {});
+  auto pool = detail::EventPool::make();
+  constexpr int kCalls = 1000;
+  {
+    HeldStream held;
+    for (int call = 0; call < kCalls; ++call)
+      monitor.record("all_reduce", 8192, pool->record(held.get()), false);
+    EXPECT_EQ(monitor.describe_unfinished(), "all_reduce #1 (8192 bytes; 1000 collectives issued)");
+    const std::uint64_t retires = kCalls / 32 + 2;  // every 32 records, and describe_unfinished's
+    EXPECT_LE(monitor.event_queries(), 2 * retires);
+  }
+  EXPECT_EQ(monitor.describe_unfinished().rfind("a collective (none issued eagerly is unfinished", 0), 0u)
+      << monitor.describe_unfinished();
+}
+
 }  // namespace symmpool::test
