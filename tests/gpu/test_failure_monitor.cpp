@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 
 namespace symmpool::test {
@@ -47,14 +48,26 @@ class HeldStream {
   cudaStream_t stream_ = nullptr;
 };
 
+// A monitor of rank 0 of 2 on GPU 0, and the events its calls end at.
+class FailureMonitorOnGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SYMMPOOL_SKIP_WITHOUT_GPUS(1);
+    CUDA_OK(cudaSetDevice(0));
+    monitor_ = std::make_unique<detail::FailureMonitor>(0, 0, 2, std::chrono::seconds(5), &words_,
+                                                        detail::FailureMonitor::Handler{});
+  }
+  detail::FailureMonitor& monitor() { return *monitor_; }
+  std::shared_ptr<detail::EventPool> pool = detail::EventPool::make();
+
+ private:
+  detail::ErrorWords words_{};
+  std::unique_ptr<detail::FailureMonitor> monitor_;
+};
+
 }  // namespace
 
-TEST(FailureMonitor, RecordingEagerCallsLeavesAGlobalCaptureValid) {
-  SYMMPOOL_SKIP_WITHOUT_GPUS(1);
-  CUDA_OK(cudaSetDevice(0));
-  detail::ErrorWords words{};
-  detail::FailureMonitor monitor(0, 0, 2, std::chrono::seconds(5), &words, {});
-  auto pool = detail::EventPool::make();
+TEST_F(FailureMonitorOnGpu, RecordingEagerCallsLeavesAGlobalCaptureValid) {
   cudaStream_t eager, captured;
   CUDA_OK(cudaStreamCreateWithFlags(&eager, cudaStreamNonBlocking));
   CUDA_OK(cudaStreamCreateWithFlags(&captured, cudaStreamNonBlocking));
@@ -63,7 +76,7 @@ TEST(FailureMonitor, RecordingEagerCallsLeavesAGlobalCaptureValid) {
   CUDA_OK(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal));
   CUDA_OK(cudaMemsetAsync(buffer, 0, 4096, captured));
   for (int call = 0; call < 100; ++call)  // enough to retire finished ones several times
-    monitor.record("all_gather", 4096, pool->record(eager), /*captured=*/false);
+    monitor().record("all_gather", 4096, pool->record(eager), /*captured=*/false);
   cudaGraph_t graph = nullptr;
   EXPECT_EQ(cudaStreamEndCapture(captured, &graph), cudaSuccess) << "the eager calls invalidated the capture";
   (void)cudaGetLastError();
@@ -74,79 +87,64 @@ TEST(FailureMonitor, RecordingEagerCallsLeavesAGlobalCaptureValid) {
   CUDA_OK(cudaStreamDestroy(eager));
 }
 
-TEST(FailureMonitor, NamesTheOldestUnfinishedCallBehindFinishedOnesOfBothKinds) {
-  SYMMPOOL_SKIP_WITHOUT_GPUS(1);
-  CUDA_OK(cudaSetDevice(0));
-  detail::ErrorWords words{};
-  detail::FailureMonitor monitor(0, 0, 2, std::chrono::seconds(5), &words, {});
-  auto pool = detail::EventPool::make();
+TEST_F(FailureMonitorOnGpu, NamesTheOldestUnfinishedCallBehindFinishedOnesOfBothKinds) {
   cudaStream_t ready;
   CUDA_OK(cudaStreamCreateWithFlags(&ready, cudaStreamNonBlocking));
   {
     HeldStream waits, later;
-    for (int call = 1; call <= 5; ++call) monitor.record("all_gather", 4096, pool->record(ready), false);
+    for (int call = 1; call <= 5; ++call) monitor().record("all_gather", 4096, pool->record(ready), false);
     // Point-to-point calls are outside the collectives' order: one still
     // waiting may sit before collectives that finished.
-    monitor.record_point_to_point("wait", 1, pool->record(waits.get()), false);
-    for (int call = 6; call <= 40; ++call) monitor.record("all_gather", 4096, pool->record(ready), false);
+    monitor().record_point_to_point("wait", 1, pool->record(waits.get()), false);
+    for (int call = 6; call <= 40; ++call) monitor().record("all_gather", 4096, pool->record(ready), false);
     CUDA_OK(cudaStreamSynchronize(ready));
     // Later collectives wait for the earlier ones (IssueOrder), as they do
     // on the held stream.
     for (int call = 41; call <= 45; ++call)
-      monitor.record("reduce_scatter", 8192, pool->record(later.get()), false);
-    EXPECT_EQ(monitor.describe_unfinished(), "wait #1 from rank 1 (45 collectives issued)");
+      monitor().record("reduce_scatter", 8192, pool->record(later.get()), false);
+    EXPECT_EQ(monitor().describe_unfinished(), "wait #1 from rank 1 (45 collectives issued)");
     waits.release();
     CUDA_OK(cudaStreamSynchronize(waits.get()));
-    EXPECT_EQ(monitor.describe_unfinished(), "reduce_scatter #41 (8192 bytes; 45 collectives issued)");
+    EXPECT_EQ(monitor().describe_unfinished(), "reduce_scatter #41 (8192 bytes; 45 collectives issued)");
     later.release();
     CUDA_OK(cudaStreamSynchronize(later.get()));
   }
-  EXPECT_EQ(monitor.describe_unfinished().rfind("a collective (none issued eagerly is unfinished", 0), 0u)
-      << monitor.describe_unfinished();
+  EXPECT_EQ(monitor().describe_unfinished().rfind("a collective (none issued eagerly is unfinished", 0), 0u)
+      << monitor().describe_unfinished();
   CUDA_OK(cudaStreamDestroy(ready));
 }
 
 // Each cudaEventQuery took about 2 us of an eager call's host time: with
 // the GPU keeping up, the newest finished collective vouches for the
 // others (one query per 32 calls, not one per call).
-TEST(FailureMonitor, RetiringFinishedCollectivesQueriesFewEvents) {
-  SYMMPOOL_SKIP_WITHOUT_GPUS(1);
-  CUDA_OK(cudaSetDevice(0));
-  detail::ErrorWords words{};
-  detail::FailureMonitor monitor(0, 0, 2, std::chrono::seconds(5), &words, {});
-  auto pool = detail::EventPool::make();
+TEST_F(FailureMonitorOnGpu, RetiringFinishedCollectivesQueriesFewEvents) {
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   constexpr int kCalls = 1000;
   for (int call = 0; call < kCalls; ++call) {
-    monitor.record("all_reduce", 8192, pool->record(stream), false);
+    monitor().record("all_reduce", 8192, pool->record(stream), false);
     CUDA_OK(cudaStreamSynchronize(stream));
   }
-  EXPECT_LE(monitor.event_queries(), static_cast<std::uint64_t>(kCalls / 10))
+  EXPECT_LE(monitor().event_queries(), static_cast<std::uint64_t>(kCalls / 10))
       << "queried about one event per call";
-  EXPECT_GT(monitor.event_queries(), 0u);
+  EXPECT_GT(monitor().event_queries(), 0u);
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
 // With the GPU behind every call (a stalled peer), each retire takes two
 // queries (the newest, the oldest), not a probe for every power of two.
-TEST(FailureMonitor, CollectivesTheGpuHasNotReachedCostTwoQueriesARetire) {
-  SYMMPOOL_SKIP_WITHOUT_GPUS(1);
-  CUDA_OK(cudaSetDevice(0));
-  detail::ErrorWords words{};
-  detail::FailureMonitor monitor(0, 0, 2, std::chrono::seconds(5), &words, {});
-  auto pool = detail::EventPool::make();
+TEST_F(FailureMonitorOnGpu, CollectivesTheGpuHasNotReachedCostTwoQueriesARetire) {
   constexpr int kCalls = 1000;
   {
     HeldStream held;
     for (int call = 0; call < kCalls; ++call)
-      monitor.record("all_reduce", 8192, pool->record(held.get()), false);
-    EXPECT_EQ(monitor.describe_unfinished(), "all_reduce #1 (8192 bytes; 1000 collectives issued)");
+      monitor().record("all_reduce", 8192, pool->record(held.get()), false);
+    EXPECT_EQ(monitor().describe_unfinished(), "all_reduce #1 (8192 bytes; 1000 collectives issued)");
     const std::uint64_t retires = kCalls / 32 + 2;  // every 32 records, and describe_unfinished's
-    EXPECT_LE(monitor.event_queries(), 2 * retires);
+    EXPECT_LE(monitor().event_queries(), 2 * retires);
   }
-  EXPECT_EQ(monitor.describe_unfinished().rfind("a collective (none issued eagerly is unfinished", 0), 0u)
-      << monitor.describe_unfinished();
+  EXPECT_EQ(monitor().describe_unfinished().rfind("a collective (none issued eagerly is unfinished", 0), 0u)
+      << monitor().describe_unfinished();
 }
 
 }  // namespace symmpool::test
