@@ -31,7 +31,7 @@ constexpr std::size_t kPadBytes = kPadWords * sizeof(std::uint32_t);
 constexpr std::size_t kEpochBytes =
     (1 + detail::kMaxSyncBlocks + 2 * detail::kMaxRanks + 2 + 1) * sizeof(std::uint32_t);
 // The low-latency packets fill the rest of the slot (one granule).
-constexpr std::size_t kPacketsOffset = 8192;
+constexpr std::size_t kPacketsOffset = 16384;
 static_assert(kPadBytes + kEpochBytes <= detail::kStartWordsOffset,
               "pads and epochs come before the start words");
 static_assert(detail::kStartWordsOffset + std::size_t{detail::kMaxSyncBlocks} * detail::kMaxRanks * 8 <=

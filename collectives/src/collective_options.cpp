@@ -78,6 +78,9 @@ CollectiveOptions CollectiveOptions::from(const Environment& env) {
   options.two_step_piece_bytes =
       setting(env.two_step_piece_bytes, "SYMMPOOL_TWO_STEP_PIECE_BYTES", kDefaultTwoStepPieceBytes,
               kSmallestTwoStepPieceBytes, kLargestTwoStepPieceBytes);
+  if (!env.fused_max_bytes.empty())
+    options.fused_max_bytes = static_cast<std::size_t>(setting(
+        env.fused_max_bytes, "SYMMPOOL_FUSED_MAX_BYTES", 0, 0, static_cast<int>(kLargestFusedMaxBytes)));
   return options;
 }
 
@@ -92,6 +95,8 @@ void CollectiveOptions::check() const {
   expect_runs(reduce_scatter_algorithm, runs_reduce_scatter, "reduce_scatter_algorithm");
   expect_in_range(two_step_piece_bytes, kSmallestTwoStepPieceBytes, kLargestTwoStepPieceBytes,
                   "two_step_piece_bytes");
+  if (fused_max_bytes)
+    expect_in_range(static_cast<long long>(*fused_max_bytes), 0, kLargestFusedMaxBytes, "fused_max_bytes");
 }
 
 }  // namespace symmpool

@@ -16,6 +16,7 @@
 #include "stream_op_watchdog.hpp"
 #include "stream_pipeline.hpp"
 
+#include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
 #include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
@@ -57,6 +58,7 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
                        std::to_string(barrier_timeout.count()) + " s");
   options.check();  // from_environment() checked its own; options set in code may be off
   max_blocks_ = options.max_blocks;
+  fused_max_bytes_ = options.fused_max_bytes.value_or(fused_kernel_limit(world()));
   all_reduce_preference_ = options.all_reduce_algorithm;
   reduce_scatter_preference_ = options.reduce_scatter_algorithm;
   two_step_piece_bytes_ = options.two_step_piece_bytes;
@@ -79,16 +81,19 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   *error_words_ = detail::ErrorWords{0, 0, 0};
   error_flag_ = &error_words_->missing;
   heap_.sync();  // also a barrier: no peer signals before every pad is zeroed
-  // Ranks that prefer different algorithms, or cut two-step chunks into
-  // other pieces, would meet in different places (or pair one algorithm's
-  // writes with another's reads): refuse that here, by name.
+  // Ranks that prefer different algorithms, cut two-step chunks into other
+  // pieces, or fuse reductions up to other sizes would meet in different
+  // places (or pair one algorithm's writes with another's reads): refuse
+  // that here, by name.
   auto preference = [](const std::optional<Algorithm>& a) { return a ? to_string(*a) : "table"; };
   heap_.require_same_setting(
       "the collectives' settings (SYMMPOOL_ALL_REDUCE_ALGORITHM, "
-      "SYMMPOOL_REDUCE_SCATTER_ALGORITHM, SYMMPOOL_TWO_STEP_PIECE_BYTES)",
+      "SYMMPOOL_REDUCE_SCATTER_ALGORITHM, SYMMPOOL_TWO_STEP_PIECE_BYTES, SYMMPOOL_FUSED_MAX_BYTES)",
       std::string("all_reduce ") + preference(all_reduce_preference_) + ", reduce_scatter " +
           preference(reduce_scatter_preference_) + ", two-step pieces of " +
-          std::to_string(two_step_piece_bytes_) + " bytes");
+          std::to_string(two_step_piece_bytes_) + " bytes, reductions fused " +
+          (fused_max_bytes_ == kAnySize ? std::string("at every size")
+                                        : "up to " + std::to_string(fused_max_bytes_) + " bytes a peer"));
   map_signal_pads();
   copies_ = std::make_unique<detail::EagerAndCaptured<detail::CopyStreams>>(options.copy_streams);
   pipelines_ = std::make_unique<detail::EagerAndCaptured<detail::StreamPipeline>>();

@@ -377,7 +377,9 @@ cudaError_t reduce_as(const ReduceLaunch& r, cudaStream_t stream) {
     vectorized = vectorized && aligned16(static_cast<const T*>(r.in.ptr[p]) + r.src_offset);
   for (int o = 0; o < r.n_outs; ++o)
     vectorized = vectorized && aligned16(static_cast<T*>(r.out.ptr[o]) + r.dst_offset);
-  const int blocks = grid_for(r.grid_count / V + 1, r.sync.enabled ? kMaxSyncBlocks : r.max_blocks);
+  // Meeting blocks each have their own row of signal pads.
+  if (r.max_blocks < 1 || (r.sync.enabled && r.max_blocks > kMaxSyncBlocks)) return cudaErrorInvalidValue;
+  const int blocks = grid_for(r.grid_count / V + 1, static_cast<std::size_t>(r.max_blocks));
   const ReduceScalars scalars{r.src_offset, r.dst_offset, r.count, r.n_outs, r.world, r.scale};
   reduce_kernel<T, kRanksCap><<<blocks, kThreads, 0, stream>>>(r.sync, r.in, r.out, scalars, vectorized);
   return cudaGetLastError();

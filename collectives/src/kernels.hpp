@@ -47,7 +47,7 @@ struct ReduceLaunch {
   int world = 0;
   DataType type = DataType::kFloat32;
   float scale = 1.0f;
-  int max_blocks = 0;  // the grid's cap without sync
+  int max_blocks = 0;  // the grid's cap; with sync, equal on every rank and <= kMaxSyncBlocks
 };
 cudaError_t launch_reduce(const ReduceLaunch& launch, cudaStream_t stream);
 

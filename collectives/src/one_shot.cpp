@@ -15,8 +15,8 @@ namespace symmpool {
 void Communicator::one_shot(const Reduction& r, std::size_t in_count, std::size_t src_offset) {
   const std::size_t in_bytes = in_count * element_size(r.type);
   require_symmetric(r.in, in_bytes, "reduction input");
-  const bool fused = fused_kernel(r.bytes(), world());
-  detail::ReduceLaunch launch = reduce_launch(r, fused);
+  const bool fused = fused_reduction(r.bytes());
+  detail::ReduceLaunch launch = reduce_launch(r, fused, kOneShotFusedBlocks);
   for (int p = 0; p < world(); ++p) launch.in.ptr[p] = heap_.peer_ptr(r.in, p);
   launch.src_offset = src_offset;
   // Peers read our input until the end: results that would land on it go to

@@ -4,17 +4,21 @@
 
 #include "kernels.hpp"
 
+#include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
 
 #include <algorithm>
 
 namespace symmpool {
 
+static_assert(kTwoShotFusedBlocks <= detail::kMaxSyncBlocks && kOneShotFusedBlocks <= detail::kMaxSyncBlocks,
+              "each meeting block has its own row of signal pads");
+
 float Communicator::scale(ReduceOp op) const {
   return op == ReduceOp::kAvg ? 1.0f / static_cast<float>(world()) : 1.0f;
 }
 
-detail::ReduceLaunch Communicator::reduce_launch(const Reduction& r, bool fused) {
+detail::ReduceLaunch Communicator::reduce_launch(const Reduction& r, bool fused, int fused_blocks) {
   detail::ReduceLaunch launch;
   launch.sync = block_sync(fused);
   launch.out.ptr[0] = r.out;
@@ -24,7 +28,7 @@ detail::ReduceLaunch Communicator::reduce_launch(const Reduction& r, bool fused)
   launch.world = world();
   launch.type = r.type;
   launch.scale = r.scale;
-  launch.max_blocks = max_blocks_;
+  launch.max_blocks = fused ? fused_blocks : max_blocks_;
   return launch;
 }
 

@@ -77,8 +77,8 @@ void Communicator::two_shot(const Reduction& r) {
   require_symmetric(r.out, r.bytes(), "all_reduce output (two-shot)");
   // Rank i reduces chunk i and writes it into every rank's output.
   const ChunkOfRank mine = chunk_of_rank(r.count, es);
-  const bool fused = fused_kernel(mine.stride * es, world());
-  detail::ReduceLaunch launch = reduce_launch(r, fused);
+  const bool fused = fused_reduction(mine.stride * es);
+  detail::ReduceLaunch launch = reduce_launch(r, fused, kTwoShotFusedBlocks);
   for (int p = 0; p < world(); ++p) {
     launch.in.ptr[p] = heap_.peer_ptr(r.in, p);
     launch.out.ptr[p] = heap_.peer_ptr(r.out, p);

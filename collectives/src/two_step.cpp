@@ -127,7 +127,7 @@ void* Communicator::two_step(const Reduction& r, const TwoStepChunk& chunk, bool
     }
   };
   auto reduce = [&](int k, int slot, cudaStream_t s) {
-    detail::ReduceLaunch launch = reduce_launch(r, /*fused=*/false);
+    detail::ReduceLaunch launch = reduce_launch(r, /*fused=*/false, 0);
     for (int p = 0; p < n; ++p)
       launch.in.ptr[p] = p == me ? detail::at(chunk.sources.ptr[me], first_of(k) * es) : staged(slot, p);
     launch.out.ptr[0] = detail::at(result, first_of(k) * es);

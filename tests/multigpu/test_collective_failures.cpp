@@ -47,13 +47,42 @@ class BarrierTimeout {
 };
 
 // A group whose heap exchanges also give up after kTimeout (an exchange by
-// mistake fails as soon as a barrier would), with `on_failure` (silent when empty).
-SymmetricGroupOptions group_options(FailureHandler on_failure = {}) {
+// mistake fails as soon as a barrier would), with `on_failure` (silent when
+// empty); with `bracketed`, reductions reading over 1 MiB from each peer run
+// between barrier kernels (SYMMPOOL_FUSED_MAX_BYTES), where at 2 ranks the
+// table has every size meet inside one kernel.
+SymmetricGroupOptions group_options(FailureHandler on_failure = {}, bool bracketed = false) {
   SymmetricGroupOptions options;
   options.heap_timeout = std::chrono::seconds(kTimeout);
   options.on_failure = on_failure ? std::move(on_failure) : [](const std::string&) {};
+  if (bracketed) {
+    options.collectives = CollectiveOptions::from_environment();  // keeps SYMMPOOL_BARRIER_TIMEOUT
+    options.collectives->fused_max_bytes = std::size_t{1} << 20;
+  }
   return options;
 }
+
+// The ways two-shot meets its peers: inside one fused kernel (small calls,
+// and at 2 ranks every size: a large one has the most meeting blocks), or
+// around its reduction with two barrier kernels (chunks over
+// fused_kernel_limit: 1 MiB at 3 ranks and more; at 2, a group made so).
+struct TwoShotCase {
+  const char* name;
+  std::size_t bytes;
+  bool bracketed;  // the group's reductions over 1 MiB a peer run between barrier kernels
+  // The case's call: an in-place two-shot sum of its bytes of floats.
+  void all_reduce(Communicator& comm, void* buffer, cudaStream_t s) const {
+    comm.all_reduce(buffer, buffer, bytes / 4, DataType::kFloat32, ReduceOp::kSum, s, Algorithm::kTwoShot);
+  }
+};
+constexpr std::size_t kTwoShotLarge = std::size_t{64} << 20;
+static_assert(fused_kernel(kTwoShotLarge / 2, 2) && !fused_kernel(kTwoShotLarge / 3, 3),
+              "by the table, the large case meets inside at 2 ranks and between barriers at more");
+constexpr TwoShotCase kTwoShotCases[] = {
+    {"two-shot all-reduce, one fused kernel", 16384, false},
+    {"large two-shot all-reduce, as the table runs it", kTwoShotLarge, false},
+    {"two-shot all-reduce between barriers", kTwoShotLarge, true}};
+constexpr int kTwoShotCaseCount = sizeof(kTwoShotCases) / sizeof(kTwoShotCases[0]);
 
 // What every rank of these tests sets up first: its GPU current, the
 // shared store, that GPU's allocator and a stream of its own. Throws where
@@ -63,13 +92,15 @@ struct RankSetup {
       : device(current(device_of_rank(rank))), store(shared_store_dir()), alloc(device_allocator(device)) {
     if (cudaStreamCreate(&s) != cudaSuccess) throw std::runtime_error("cudaStreamCreate failed");
   }
-  // `count` groups named <prefix>0, <prefix>1, ...: all formed before any is used.
-  std::vector<std::unique_ptr<SymmetricGroup>> groups(const std::string& prefix, int count, int rank,
-                                                      int world) {
+  // A group for each of kTwoShotCases, named <prefix>0, <prefix>1, ...:
+  // all formed before any is used.
+  std::vector<std::unique_ptr<SymmetricGroup>> two_shot_groups(const std::string& prefix, int rank,
+                                                               int world) {
     std::vector<std::unique_ptr<SymmetricGroup>> formed;
-    for (int g = 0; g < count; ++g)
-      formed.push_back(std::make_unique<SymmetricGroup>(
-          real_driver(), alloc, store, prefix + std::to_string(g), rank, world, group_options()));
+    for (int g = 0; g < kTwoShotCaseCount; ++g)
+      formed.push_back(std::make_unique<SymmetricGroup>(real_driver(), alloc, store,
+                                                        prefix + std::to_string(g), rank, world,
+                                                        group_options({}, kTwoShotCases[g].bracketed)));
     return formed;
   }
 
@@ -84,28 +115,6 @@ struct RankSetup {
     return device;
   }
 };
-
-// The two ways two-shot meets its peers: inside one fused kernel (small
-// calls), or around its reduction with two barrier kernels (chunks over
-// fused_kernel_limit: 16 MiB at 2 ranks, 1 MiB at others).
-struct TwoShotCase {
-  const char* name;
-  std::size_t bytes;
-  // The case's call: an in-place two-shot sum of its bytes of floats.
-  void all_reduce(Communicator& comm, void* buffer, cudaStream_t s) const {
-    comm.all_reduce(buffer, buffer, bytes / 4, DataType::kFloat32, ReduceOp::kSum, s, Algorithm::kTwoShot);
-  }
-};
-constexpr std::size_t kTwoShotLarge = std::size_t{64} << 20;
-constexpr bool chunks_between_barriers(std::size_t bytes) {
-  for (int world = 2; world <= detail::kMaxRanks; ++world)
-    if (fused_kernel(bytes / static_cast<std::size_t>(world), world)) return false;
-  return true;
-}
-static_assert(chunks_between_barriers(kTwoShotLarge),
-              "the large two-shot case must run between barrier kernels");
-constexpr TwoShotCase kTwoShotCases[] = {{"two-shot all-reduce, one fused kernel", 16384},
-                                         {"two-shot all-reduce between barriers", kTwoShotLarge}};
 
 // What `calls` raised once `s` drained (empty: nothing), and after how long.
 struct Raised {
@@ -374,7 +383,7 @@ TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
     int failures = 0;
     RankSetup setup(rank);
     auto& [device, store, alloc, s] = setup;
-    constexpr std::size_t kLarge = kTwoShotLarge;  // two-shot chunks between barrier kernels
+    constexpr std::size_t kLarge = kTwoShotLarge;
     auto* a = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
     auto* b = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
     RANK_CUDA(cudaMemsetAsync(a, 0, kLarge, s));
@@ -392,10 +401,12 @@ TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
       const char* name;
       std::function<void(Communicator&, char*)> call;
       std::function<void(Communicator&, char*)> rank0_call;  // empty: `call`
+      bool bracketed = false;                                // as TwoShotCase's
     };
     const Case cases[] = {
         {"two-shot all-reduce, one fused kernel", all_reduce(16384), {}},
-        {"two-shot all-reduce between barriers", all_reduce(kLarge), {}},
+        {"large two-shot all-reduce, as the table runs it", all_reduce(kLarge), {}},
+        {"two-shot all-reduce between barriers", all_reduce(kLarge), {}, true},
         {"copy-engine all-gather", all_gather(Algorithm::kCopyEnginePull), {}},
         {"kernel all-gather", all_gather(Algorithm::kKernel), {}},
         {"reduce-scatter",
@@ -404,11 +415,13 @@ TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
          },
          {}},
         {"an all-gather against an all-reduce", all_reduce(kLarge), all_gather(Algorithm::kCopyEnginePull)},
+        {"an all-gather against an all-reduce between barriers", all_reduce(kLarge),
+         all_gather(Algorithm::kCopyEnginePull), true},
     };
     int g = 0;
     for (const Case& c : cases) {
       SymmetricGroup group(real_driver(), alloc, store, "offsets" + std::to_string(g++), rank, world,
-                           group_options());
+                           group_options({}, c.bracketed));
       Communicator& comm = group.communicator();
       // Alike on both ranks: each buffer's verdicts are cached from here on.
       for (const auto* call : {&c.call, &c.rank0_call}) {
@@ -445,8 +458,8 @@ TEST(Collectives, APeerLaterThanTheTimeoutFailsInsteadOfPassing) {
     constexpr std::size_t kLarge = kTwoShotLarge;
     auto* buffer = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
     RANK_CUDA(cudaMemsetAsync(buffer, 0, kLarge, s));
-    const auto groups = setup.groups("late", 2, rank, world);
-    for (int g = 0; g < 2; ++g) {
+    const auto groups = setup.two_shot_groups("late", rank, world);
+    for (int g = 0; g < kTwoShotCaseCount; ++g) {
       const TwoShotCase& c = kTwoShotCases[g];
       Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
       auto all_reduce = [&] { c.all_reduce(comm, buffer, s); };
@@ -483,8 +496,8 @@ TEST(Collectives, AFailedRankLeavesItsPeersBuffersAlone) {
     constexpr float kUntouched = 5.0f;
     auto* buffer = static_cast<float*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
     std::vector<float> host(kLarge / sizeof(float), 0.0f);
-    const auto groups = setup.groups("alone", 2, rank, world);
-    for (int g = 0; g < 2; ++g) {
+    const auto groups = setup.two_shot_groups("alone", rank, world);
+    for (int g = 0; g < kTwoShotCaseCount; ++g) {
       const TwoShotCase& c = kTwoShotCases[g];
       Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
       auto all_reduce = [&] { c.all_reduce(comm, buffer, s); };
@@ -539,12 +552,12 @@ TEST(Collectives, ARankBetweenFailedPeersFailsAtTheMeetingTheySkip) {
     auto& [device, store, alloc, s] = setup;
     constexpr std::size_t kLarge = kTwoShotLarge;
     auto* buffer = static_cast<float*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
-    const auto groups = setup.groups("between", 2, rank, world);
+    const auto groups = setup.two_shot_groups("between", rank, world);
     auto all_meet = [&](const std::string& where) {  // on the host, through the store
       store.set(where + "/" + std::to_string(rank), "");
       for (int r = 0; r < world; ++r) store.get(where + "/" + std::to_string(r), std::chrono::seconds(60));
     };
-    for (int g = 0; g < 2; ++g) {
+    for (int g = 0; g < kTwoShotCaseCount; ++g) {
       const TwoShotCase& c = kTwoShotCases[g];
       Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
       auto all_reduce = [&] { c.all_reduce(comm, buffer, s); };

@@ -167,9 +167,11 @@ int correctness(Ctx& c) {
     // (1 << 20) + 8 elements are whole 16-byte vectors in every dtype (the
     // kernels' vector paths, to a last pass the grid only partly covers). The
     // last size reads more than 16 MiB from each peer at 2 ranks in fp32
-    // reduce-scatters and one-shot all-reduces (more than 1 MiB at other
-    // world sizes in every reduction), so those run between barrier kernels
-    // (fused_kernel_limit), not only meeting inside.
+    // reduce-scatters and one-shot all-reduces, which meet inside one kernel
+    // at every size there; at other world sizes every reduction reads more
+    // than 1 MiB, so those run between barrier kernels (fused_kernel_limit),
+    // as they do at 2 ranks under SYMMPOOL_FUSED_MAX_BYTES=1048576
+    // (Collectives.MatchNcclWithSplitCopiesAndFewBlocks).
     for (std::size_t n :
          {std::size_t{1}, std::size_t{3}, std::size_t{1001}, std::size_t{65537}, (std::size_t{1} << 20) + 7,
           (std::size_t{1} << 20) + 8, (std::size_t{1} << 22) + 5}) {
@@ -273,12 +275,14 @@ int back_to_back_and_graph(Ctx& c) {
 
   // Captured once, replayed with new inputs: barrier epochs live on the
   // device, so replays stay in step. Auto algorithms: a small all-gather and
-  // reduce-scatter (single kernels), a large all-reduce (two-shot with
-  // barrier kernels); and the copy-engine ones, whose barriers are stream
-  // operations when not captured.
-  // bf16: a rank's two-shot chunk over fused_kernel_limit at every world size (barrier kernels).
+  // reduce-scatter (single kernels), a large all-reduce (two-shot: one kernel
+  // of the most meeting blocks at 2 ranks, barrier kernels around it at
+  // more, or under SYMMPOOL_FUSED_MAX_BYTES); and the copy-engine ones,
+  // whose barriers are stream operations when not captured.
+  // bf16: a rank's two-shot chunk of 16 MiB, over fused_kernel_limit at 3 ranks and more.
   constexpr std::size_t big = (std::size_t{16} << 20) + 3;
-  static_assert(!fused_kernel(big * 2 / 2, 2), "2 bytes an element, half of them from the peer at 2 ranks");
+  static_assert(!fused_kernel(big * 2 / 3, 3),
+                "2 bytes an element, a third of them from each peer at 3 ranks");
   void* rs_in = dev(c, total);
   void* rs_out = dev(c, bytes);
   void* rs_out_2step = dev(c, bytes);

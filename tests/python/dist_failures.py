@@ -337,15 +337,21 @@ DIFFERING_SETTINGS = {
     # Two-step calls cut into other pieces would pair one piece with another.
     "pieces": (
         [{"SYMMPOOL_TWO_STEP_PIECE_BYTES": "65536"}, {}],
-        ["SYMMPOOL_TWO_STEP_PIECE_BYTES", "two-step pieces of 65536 bytes' on rank 0",
-         "two-step pieces of 33554432 bytes' on rank 1"]),
+        ["SYMMPOOL_TWO_STEP_PIECE_BYTES", "two-step pieces of 65536 bytes,", "two-step pieces of 33554432 bytes,"]),
+    # One rank's reduction kernel meeting inside while the other's runs
+    # between barrier kernels would wait for signals on other rows.
+    "fused": (
+        [{"SYMMPOOL_FUSED_MAX_BYTES": "1048576"}, {}],
+        ["SYMMPOOL_FUSED_MAX_BYTES", "reductions fused up to 1048576 bytes a peer' on rank 0",
+         "reductions fused at every size' on rank 1"]),
     # A call one rank sends to NCCL and the other runs here would wait for
     # each other in vain.
     "routing": (
         [{"SYMMPOOL_COLLECTIVES": "always"}, {"SYMMPOOL_COLLECTIVES": ""}],
         ["SYMMPOOL_COLLECTIVES is", "'always' on rank 0", "'table' on rank 1"]),
 }
-_SETTINGS = ("SYMMPOOL_ALL_REDUCE_ALGORITHM", "SYMMPOOL_REDUCE_SCATTER_ALGORITHM", "SYMMPOOL_TWO_STEP_PIECE_BYTES")
+_SETTINGS = ("SYMMPOOL_ALL_REDUCE_ALGORITHM", "SYMMPOOL_REDUCE_SCATTER_ALGORITHM", "SYMMPOOL_TWO_STEP_PIECE_BYTES",
+             "SYMMPOOL_FUSED_MAX_BYTES")
 
 
 def differing_settings_fail_to_form(rank: int, world: int, case: str) -> None:

@@ -56,27 +56,31 @@ def test_a_repeated_benchmark_counts_by_its_median():
 
 
 def test_the_fused_reduction_limit_at_two_ranks_follows_its_benchmark_file():
-    """fused_kernel_limit(2): the largest size a peer where one meeting kernel
-    beat the kernel between barriers, in both reductions, by more than the
-    same file's spread between the two builds where they run the same kernel
-    (sizes under the old 8 MiB limit)."""
-    result_file = "peers_h200x2_2026-11-27_sync64-and-fused-every-size.json"
+    """fused_kernel_limit(2) is any size: at every size measured over the
+    former 16 MiB a peer, one meeting kernel (128 blocks for the all-reduce's
+    two-shot, 64 for the reduce-scatter's one-shot: kTwoShotFusedBlocks and
+    kOneShotFusedBlocks) beat the kernel between barrier kernels in every
+    round, eager: its slowest round under the bracketed build's fastest."""
+    result_file = "peers_h200x2_2026-11-27_fused-large-reductions-64-vs-128-blocks.json"
     assert result_file in HEADER
-    runs = json.loads((ROOT / "bench/results" / result_file).read_text())
+    runs = json.loads((ROOT / "bench/results" / result_file).read_text())["runs"]
 
     def eager(tag):
         return {(r["op"], r["bytes"]): r["time_us_median"] for r in runs[tag]["results"]
                 if r["peer"] == "symmpool" and not r["variant"] and r["mode"] == "eager"}
 
-    fused, bracketed = eager("sync64fused-1"), eager("sync64-1")
-    ops, world, old_limit = ("all_reduce", "reduce_scatter"), 2, 8 << 20
-    per_peer = sorted({b // world for _, b in fused})
-    spread = max(abs(fused[(op, p * world)] / bracketed[(op, p * world)] - 1)
-                 for op in ops for p in per_peer if p <= old_limit)
-    limit = old_limit
-    for p in (p for p in per_peer if p > old_limit):
-        if not all(fused[(op, p * world)] < bracketed[(op, p * world)] * (1 - spread) for op in ops):
-            break
-        limit = p
-    assert limit == 16 << 20, (limit, spread)
-    assert "world == 2 ? 16 * kMiB" in HEADER
+    rounds = sorted({tag.rsplit("-", 1)[1] for tag in runs})
+    assert len(rounds) >= 2
+    fused_build = {"all_reduce": "sync128", "reduce_scatter": "fused64"}
+    world, old_limit = 2, 16 << 20
+    bracketed = [eager(f"head-{r}") for r in rounds]
+    beyond = sorted(b for op, b in bracketed[0] if op == "all_reduce" and b // world > old_limit)
+    assert beyond and max(beyond) // world >= 128 << 20
+    for op, build in fused_build.items():
+        fused = [eager(f"{build}-{r}") for r in rounds]
+        for b in beyond:
+            slowest_fused = max(f[(op, b)] for f in fused)
+            fastest_bracketed = min(h[(op, b)] for h in bracketed)
+            assert slowest_fused < fastest_bracketed, (op, b, slowest_fused, fastest_bracketed)
+    assert "world == 2 ? kAnySize" in HEADER
+    assert "kTwoShotFusedBlocks = 128" in HEADER and "kOneShotFusedBlocks = 64" in HEADER

@@ -41,6 +41,10 @@ struct Environment {
   // SYMMPOOL_TWO_STEP_PIECE_BYTES: the most bytes of one rank's chunk that
   // the two-step algorithms move and reduce per pipeline step.
   std::string two_step_piece_bytes;
+  // SYMMPOOL_FUSED_MAX_BYTES: the most bytes a reduction kernel reads from
+  // each peer and still meets its peers inside one launch; larger ones run
+  // between barrier kernels (the algorithm table's limit when unset).
+  std::string fused_max_bytes;
   // SYMMPOOL_HOST_ID: this node's identity, like NCCL_HOSTID, where hostname
   // and boot id cannot tell nodes apart (tests use it to make one machine
   // look like several nodes); empty when unset.

@@ -99,28 +99,31 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
 }
 
 // Reduction kernels that read at most this much from each peer meet their
-// peers inside (one launch; the grid is kMaxSyncBlocks whatever
-// SYMMPOOL_MAX_BLOCKS says); bigger ones are bracketed by barrier kernels.
-// At 2 ranks 8 MiB, not 1, once the kernel kept 8 loads in flight a thread (2 rounds
-// each, old and new builds interleaved; fused / bracketed, eager / graph, us):
-// at 2 MiB per peer, reduce-scatter 25.4 / 38.0 and 17.1 / 19.8, all-reduce
-// 31.2 / 41.9 and 23.2 / 23.8 (peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json);
-// at 4 MiB, reduce-scatter 29.9 / 36.5 and 24.5 / 26.4, all-reduce 41.5 / 44.1
-// and 36.4 / 37.7 (..._fused-4m-at-6-and-8-mib.json); at 8 MiB (16 MiB
-// calls), eager, reduce-scatter 39.4 / 43.8, all-reduce 65.3 / 69.2; but at
-// 32 MiB a peer the fused kernel's 32 blocks lost, all-reduce 236.0 / 224.3
-// and reduce-scatter 123.8 / 121.8, and at 128 MiB 902.3 / 837.1 and 433.1 /
-// 425.4 (..._ag-kernel-128m-and-fused-at-every-size.json). With 64 meeting
-// blocks (kMaxSyncBlocks 64) 16 MiB (peers_h200x2_2026-11-27_sync64-and-fused-every-size.json,
-// one round, eager, us): 64 blocks against 32 where both meet inside, 8 MiB
-// calls, all-reduce 35.8 / 39.3, reduce-scatter 27.1 / 31.0; one kernel against
-// barriers, both with 64 blocks: 32 MiB calls (16 MiB a peer) all-reduce
-// 114.4 / 120.9 (torch's two-shot 113.1), reduce-scatter 65.1 / 73.8; 128 MiB
-// calls (64 MiB a peer) 422.8 / 427.8 and 216.4 / 224.7, within the 4.4% the
-// two builds differ by where they run the same kernel, so kept between
-// barriers (tests/python/test_table_from_bench.py derives the limit from the
-// file). Other world sizes are not measured with it and keep the 1 MiB of before.
-constexpr std::size_t fused_kernel_limit(int world) { return world == 2 ? 16 * kMiB : 1 * kMiB; }
+// peers inside (one launch, the grid below whatever SYMMPOOL_MAX_BLOCKS
+// says); bigger ones are bracketed by barrier kernels. SYMMPOOL_FUSED_MAX_BYTES
+// replaces the limit. At 2 ranks the one kernel won up to 8 MiB a peer once
+// it kept 8 loads in flight a thread
+// (peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json,
+// ..._fused-4m-at-6-and-8-mib.json), up to 16 MiB with 64 meeting blocks
+// instead of 32 (..._sync64-and-fused-every-size.json), and at every size
+// measured, 16-256 MiB calls, with 128 blocks for the all-reduce and 64 for
+// the reduce-scatter
+// (peers_h200x2_2026-11-27_fused-large-reductions-64-vs-128-blocks.json,
+// 2 rounds, eager, us, one kernel / barrier kernels): all-reduce 64 MiB
+// 209.6-210.6 / 221.4-221.9, 128 MiB 408.4-408.9 / 424.0-427.5, 256 MiB
+// 799.8-804.3 / 831.8-834.3 (torch's two-shot 216.8-219.7, 417.4-425.6,
+// 821.8-823.7); reduce-scatter 64 MiB 113.8-114.8 / 120.4-121.0, 128 MiB
+// 214.7-218.7 / 222.4-224.9, 256 MiB 413.8-417.4 / 423.2-428.6
+// (tests/python/test_table_from_bench.py derives the limit from the file).
+// Other world sizes are not measured with it and keep 1 MiB.
+constexpr std::size_t fused_kernel_limit(int world) { return world == 2 ? kAnySize : 1 * kMiB; }
+// The grid of a reduction kernel that meets its peers inside (at most
+// detail::kMaxSyncBlocks): 128 blocks for the two-shot all-reduce, 64 for
+// the one-shot, FSDP2's reduce-scatter, which overlaps the backward's
+// matmuls: 128 gained it nothing in the file above (64 MiB 115.3-122.0 us,
+// 256 MiB 414.8-418.6), and each block is an SM the matmuls lose.
+inline constexpr int kTwoShotFusedBlocks = 128;
+inline constexpr int kOneShotFusedBlocks = 64;
 constexpr bool fused_kernel(std::size_t bytes_per_peer, int world) {
   return bytes_per_peer <= fused_kernel_limit(world);
 }

@@ -14,11 +14,17 @@
 //   SYMMPOOL_TWO_STEP_PIECE_BYTES  the most the two-step algorithms move and
 //                             reduce per pipeline step, of one rank's chunk
 //                             (a chunk is cut into two pieces at least)
+//   SYMMPOOL_FUSED_MAX_BYTES  the most a reduction kernel reads from each
+//                             peer and still meets its peers inside; larger
+//                             ones run between barrier kernels, whose grid
+//                             SYMMPOOL_MAX_BLOCKS caps (default: the table's
+//                             fused_kernel_limit). Equal on every rank.
 
 #include <symmpool/collective_types.hpp>
 #include <symmpool/environment.hpp>
 
 #include <chrono>
+#include <cstddef>
 #include <optional>
 
 namespace symmpool {
@@ -43,6 +49,7 @@ struct CollectiveOptions {
   static constexpr int kDefaultTwoStepPieceBytes = 32 << 20;
   static constexpr int kSmallestTwoStepPieceBytes = 64 << 10;
   static constexpr int kLargestTwoStepPieceBytes = 256 << 20;
+  static constexpr std::size_t kLargestFusedMaxBytes = 0x7fffffff;
 
   int max_blocks = kDefaultMaxBlocks;      // 1 to kLargestGrid
   int copy_streams = kDefaultCopyStreams;  // 1 (the caller's stream alone) to kMostCopyStreams
@@ -54,6 +61,11 @@ struct CollectiveOptions {
   // The same for reduce-scatters (one-shot or two-step).
   std::optional<Algorithm> reduce_scatter_algorithm;
   int two_step_piece_bytes = kDefaultTwoStepPieceBytes;  // kSmallest.. to kLargestTwoStepPieceBytes
+  // Set: reduction kernels reading at most this many bytes from each peer
+  // meet their peers inside, larger ones run between barrier kernels, in
+  // place of the table's fused_kernel_limit (0 to kLargestFusedMaxBytes;
+  // 0: always between barriers). Must be equal on every rank.
+  std::optional<std::size_t> fused_max_bytes;
 
   // Parses env's variables; an unset one keeps its default, a bad one
   // raises logic_error naming the variable and the value.

@@ -236,8 +236,13 @@ class Communicator {
   Algorithm auto_all_reduce_algorithm(std::size_t bytes) const;
   float scale(ReduceOp op) const;
   // What every reduction kernel starts from: r's type, scale, count and
-  // output, the grid cap; the algorithm fills in its inputs.
-  detail::ReduceLaunch reduce_launch(const Reduction& r, bool fused);
+  // output, the grid cap (fused_blocks where it meets its peers inside,
+  // SYMMPOOL_MAX_BLOCKS where barrier kernels bracket it); the algorithm
+  // fills in its inputs.
+  detail::ReduceLaunch reduce_launch(const Reduction& r, bool fused, int fused_blocks);
+  // Whether a reduction kernel reading this much from each peer meets its
+  // peers inside (fused_kernel_limit, or SYMMPOOL_FUSED_MAX_BYTES).
+  bool fused_reduction(std::size_t bytes_per_peer) const { return bytes_per_peer <= fused_max_bytes_; }
   // Every rank's input holds in_count elements; this rank reduces r.count
   // of them from src_offset on.
   void one_shot(const Reduction& r, std::size_t in_count, std::size_t src_offset);
@@ -281,9 +286,10 @@ class Communicator {
   std::array<std::uint32_t, kMaxRanks> stream_op_sent_{};      // host-side, per peer: eager signal()s
   std::array<std::uint32_t, kMaxRanks> stream_op_received_{};  // host-side, per peer: eager wait()s
   detail::PadPointers peer_pads_{};                            // every rank's pads, mapped here
-  int timeout_seconds_ = 0;       // barriers' patience (argument or options' override)
-  long long timeout_cycles_ = 0;  // the same in clock cycles, for the kernels
-  int max_blocks_ = 0;            // grid cap of unsynchronised reductions
+  int timeout_seconds_ = 0;          // barriers' patience (argument or options' override)
+  long long timeout_cycles_ = 0;     // the same in clock cycles, for the kernels
+  int max_blocks_ = 0;               // grid cap of unsynchronised reductions
+  std::size_t fused_max_bytes_ = 0;  // reductions reading up to this from each peer meet inside
   // Where copy-engine copies are issued, and the two-step algorithms' streams.
   std::unique_ptr<detail::EagerAndCaptured<detail::CopyStreams>> copies_;
   std::unique_ptr<detail::EagerAndCaptured<detail::StreamPipeline>> pipelines_;

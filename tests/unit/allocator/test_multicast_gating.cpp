@@ -142,6 +142,7 @@ TEST(Environment, ReadsTheCollectivesKnobsAsWritten) {
                {"SYMMPOOL_ALL_REDUCE_ALGORITHM", &Environment::all_reduce_algorithm},
                {"SYMMPOOL_REDUCE_SCATTER_ALGORITHM", &Environment::reduce_scatter_algorithm},
                {"SYMMPOOL_TWO_STEP_PIECE_BYTES", &Environment::two_step_piece_bytes},
+               {"SYMMPOOL_FUSED_MAX_BYTES", &Environment::fused_max_bytes},
                {"SYMMPOOL_HOST_ID", &Environment::host_id}};
   for (const auto& knob : knobs) {
     ::unsetenv(knob.variable);

@@ -34,8 +34,8 @@ TEST(AlgorithmTable, FollowsTheFourGpuMeasurements) {
 }
 
 TEST(AlgorithmTable, FusedReductionsUpToTheirMeasuredLimit) {
-  EXPECT_TRUE(fused_kernel(16 * MiB, 2));
-  EXPECT_FALSE(fused_kernel(16 * MiB + 1, 2));
+  for (std::size_t per_peer : {16 * MiB, 16 * MiB + 1, 128 * MiB, 1024 * MiB})  // every size, as measured
+    EXPECT_TRUE(fused_kernel(per_peer, 2)) << per_peer;
   for (int world : {1, 3, 4, 8}) {  // not measured with the 8-load kernel: the limit of before
     EXPECT_TRUE(fused_kernel(1 * MiB, world)) << world;
     EXPECT_FALSE(fused_kernel(1 * MiB + 1, world)) << world;

@@ -29,6 +29,7 @@ TEST(CollectiveOptions, UnsetVariablesKeepTheDefaults) {
   EXPECT_FALSE(options.all_reduce_algorithm.has_value());
   EXPECT_FALSE(options.reduce_scatter_algorithm.has_value());
   EXPECT_EQ(options.two_step_piece_bytes, 32 << 20);
+  EXPECT_FALSE(options.fused_max_bytes.has_value());  // the table's limit
 }
 
 TEST(CollectiveOptions, ReadsEachVariable) {
@@ -37,12 +38,17 @@ TEST(CollectiveOptions, ReadsEachVariable) {
   env.copy_streams = "8";
   env.barrier_timeout = "86400";
   env.two_step_piece_bytes = "65536";
+  env.fused_max_bytes = "1048576";
   const CollectiveOptions options = CollectiveOptions::from(env);
   EXPECT_EQ(options.max_blocks, 528);
   EXPECT_EQ(options.copy_streams, 8);
   ASSERT_TRUE(options.barrier_timeout.has_value());
   EXPECT_EQ(options.barrier_timeout->count(), 86400);
   EXPECT_EQ(options.two_step_piece_bytes, 65536);
+  ASSERT_TRUE(options.fused_max_bytes.has_value());
+  EXPECT_EQ(*options.fused_max_bytes, std::size_t{1} << 20);
+  env.fused_max_bytes = "0";  // every reduction between barrier kernels
+  EXPECT_EQ(CollectiveOptions::from(env).fused_max_bytes, std::size_t{0});
 }
 
 // By the names the algorithms go by everywhere else (to_string).
@@ -107,6 +113,10 @@ TEST(CollectiveOptions, RefusesBadValuesNamingTheVariable) {
        "SYMMPOOL_TWO_STEP_PIECE_BYTES must be a whole number from 65536 to 268435456, got '65535'"},
       {&Environment::two_step_piece_bytes, "1G",
        "SYMMPOOL_TWO_STEP_PIECE_BYTES must be a whole number from 65536 to 268435456, got '1G'"},
+      {&Environment::fused_max_bytes, "-1",
+       "SYMMPOOL_FUSED_MAX_BYTES must be a whole number from 0 to 2147483647, got '-1'"},
+      {&Environment::fused_max_bytes, "4G",
+       "SYMMPOOL_FUSED_MAX_BYTES must be a whole number from 0 to 2147483647, got '4G'"},
   };
   for (const auto& c : cases) {
     Environment env;
@@ -138,6 +148,11 @@ TEST(CollectiveOptions, CheckRefusesFieldsOutOfRange) {
   EXPECT_NO_THROW(options.check());
   options.two_step_piece_bytes = 1 << 10;
   EXPECT_THROW(options.check(), logic_error);
+  options = CollectiveOptions{};
+  options.fused_max_bytes = std::size_t{1} << 31;
+  EXPECT_THROW(options.check(), logic_error);
+  options.fused_max_bytes = 0;
+  EXPECT_NO_THROW(options.check());
 }
 
 }  // namespace symmpool::test

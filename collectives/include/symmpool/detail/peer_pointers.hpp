@@ -8,8 +8,9 @@ namespace symmpool::detail {
 
 constexpr int kMaxRanks = 8;
 // Blocks of a kernel that synchronises with its peers block by block; each
-// block has its own row of signal pads and its own epoch.
-constexpr int kMaxSyncBlocks = 64;
+// block has its own row of signal pads and its own epoch. 128 for the
+// two-shot all-reduce at 2 ranks (algorithm_table.hpp, fused_kernel_limit).
+constexpr int kMaxSyncBlocks = 128;
 
 struct PeerPointers {
   const void* ptr[kMaxRanks];
@@ -37,7 +38,7 @@ constexpr int kPadRows = kCallRow + 1;
 // at this byte offset of every rank's pads, each holding the meeting's
 // value (high half) and the call's digest (low half): one store carries
 // both, so the digest needs no fence to arrive with the signal.
-constexpr std::size_t kStartWordsOffset = 3072;
+constexpr std::size_t kStartWordsOffset = 5120;
 
 // How a communicator's kernels report a failure and learn of one.
 struct FailureWords {
