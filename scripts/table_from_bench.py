@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Reads a symmpool_collectives_bench JSON and prints what the algorithm
-table (collectives/include/symmpool/algorithm_table.hpp) should say for its
-world size: per op, the largest size up to which symmpool (its default
-algorithm) is never slower than NCCL by more than the tolerance, eager and
-in CUDA graphs, and which symmpool variant was fastest at each size.
+"""Reads a symmpool_collectives_bench JSON, or a peer benchmark JSON
+(bench/peers/run.py), and prints what the algorithm table
+(collectives/include/symmpool/algorithm_table.hpp) should say for its world
+size: per op, the largest size up to which symmpool (its default algorithm)
+is never slower than NCCL on the same registered buffers by more than the
+tolerance, eager and in CUDA graphs, and which symmpool variant was fastest
+at each size.
 
-    python3 scripts/table_from_bench.py bench/results/collectives_h200x2_2026-11-22_final-defaults.json
+    python3 scripts/table_from_bench.py bench/results/peers_h200x2_2026-11-27_fused-reductions-every-size.json
 """
 import argparse
 import json
@@ -36,6 +38,32 @@ def parse_times(benchmarks):
         scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b.get("time_unit", "us")]
         size = int(m["size"]) * UNITS[m["unit"]]
         times[(m["op"], bool(m["graph"]), m["impl"], size)] = b["real_time"] * scale
+    return times
+
+
+# The peer benchmark's ops and rows, by the names the C++ bench gives them:
+# symmpool's own rows (no variant) against NCCL on the same registered
+# buffers; symmpool's two-step rows as variants.
+PEER_OPS = {"all_gather": "AllGather", "reduce_scatter": "ReduceScatter", "all_reduce": "AllReduce"}
+
+
+def parse_peer_times(results):
+    """parse_times for a peer benchmark's results: the median per call."""
+    times = {}
+    for r in results:
+        op, t = PEER_OPS.get(r["op"]), r.get("time_us_median")
+        if op is None or t is None:
+            continue
+        variant = r.get("variant") or ""
+        if r["peer"] == "symmpool" and not variant:
+            impl = "symmpool"
+        elif r["peer"] == "symmpool" and variant.startswith("two-step"):
+            impl = "symmpool-2step-" + variant.split()[-1].lower()
+        elif r["peer"] == "nccl-registered" and not variant:
+            impl = "nccl"
+        else:
+            continue
+        times[(op, r["mode"] == "graph", impl, int(r["bytes"]))] = t
     return times
 
 
@@ -80,16 +108,23 @@ def cpp_size(limit):
     return str(limit)
 
 
+def file_times(data):
+    """The times of either kind of file."""
+    if "results" in data:
+        return parse_peer_times(data["results"])
+    return parse_times(data["benchmarks"])
+
+
 def table_entry(data, tolerance=0.01):
     """(world, {op: limit}) for the file."""
     world = int(data["context"]["ranks"])
-    times = parse_times(data["benchmarks"])
+    times = file_times(data)
     return world, {op: limit_for(times, op, tolerance) for op in OPS}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json", help="symmpool_collectives_bench --benchmark_out file")
+    parser.add_argument("json", help="symmpool_collectives_bench --benchmark_out file, or a bench/peers JSON")
     parser.add_argument("--tolerance", type=float, default=0.01,
                         help="symmpool may be this much slower than NCCL and still be chosen (default 0.01)")
     parser.add_argument("--variant-margin", type=float, default=0.05,
@@ -98,7 +133,7 @@ def main(argv=None):
     with open(args.json) as f:
         data = json.load(f)
     world, limits = table_entry(data, args.tolerance)
-    times = parse_times(data["benchmarks"])
+    times = file_times(data)
     for op in OPS:
         print(f"{op}: symmpool up to {cpp_size(limits[op])}")
         for graph, size, best, best_us, default_us in fastest_variants(times, op):

@@ -21,7 +21,7 @@ def entry_line(result_file):
 
 def test_each_measured_world_size_matches_its_benchmark_file():
     for result_file, expected in [
-        ("collectives_h200x2_2026-11-22_final-defaults.json", "{2, kAnySize, kAnySize, 256 * kMiB}"),
+        ("peers_h200x2_2026-11-27_fused-reductions-every-size.json", "{2, kAnySize, kAnySize, kAnySize}"),
         ("collectives_h200x4_2026-11-22_first-run.json", "{4, kAnySize, kAnySize, 16 * kMiB}"),
     ]:
         assert result_file in HEADER, f"the header no longer cites {result_file}"
@@ -41,6 +41,27 @@ def test_a_loss_at_one_size_caps_the_limit_below_it():
     ])
     assert table_from_bench.limit_for(times, "AllReduce", 0.01) == 1 << 20
     assert table_from_bench.limit_for(times, "AllReduce", 1.0) is None  # any size
+
+
+def test_a_peer_file_compares_symmpool_with_nccl_on_registered_buffers():
+    def row(peer, variant, op, size, mode, us):
+        return {"peer": peer, "variant": variant, "op": op, "bytes": size, "mode": mode, "time_us_median": us}
+    data = {"context": {"ranks": 2}, "results": [
+        row("symmpool", None, "all_reduce", 1 << 10, "graph", 5.0),
+        row("nccl-registered", None, "all_reduce", 1 << 10, "graph", 9.0),
+        row("nccl", None, "all_reduce", 1 << 20, "eager", 1.0),  # plain NCCL: not the table's peer
+        row("symmpool", None, "all_reduce", 1 << 20, "eager", 30.0),
+        row("nccl-registered", None, "all_reduce", 1 << 20, "eager", 20.0),
+        row("symmpool", "two-step 32M", "all_reduce", 1 << 20, "eager", 25.0),
+        row("symmpool", "in-place", "all_gather", 1 << 10, "eager", 1.0),  # another call shape: skipped
+        row("peer-copy", None, "peer_copy", 1 << 10, "eager", 1.0),
+        row("symmpool", None, "all_gather", 1 << 10, "eager", None),  # not run
+    ]}
+    times = table_from_bench.file_times(data)
+    assert times == {("AllReduce", True, "symmpool", 1 << 10): 5.0, ("AllReduce", True, "nccl", 1 << 10): 9.0,
+                     ("AllReduce", False, "symmpool", 1 << 20): 30.0, ("AllReduce", False, "nccl", 1 << 20): 20.0,
+                     ("AllReduce", False, "symmpool-2step-32m", 1 << 20): 25.0}
+    assert table_from_bench.limit_for(times, "AllReduce", 0.01) == 1 << 10
 
 
 def test_a_repeated_benchmark_counts_by_its_median():

@@ -34,10 +34,13 @@ struct SymmpoolLimits {
 };
 
 inline constexpr SymmpoolLimits kMeasuredLimits[] = {
-    // collectives_h200x2_2026-11-22_final-defaults.json, symmpool / NCCL: AG 64 KiB
-    // 7.1/9.7 us, 1 GiB 323/315 GB/s; RS 64 KiB 7.3/10.1 us, 1 GiB 297/258;
-    // AR 256 MiB 313/296 but 1 GiB 321/329.
-    {2, kAnySize, kAnySize, 256 * kMiB},
+    // peers_h200x2_2026-11-27_fused-reductions-every-size.json (bench/peers, 1 KiB-1 GiB,
+    // eager and graph), symmpool / NCCL on the same registered buffers: AG 64 KiB graph
+    // 9.6/11.4 us, 1 GiB 1442/1677 us; RS 64 KiB graph 9.1/12.9 us, 1 GiB 1619/2035;
+    // AR 64 KiB graph 10.8/12.8 us, 1 GiB 3165/3294 (at 256 MiB and up by one
+    // kernel of 128 blocks; before, 1 GiB went to NCCL:
+    // collectives_h200x2_2026-11-22_final-defaults.json, 321/329 GB/s).
+    {2, kAnySize, kAnySize, kAnySize},
     // collectives_h200x4_2026-11-22_first-run.json, symmpool / NCCL: AG 64 KiB
     // 7.7/20.5 us, 1 GiB 2236/2340 us; RS 64 KiB 7.6/11.1 us, 1 GiB 2524/2523
     // (even); AR 16 MiB 92.9/96.9 us but 64 MiB 339/332, 1 GiB 5037/4577.

@@ -10,15 +10,15 @@ TEST(AlgorithmTable, FollowsTheTwoGpuMeasurements) {
   for (std::size_t bytes : {std::size_t{8} << 10, 64 * MiB, 1024 * MiB})
     for (auto op : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter})
       EXPECT_EQ(choose_engine(op, bytes, 2), Engine::kSymmpool) << bytes;
-  EXPECT_EQ(choose_engine(CollectiveKind::kAllReduce, 256 * MiB, 2), Engine::kSymmpool);
-  EXPECT_EQ(choose_engine(CollectiveKind::kAllReduce, 256 * MiB + 2, 2), Engine::kNccl);
+  for (std::size_t bytes : {std::size_t{1} << 10, 256 * MiB, 256 * MiB + 2, 1024 * MiB})
+    EXPECT_EQ(choose_engine(CollectiveKind::kAllReduce, bytes, 2), Engine::kSymmpool) << bytes;
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllGather, 16 * MiB, 2), Algorithm::kKernel);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllGather, 16 * MiB + 1, 2), Algorithm::kCopyEnginePush);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kReduceScatter, 1024 * MiB, 2), Algorithm::kOneShot);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 1, 2), Algorithm::kLowLatency);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 32 << 10, 2), Algorithm::kLowLatency);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, (32 << 10) + 2, 2), Algorithm::kTwoShot);
-  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 256 * MiB, 2), Algorithm::kTwoShot);
+  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 1024 * MiB, 2), Algorithm::kTwoShot);
 }
 
 TEST(AlgorithmTable, FollowsTheFourGpuMeasurements) {

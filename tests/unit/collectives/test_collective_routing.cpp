@@ -46,12 +46,12 @@ TEST(CollectiveRouting, EligibleCallsFollowTheTableOrAlways) {
 }
 
 TEST(CollectiveRouting, TheTableSeesTheBytesItWasMeasuredOn) {
-  // all_reduce: symmpool up to 256 MiB at 2 ranks (bf16: 128 Mi elements).
-  const auto at_limit = call_of(CollectiveKind::kAllReduce, 128 * MiB);
-  EXPECT_EQ(table_bytes(at_limit), 256 * MiB);
+  // all_reduce: symmpool up to 16 MiB at 4 ranks (bf16: 8 Mi elements).
+  const auto at_limit = call_of(CollectiveKind::kAllReduce, 8 * MiB, 4);
+  EXPECT_EQ(table_bytes(at_limit), 16 * MiB);
   EXPECT_EQ(route_by_shape(at_limit, kTable).reason, RouteReason::kTablePrefersSymmpool);
-  expect_nccl(call_of(CollectiveKind::kAllReduce, 128 * MiB + 1), RouteReason::kTablePrefersNccl, kTable);
-  EXPECT_EQ(route_by_shape(call_of(CollectiveKind::kAllReduce, 128 * MiB + 1), kAlways).engine,
+  expect_nccl(call_of(CollectiveKind::kAllReduce, 8 * MiB + 1, 4), RouteReason::kTablePrefersNccl, kTable);
+  EXPECT_EQ(route_by_shape(call_of(CollectiveKind::kAllReduce, 8 * MiB + 1, 4), kAlways).engine,
             Engine::kSymmpool);
   // all_gather: the output; reduce_scatter: the input.
   EXPECT_EQ(table_bytes(call_of(CollectiveKind::kAllGather, 100, 4)), 800u);
