@@ -34,9 +34,8 @@ constexpr std::size_t kEpochBytes =
 constexpr std::size_t kPacketsOffset = 16384;
 static_assert(kPadBytes + kEpochBytes <= detail::kStartWordsOffset,
               "pads and epochs come before the start words");
-static_assert(detail::kStartWordsOffset + std::size_t{detail::kMaxSyncBlocks} * detail::kMaxRanks * 8 <=
-                  kPacketsOffset,
-              "the start words come before the packets");
+static_assert(detail::kCallWordsOffset + std::size_t{detail::kMaxRanks} * 8 <= kPacketsOffset,
+              "the start words and call words come before the packets");
 
 // Bytes per rank whose packets fit in `slot_bytes`: two regions of `world`
 // slots, each packet (16 bytes) carrying 8 bytes.
@@ -105,7 +104,10 @@ detail::BlockSync Communicator::block_sync(bool fused) {
   detail::BlockSync s;
   s.enabled = fused;
   s.signals = peer_signals();
-  if (fused) s.signals.call = call_check_->take();
+  if (fused) {
+    s.signals.call = call_check_->take();
+    s.signals.call_number = call_check_->number();
+  }
   s.block_epochs = block_epochs_;
   return s;
 }
@@ -132,6 +134,7 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   if (kind == BarrierKind::kKernel || capturing()) {
     detail::PeerSignals signals = peer_signals();
     signals.call = call;
+    signals.call_number = call_check_->number();
     SYMMPOOL_CUDA_TRY(detail::launch_barrier(signals, n, kernel_epoch_, stream));
     return;
   }

@@ -20,10 +20,13 @@ class CallCheck {
  public:
   // A new call: its number (the same on every rank) and operation.
   void begin(std::uint64_t number, const char* op) {
+    number_ = static_cast<std::uint32_t>(number);
     state_ = mix(kSeed, number);
     for (const char* c = op; *c; ++c) state_ = mix(state_, static_cast<unsigned char>(*c));
     taken_ = false;
   }
+  // The call's number, low 32 bits (beside the digest in the call words).
+  std::uint32_t number() const { return number_; }
   // A symmetric buffer of this call, `offset` bytes into the heap.
   void add_buffer(std::size_t offset, std::size_t bytes) { state_ = mix(mix(state_, offset), bytes); }
   // The digest for the call's first meeting (never 0, which means "no
@@ -47,6 +50,7 @@ class CallCheck {
     return x ^ (x >> 31);
   }
   std::uint64_t state_ = 0;
+  std::uint32_t number_ = 0;
   bool taken_ = true;
 };
 

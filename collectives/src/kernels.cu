@@ -39,6 +39,31 @@ __device__ __forceinline__ std::uint64_t* start_words(std::uint32_t* pads) {
   return reinterpret_cast<std::uint64_t*>(reinterpret_cast<char*>(pads) + kStartWordsOffset);
 }
 
+using CallWord = cuda::atomic_ref<std::uint64_t, cuda::thread_scope_system>;
+
+// Rank `from`'s call word in a rank's `pads` (peer_pointers.hpp).
+__device__ __forceinline__ std::uint64_t& call_word(std::uint32_t* pads, int from) {
+  return reinterpret_cast<std::uint64_t*>(reinterpret_cast<char*>(pads) + kCallWordsOffset)[from];
+}
+
+// At a call's first meeting: this call's number and digest into rank t's call word.
+__device__ __forceinline__ void announce_call(const PeerSignals& s, int t, std::uint32_t call) {
+  CallWord(call_word(pick(s.peers.peer, t), s.rank))
+      .store((std::uint64_t{s.call_number} << 32) | call, cuda::std::memory_order_relaxed);
+}
+
+// Rank t's digest where its call word says it is at this call with another
+// digest (at another call, maybe meeting elsewhere: it will not signal this
+// wait), else 0. A word from rank t's earlier call carries another number;
+// 0 as digest is a word never written.
+__device__ __forceinline__ std::uint32_t digest_of_other_call(const PeerSignals& s, int t,
+                                                              std::uint32_t call) {
+  const std::uint64_t word = CallWord(call_word(s.my_pads, t)).load(cuda::std::memory_order_relaxed);
+  const auto digest = static_cast<std::uint32_t>(word);
+  const bool this_call = static_cast<std::uint32_t>(word >> 32) == s.call_number;
+  return this_call && digest != 0 && digest != call ? digest : 0;
+}
+
 // Rank t's digest of its current call, as it wrote it into our call row.
 __device__ __forceinline__ std::uint32_t digest_of_peer(const PeerSignals& s, int t) {
   return SystemWord(call_slot(s.my_pads, t)).load(cuda::std::memory_order_relaxed);
@@ -99,6 +124,7 @@ __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world,
   }
   if (call != 0) {
     SystemWord(call_slot(pick(s.peers.peer, t), s.rank)).store(call, cuda::std::memory_order_relaxed);
+    announce_call(s, t, call);
     signal_order = cuda::std::memory_order_release;  // our digest lands before our signal
     wait_order = cuda::std::memory_order_acquire;    // theirs is read after theirs
   }
@@ -106,16 +132,18 @@ __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world,
   SystemWord word(s.my_pads[row * kMaxRanks + t]);
   unsigned spins = 0;
   bool peer_failed = false;
+  std::uint32_t other_call = 0;
   const bool arrived = wait_until(
       [&] {
         if (static_cast<int>(word.load(wait_order) - epoch) >= 0) return true;
         if (++spins % kMarkLookSpins != 0) return false;
+        if (call != 0 && (other_call = digest_of_other_call(s, t, call)) != 0) return true;
         return peer_failed = digest_of_peer(s, t) == kFailedRankDigest;
       },
       t, s.failure, [&] { give_up_on(s, t, world); });
   if (!arrived) return false;  // a wait that gave up has set the flags already
-  if (peer_failed) {
-    report_differing(t, kFailedRankDigest, s.failure);
+  if (peer_failed || other_call != 0) {
+    report_differing(t, peer_failed ? kFailedRankDigest : other_call, s.failure);
     return false;
   }
   if (call == 0) return true;
@@ -141,18 +169,27 @@ __device__ __forceinline__ bool start_meeting(const PeerSignals& s, int world, s
   const int slot = static_cast<int>(blockIdx.x) * kMaxRanks;
   const bool failed_before = has_failed(s.failure);
   const std::uint32_t ours = failed_before ? kFailedRankDigest : call;
+  if (call != 0 && !failed_before) announce_call(s, t, call);
   StartWord(start_words(pick(s.peers.peer, t))[slot + s.rank])
       .store((std::uint64_t{value} << 32) | ours, cuda::std::memory_order_relaxed);
   if (failed_before) return false;
   StartWord word(start_words(s.my_pads)[slot + t]);
   std::uint64_t seen = 0;
+  unsigned spins = 0;
+  std::uint32_t other_call = 0;  // rank t's digest, at this call number: it meets elsewhere
   const bool arrived = wait_until(
       [&] {
         seen = word.load(cuda::std::memory_order_acquire);
-        return static_cast<int>(static_cast<std::uint32_t>(seen >> 32) - value) >= 0;
+        if (static_cast<int>(static_cast<std::uint32_t>(seen >> 32) - value) >= 0) return true;
+        if (call == 0 || ++spins % kMarkLookSpins != 0) return false;
+        return (other_call = digest_of_other_call(s, t, call)) != 0;
       },
       t, s.failure, [&] { give_up_on(s, t, world); });
   if (!arrived) return false;
+  if (other_call != 0) {
+    report_differing(t, other_call, s.failure);
+    return false;
+  }
   const auto digest = static_cast<std::uint32_t>(seen);
   if (digest != kFailedRankDigest && (call == 0 || digest == call)) return true;
   report_differing(t, digest, s.failure);  // kFailedRankDigest: even where no digest is compared

@@ -374,7 +374,10 @@ TEST(Collectives, LowLatencyAllReducesOfDifferentSizesFailEveryRank) {
 // shift later tensors onto addresses checked for others): every rank
 // raises at once, naming the rank whose call differs. They used to pair
 // the wrong buffers without a word. An all-gather against an all-reduce at
-// the same call number fails the same way.
+// the same call number fails the same way, also where one meets its peers
+// inside a fused kernel and the other between barrier kernels, on other
+// words of the pads: each finds the other's call in its call word (they
+// once waited out the timeout, 10 s here).
 TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
   SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
   shared_store_dir();
@@ -414,9 +417,17 @@ TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
            c.reduce_scatter(x, x + kLarge / 2, 1024, DataType::kFloat32, ReduceOp::kSum, s);
          },
          {}},
-        {"an all-gather against an all-reduce", all_reduce(kLarge), all_gather(Algorithm::kCopyEnginePull)},
+        // A barrier kernel against a fused kernel: they meet on other words,
+        // so each learns of the other's call from its call word (they once
+        // waited out the timeout).
+        {"an all-gather against a fused all-reduce", all_reduce(16384),
+         all_gather(Algorithm::kCopyEnginePull)},
+        {"an all-gather against a large all-reduce, as the table runs it", all_reduce(kLarge),
+         all_gather(Algorithm::kCopyEnginePull)},
         {"an all-gather against an all-reduce between barriers", all_reduce(kLarge),
          all_gather(Algorithm::kCopyEnginePull), true},
+        {"a fused all-gather against a copy-engine one", all_gather(Algorithm::kCopyEnginePull),
+         all_gather(Algorithm::kKernel)},
     };
     int g = 0;
     for (const Case& c : cases) {

@@ -39,6 +39,14 @@ constexpr int kPadRows = kCallRow + 1;
 // value (high half) and the call's digest (low half): one store carries
 // both, so the digest needs no fence to arrive with the signal.
 constexpr std::size_t kStartWordsOffset = 5120;
+// Call words: 64-bit words [kMaxRanks] at this byte offset of every rank's
+// pads, rank r's holding the number (high half, low 32 bits of it) and the
+// digest (low half) of r's call at its last first meeting, in one store.
+// A first meeting's wait looks at them now and then: a peer at the same
+// call number with another digest is at another call, which may meet its
+// peers elsewhere (a fused kernel's start words, a barrier kernel's row)
+// and never signal this wait.
+constexpr std::size_t kCallWordsOffset = kStartWordsOffset + std::size_t{kMaxSyncBlocks} * kMaxRanks * 8;
 
 // How a communicator's kernels report a failure and learn of one.
 struct FailureWords {
@@ -58,6 +66,9 @@ struct PeerSignals {
   // Nonzero at a call's first meeting: the call's digest, written into each
   // peer's call row before the signal and compared with theirs after the wait.
   std::uint32_t call = 0;
+  // With `call`: the call's number (low 32 bits), written beside the digest
+  // into each peer's call word.
+  std::uint32_t call_number = 0;
 };
 
 // What a kernel needs to meet its peers at its start and its end.
