@@ -124,7 +124,10 @@ constexpr std::size_t fused_kernel_limit(int world) { return world == 2 ? kAnySi
 // detail::kMaxSyncBlocks): 128 blocks for the two-shot all-reduce, 64 for
 // the one-shot, FSDP2's reduce-scatter, which overlaps the backward's
 // matmuls: 128 gained it nothing in the file above (64 MiB 115.3-122.0 us,
-// 256 MiB 414.8-418.6), and each block is an SM the matmuls lose.
+// 256 MiB 414.8-418.6), and each block is an SM the matmuls lose. The
+// all-reduce's 128 do cost overlapping matmuls: 22.6-22.8% slower beside a
+// 256 MiB two-shot against 10.3-11.0% between barrier kernels on 64
+// (contention_h200x2_2026-11-27_fused-reductions-128-vs-bracketed-64.json).
 inline constexpr int kTwoShotFusedBlocks = 128;
 inline constexpr int kOneShotFusedBlocks = 64;
 constexpr bool fused_kernel(std::size_t bytes_per_peer, int world) {
