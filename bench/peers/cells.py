@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 import zlib
 
 import torch
@@ -24,7 +25,8 @@ def start_ranks():
     torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank)
     dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
-    ranks = Ranks(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=300)))
+    ranks = Ranks(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=300)),
+                  device_group=dist.group.WORLD)
     return device, dist.get_world_size(), dist.get_rank(), ranks
 
 
@@ -42,9 +44,10 @@ class Ranks:
     (one rank's error verdict meeting another's barrier) stop with
     RanksOutOfStep."""
 
-    def __init__(self, group):
-        self.group = group
+    def __init__(self, group, device_group=None):
+        self.group, self.device_group = group, device_group
         self.world = dist.get_world_size(group)
+        self._meeting = None  # the device meeting's one-element tensor, made on first use
 
     def _exchange(self, kind: str, value) -> list:
         got = [None] * self.world
@@ -56,9 +59,39 @@ class Ranks:
         return [v for _, v in got]
 
     def start_together(self) -> None:
+        """Every rank's device idle, then the ranks released together. The
+        CPU barrier alone lets them go tens of microseconds apart (the
+        run's start_skew_us), which a collective's first call waits out and
+        its timing counts, while a bare peer copy waits for nobody: an
+        all-reduce on the devices (NCCL, `device_group`), waited for, ends
+        on every rank at nearly the same moment."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self._exchange("start", None)
+        if self.device_group is not None and torch.cuda.is_available():
+            if self._meeting is None:
+                self._meeting = torch.zeros(1, device="cuda")
+            dist.all_reduce(self._meeting, group=self.device_group)
+            torch.cuda.synchronize()
+
+    def start_skew_us(self, times: int = 50) -> dict:
+        """How far apart the ranks leave start_together, and the CPU barrier
+        alone (median and p90 over `times` starts, us, the latest rank's
+        CLOCK_MONOTONIC against the earliest's)."""
+        def skews(start):
+            spans = []
+            for _ in range(times):
+                start()
+                now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+                stamps = self.gather(now)
+                spans.append((max(stamps) - min(stamps)) / 1e3)
+            return {"median": timing.percentile(spans, 50), "p90": timing.percentile(spans, 90)}
+
+        def cpu_barrier():
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self._exchange("start", None)
+        return {"cpu_barrier": skews(cpu_barrier), "start_together": skews(self.start_together)}
 
     def gather(self, value) -> list:
         return self._exchange("value", value)
@@ -145,7 +178,7 @@ def measure(peer, variant, op: str, nbytes: int, modes: list[str], args, ranks: 
         else:  # the replays run captured work: only the warm-up and the capture pass the router
             issued = timing.GRAPH_WARMUP_CALLS + args.graph_calls
             samples, error = attempt(lambda: timing.time_graph(call.run, args.graph_calls, args.reps,
-                                                               ranks.start_together))
+                                                               ranks.start_together, args.graph_replays))
         ran = symm_collectives() - before
         if algorithms:
             extra_counts = {"algorithms_ran": {a: n - algorithms_before.get(a, 0) for a, n in algorithms().items()

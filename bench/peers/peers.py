@@ -87,11 +87,15 @@ class Call:
 
 # symmpool's variants: (name, op, the environment its group is made with).
 SYMMPOOL_TWO_STEP = "two-step"
+# The algorithms SYMMPOOL_ALL_REDUCE_ALGORITHM names (collective_types.hpp's to_string).
+ALL_REDUCE_ALGORITHMS = ("low-latency", "one-shot", "two-shot", SYMMPOOL_TWO_STEP)
 
 
-def symmpool_variants(two_step_pieces: list[int]) -> list[tuple[str, str, dict]]:
-    """The two-step reduce-scatter and all-reduce, one variant per piece size."""
-    out = []
+def symmpool_variants(two_step_pieces: list[int], all_reduce_algorithms: list[str] = ()) -> list[tuple[str, str, dict]]:
+    """The two-step reduce-scatter and all-reduce, one variant per piece
+    size; an all-reduce variant per algorithm named (the table's losers, timed
+    beside its choice)."""
+    out = [(a, "all_reduce", {"SYMMPOOL_ALL_REDUCE_ALGORITHM": a}) for a in all_reduce_algorithms]
     for piece in two_step_pieces:
         name = f"{SYMMPOOL_TWO_STEP} {piece >> 20}M" if piece % (1 << 20) == 0 else f"{SYMMPOOL_TWO_STEP} {piece}B"
         env = {"SYMMPOOL_TWO_STEP_PIECE_BYTES": str(piece)}
@@ -290,10 +294,10 @@ def _symm_group_with(symm_backend_name: str, env: dict):
 
 
 def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nbytes: int,
-               two_step_pieces: list[int] = ()) -> tuple[dict, dict]:
+               two_step_pieces: list[int] = (), all_reduce_algorithms: list[str] = ()) -> tuple[dict, dict]:
     """The groups and buffers of every peer in `names` (nccl always: it is
     the reference), made in the same order on every rank; symmpool with a
-    two-step variant per piece size. Returns ({name: peer}, {name: reason})
+    two-step variant per piece size and one per all-reduce algorithm named. Returns ({name: peer}, {name: reason})
     for peers whose setup failed."""
     peers, failed = {}, {}
     nccl = dist.new_group(backend="nccl")
@@ -309,7 +313,8 @@ def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nby
         backend = symm._get_backend(device)
         symm_buffers = Buffers.make(lambda n: backend.allocate_tensor(n, dtype=DTYPE, device=device), nbytes)
         variant_groups = {(v, op): _symm_group_with(symm_backend_name, env)
-                          for v, op, env in symmpool_variants(list(two_step_pieces))}
+                          for v, op, env in symmpool_variants(list(two_step_pieces),
+                                                              list(all_reduce_algorithms))}
         peers["symmpool"] = C10dPeer("symmpool", symm, symm_buffers, world, variant_groups, rank=rank,
                                      functional_op=world == 2)
         peers["nccl-registered"] = C10dPeer("nccl-registered", symm_nccl, symm_buffers, world, rank=rank)

@@ -11,9 +11,9 @@ all-reduce buffer. Before timing, each (peer, op, size) runs once on
 rank-dependent random small integers (exact in bf16 sums) into NaN-poisoned
 outputs and is compared with NCCL's result on the same data (torch.equal).
 Eager: CUDA events around --iters back-to-back calls after --warmup, the ranks
-started together (device synchronized, CPU barrier) before each of --reps
-repetitions. Graph: --graph-calls calls captured in one CUDA graph, one replay
-per repetition. Times are per call: the median, p10 and p90 over repetitions
+started together (devices synchronized, a CPU barrier, an NCCL all-reduce on
+the devices) before each of --reps repetitions. Graph: --graph-calls calls
+captured in one CUDA graph, --graph-replays replays per repetition. Times are per call: the median, p10 and p90 over repetitions
 of the slowest rank's. Rank 0 writes the JSON after every size (a killed job
 keeps what it had), then a PNG next to it (plot.py). An op a peer lacks, or
 one that raises, is recorded as unavailable with the reason. Exit status 1
@@ -49,7 +49,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import timing  # noqa: E402
-from peers import ALL_GATHER_IN_PLACE, OPS, PEER_COPY, PEERS, SYMMPOOL_OP, SYMMPOOL_OP_MAX_BYTES  # noqa: E402
+from peers import (ALL_GATHER_IN_PLACE, ALL_REDUCE_ALGORITHMS, OPS, PEER_COPY, PEERS, SYMMPOOL_OP,  # noqa: E402
+                   SYMMPOOL_OP_MAX_BYTES)
 from run_output import finish_run, write_json  # noqa: E402
 
 NVLINK_GBPS_PER_DIRECTION = 478  # H200's NVLink limit per GPU per direction (the target machine's)
@@ -109,12 +110,17 @@ def parse_args(argv=None):
                    help="also time CUDA-graph replays (sizes up to --graph-max-bytes)")
     p.add_argument("--graph-max-bytes", default="8M", help="largest size timed in graphs")
     p.add_argument("--graph-calls", type=int, default=20, help="calls captured in one graph")
+    p.add_argument("--graph-replays", type=int, default=10, help="back-to-back replays per graph repetition")
     p.add_argument("--time-budget", type=float,
                    help="seconds: start no (peer, op, size) past it; the rest is recorded as unavailable")
     p.add_argument("--two-step-pieces", default="32M",
                    help="symmpool's two-step reduce-scatter and all-reduce, one variant per piece size "
                         "(SYMMPOOL_TWO_STEP_PIECE_BYTES), e.g. 2M,8M,32M; '' for none")
     p.add_argument("--two-step-from", default="1M", help="smallest size the two-step variants are timed at")
+    p.add_argument("--all-reduce-algorithms", default="",
+                   help=f"symmpool all-reduce variants, one per algorithm (SYMMPOOL_ALL_REDUCE_ALGORITHM), of "
+                        f"{', '.join(ALL_REDUCE_ALGORITHMS)}; '' for none")
+    p.add_argument("--algorithms-up-to", default="8M", help="largest size the --all-reduce-algorithms are timed at")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
@@ -125,10 +131,13 @@ def parse_args(argv=None):
         args.peers = parse_names(args.peers, PEERS, "peers")
         args.two_step_pieces = [parse_size(x) for x in args.two_step_pieces.split(",") if x.strip()]
         args.two_step_from = parse_size(args.two_step_from)
+        args.algorithms_up_to = parse_size(args.algorithms_up_to)
+        args.all_reduce_algorithms = parse_names(args.all_reduce_algorithms, ALL_REDUCE_ALGORITHMS,
+                                                 "all-reduce algorithms") if args.all_reduce_algorithms.strip() else []
     except ValueError as e:
         p.error(str(e))
-    if min(args.iters, args.reps, args.graph_calls) < 1 or args.warmup < 0:
-        p.error("--iters, --reps and --graph-calls must be >= 1, --warmup >= 0")
+    if min(args.iters, args.reps, args.graph_calls, args.graph_replays) < 1 or args.warmup < 0:
+        p.error("--iters, --reps, --graph-calls and --graph-replays must be >= 1, --warmup >= 0")
     return args
 
 
@@ -194,7 +203,11 @@ def context_of(args, world: int, device) -> dict:
         "inherited_env": INHERITED_ENV, "nvlink_gbps_per_direction": NVLINK_GBPS_PER_DIRECTION,
         "dtype": "bfloat16", "sizes": args.sizes, "ops": args.ops, "peers": args.peers, "iters": args.iters,
         "reps": args.reps, "warmup": args.warmup, "graph": args.graph, "graph_max_bytes": args.graph_max_bytes,
-        "graph_calls": args.graph_calls, "graph_warmup_calls": timing.GRAPH_WARMUP_CALLS,
+        "graph_calls": args.graph_calls, "graph_replays": args.graph_replays,
+        "graph_warmup_calls": timing.GRAPH_WARMUP_CALLS,
+        "start": "before each repetition: devices synchronized, a CPU (gloo) barrier, then a one-element NCCL "
+                 "all-reduce on the devices, waited for (cells.Ranks.start_together; since 2026-11-27, "
+                 "before it the CPU barrier alone: start_skew_us says what that left)",
         "time_budget_s": args.time_budget, "seed": args.seed,
         "bytes": "all-gather output, reduce-scatter input, all-reduce buffer",
         "busbw": "nccl-tests: algbw * (n-1)/n (all-gather, reduce-scatter, peer copy), * 2(n-1)/n (all-reduce)",
@@ -218,6 +231,7 @@ def context_of(args, world: int, device) -> dict:
                                "all-gather as FSDP2 calls it, each rank's input its own slice of the output, on the "
                                "peer's own group and buffers; without it the input is a buffer of its own",
         "two_step_pieces": args.two_step_pieces, "two_step_from_bytes": args.two_step_from,
+        "all_reduce_algorithms": args.all_reduce_algorithms, "algorithms_up_to_bytes": args.algorithms_up_to,
         "algorithms_ran": "per row: symmpool's collectives by the algorithm that ran them during that timing "
                           "(every peer's row: another peer's should show none)",
         "symm_collectives": "per row: the process's symmpool-run collectives during that timing (symmpool: "
@@ -242,11 +256,12 @@ def main(argv=None) -> int:
         return 2
 
     peers, failed = make_peers(args.peers, symmpool.BACKEND_NAME, device, world, rank, max(args.sizes),
-                               args.two_step_pieces)
+                               args.two_step_pieces, args.all_reduce_algorithms)
     for setup in ranks.gather(failed):  # a peer that failed on any rank is left out on every rank
         failed.update(setup)
     context = context_of(args, world, device)
     context["setup_failures"] = failed
+    context["start_skew_us"] = ranks.start_skew_us()
     if "torch-symm-mem" not in failed and any(n in args.peers for n in ("torch-symm-mem", "peer-copy")):
         import torch.distributed._symmetric_memory as symm_mem
 
@@ -293,13 +308,16 @@ def main(argv=None) -> int:
 
 def skipped(peer: str, variant, nbytes: int, args) -> bool:
     """Cells not timed: symmpool's two-step pipelines below --two-step-from
-    (a pipeline of copies is for large messages), its functional op above
+    (a pipeline of copies is for large messages), its algorithm variants
+    above --algorithms-up-to, its functional op above
     the sizes its low-latency all-reduce takes in any memory (larger, the op's
     plain output goes to NCCL)."""
     if peer != "symmpool" or variant in (None, ALL_GATHER_IN_PLACE):
         return False
     if variant == SYMMPOOL_OP:
         return nbytes > SYMMPOOL_OP_MAX_BYTES
+    if variant in ALL_REDUCE_ALGORITHMS:
+        return nbytes > args.algorithms_up_to
     return nbytes < args.two_step_from
 
 

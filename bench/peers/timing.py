@@ -91,9 +91,11 @@ def time_eager(run: Callable[[], object], iters: int, reps: int, warmup: int,
 
 
 def time_graph(run: Callable[[], object], calls: int, reps: int,
-               start_together: Callable[[], None]) -> list[float]:
-    """Per-call microseconds of each repetition: one replay of a CUDA graph
-    of `calls` captured calls between two CUDA events. Warmed up on a side
+               start_together: Callable[[], None], replays: int = 1) -> list[float]:
+    """Per-call microseconds of each repetition: `replays` back-to-back
+    replays of a CUDA graph of `calls` captured calls between two CUDA
+    events (what is left of the ranks' start skew, and the first launch's
+    latency, spread over all of them). Warmed up on a side
     stream first, as torch.cuda.graph's documentation asks (lazy setup of
     communicators and workspaces must not land in the capture)."""
     import torch
@@ -116,9 +118,10 @@ def time_graph(run: Callable[[], object], calls: int, reps: int,
     for _ in range(reps):
         start_together()
         start.record()
-        graph.replay()
+        for _ in range(replays):
+            graph.replay()
         end.record()
         end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
+        samples.append(start.elapsed_time(end) * 1e3 / (calls * replays))
     del graph
     return samples

@@ -22,6 +22,9 @@ def ranks_in_step_exchange_and_out_of_step_stop(rank: int, world: int) -> None:
     ranks = cells.Ranks(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60)))
     ranks.start_together()
     assert ranks.gather(rank * 10) == [10 * r for r in range(world)]
+    skew = ranks.start_skew_us(times=5)
+    assert set(skew) == {"cpu_barrier", "start_together"}, skew
+    assert all(0 <= v["median"] <= v["p90"] for v in skew.values()), skew
     assert ranks.first_error(None) is None
     assert ranks.first_error("boom" if rank == 1 else None) == "rank 1: boom"
     # Rank 0's step raised before the step's barrier; the others reached it.

@@ -57,6 +57,7 @@ def test_defaults_are_the_issue_sizes_ops_and_peers():
     assert args.ops == ["all_gather", "reduce_scatter", "all_reduce"]
     assert args.peers == ["symmpool", "nccl", "nccl-registered", "torch-symm-mem", "peer-copy"]
     assert args.graph and args.graph_max_bytes == 8 * MIB and args.time_budget is None
+    assert args.graph_calls == 20 and args.graph_replays == 10
     assert args.two_step_pieces == [32 * MIB] and args.two_step_from == MIB
     assert not run.parse_args(["--no-graph"]).graph
     assert run.parse_args(["--two-step-pieces", "2M, 64K"]).two_step_pieces == [2 * MIB, 64 * KIB]
@@ -77,6 +78,26 @@ def test_symmpool_variants_name_the_algorithm_and_piece_their_group_is_made_with
     assert p.variants("all_gather") == [None]
     assert p.variants("all_reduce") == [None, "two-step 8M", "two-step 98304B"]
     assert peers.C10dPeer("nccl", "g", None, 2).variants("reduce_scatter") == [None]
+
+
+def test_all_reduce_algorithm_variants_are_groups_made_with_that_algorithm():
+    variants = peers.symmpool_variants([], ["low-latency", "one-shot"])
+    assert variants == [("low-latency", "all_reduce", {"SYMMPOOL_ALL_REDUCE_ALGORITHM": "low-latency"}),
+                        ("one-shot", "all_reduce", {"SYMMPOOL_ALL_REDUCE_ALGORITHM": "one-shot"})]
+    args = run.parse_args(["--all-reduce-algorithms", "low-latency, one-shot", "--algorithms-up-to", "256K"])
+    assert args.all_reduce_algorithms == ["low-latency", "one-shot"] and args.algorithms_up_to == 256 * KIB
+    assert run.parse_args([]).all_reduce_algorithms == []
+    assert not run.skipped("symmpool", "low-latency", 256 * KIB, args)
+    assert run.skipped("symmpool", "low-latency", 1 * MIB, args)
+    with pytest.raises(SystemExit):
+        run.parse_args(["--all-reduce-algorithms", "ring"])
+    # A variant that fell back to the table's algorithm is a problem, not a result.
+    def row(ran):
+        return run.result_row("symmpool", "low-latency", "all_reduce", 256 * KIB, "graph", 2, [[1.0]],
+                              correct=True, calls_issued=23, symm_collectives=23, algorithms_ran=ran)
+    assert run.problems([row({"low-latency": 23})]) == []
+    assert run.problems([row({"two-shot": 23})]) == [
+        "symmpool low-latency all_reduce 262144 B graph: ran {'two-shot': 23}, expected 23 x low-latency"]
 
 
 def test_in_place_all_gather_reads_its_input_from_its_own_slice_of_the_output():
@@ -152,7 +173,7 @@ def test_sizes_parse_as_ranges_and_lists():
 def test_bad_arguments_exit_with_a_message(capsys):
     for argv, text in ((["--sizes", "1000"], "multiples of 256"), (["--ops", "all_gather,gather"], "unknown ops"),
                        (["--peers", "nccl,mpi"], "unknown peers: mpi"), (["--iters", "0"], "must be >= 1"),
-                       (["--graph-max-bytes", "lots"], "not a size")):
+                       (["--graph-replays", "0"], "must be >= 1"), (["--graph-max-bytes", "lots"], "not a size")):
         with pytest.raises(SystemExit) as e:
             run.parse_args(argv)
         assert e.value.code == 2
@@ -383,7 +404,7 @@ def cell(monkeypatch):
         host.extend([3.0, 4.0, 5.0])  # the host's per-call us
         return [10.0, 12.0, 11.0]
     monkeypatch.setattr(timing, "time_eager", time_eager)
-    monkeypatch.setattr(timing, "time_graph", lambda run_once, calls, reps, start: [5.0, 5.0, 6.0])
+    monkeypatch.setattr(timing, "time_graph", lambda run_once, calls, reps, start, replays: [5.0, 5.0, 6.0])
     args = run.parse_args(["--iters", "4", "--reps", "3", "--warmup", "2", "--graph-calls", "8"])
     counter = iter(range(0, 1000, 7))
 
