@@ -59,20 +59,28 @@ class Ranks:
         return [v for _, v in got]
 
     def start_together(self) -> None:
-        """Every rank's device idle, then the ranks released together. The
-        CPU barrier alone lets them go tens of microseconds apart (the
-        run's start_skew_us), which a collective's first call waits out and
-        its timing counts, while a bare peer copy waits for nobody: an
-        all-reduce on the devices (NCCL, `device_group`), waited for, ends
-        on every rank at nearly the same moment."""
+        """Every rank's device idle, then the ranks released together: a CPU
+        barrier, then a meeting on the devices, waited for. The CPU side
+        still leaves the ranks tens of microseconds apart (the run's
+        start_skew_us), which a collective's first call waits out and its
+        timing counts, while a bare peer copy waits for nobody."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self._exchange("start", None)
-        if self.device_group is not None and torch.cuda.is_available():
-            if self._meeting is None:
-                self._meeting = torch.zeros(1, device="cuda")
-            dist.all_reduce(self._meeting, group=self.device_group)
+        if self.meet_on_device():
             torch.cuda.synchronize()
+
+    def meet_on_device(self) -> bool:
+        """Enqueues a one-element NCCL all-reduce on `device_group`, which
+        ends on every rank's device at nearly the same moment: work queued
+        behind it (a graph's replays) starts together, whatever the CPUs'
+        skew. False where there is no device group."""
+        if self.device_group is None or not torch.cuda.is_available():
+            return False
+        if self._meeting is None:
+            self._meeting = torch.zeros(1, device="cuda")
+        dist.all_reduce(self._meeting, group=self.device_group)
+        return True
 
     def start_skew_us(self, times: int = 50) -> dict:
         """How far apart the ranks leave start_together, and the CPU barrier
@@ -178,7 +186,8 @@ def measure(peer, variant, op: str, nbytes: int, modes: list[str], args, ranks: 
         else:  # the replays run captured work: only the warm-up and the capture pass the router
             issued = timing.GRAPH_WARMUP_CALLS + args.graph_calls
             samples, error = attempt(lambda: timing.time_graph(call.run, args.graph_calls, args.reps,
-                                                               ranks.start_together, args.graph_replays))
+                                                               ranks.start_together, args.graph_replays,
+                                                               meet=ranks.meet_on_device))
         ran = symm_collectives() - before
         if algorithms:
             extra_counts = {"algorithms_ran": {a: n - algorithms_before.get(a, 0) for a, n in algorithms().items()

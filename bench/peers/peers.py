@@ -110,11 +110,11 @@ ALL_GATHER_IN_PLACE = "in-place"
 # symmpool's functional all-reduce on the same group: torch.ops.symmpool.all_reduce,
 # a C++ op without torch.distributed's Python wrapper (out of place, into a
 # new tensor in plain memory), timed where the table's low-latency
-# all-reduce, which takes any memory, runs it: up to 32 KiB at 2 ranks (at
+# all-reduce, which takes any memory, runs it: up to 128 KiB at 2 ranks (at
 # other world sizes the table has no low-latency entry and the op's plain
 # output goes to NCCL, so the variant is not made there).
 SYMMPOOL_OP = "torch.ops.symmpool"
-SYMMPOOL_OP_MAX_BYTES = 32 << 10
+SYMMPOOL_OP_MAX_BYTES = 128 << 10
 
 
 class C10dPeer:

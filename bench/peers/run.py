@@ -205,9 +205,12 @@ def context_of(args, world: int, device) -> dict:
         "reps": args.reps, "warmup": args.warmup, "graph": args.graph, "graph_max_bytes": args.graph_max_bytes,
         "graph_calls": args.graph_calls, "graph_replays": args.graph_replays,
         "graph_warmup_calls": timing.GRAPH_WARMUP_CALLS,
+        "host_floor": "this rank's eager time and host time per call of a torch op alone (host_floor())",
         "start": "before each repetition: devices synchronized, a CPU (gloo) barrier, then a one-element NCCL "
-                 "all-reduce on the devices, waited for (cells.Ranks.start_together; since 2026-11-27, "
-                 "before it the CPU barrier alone: start_skew_us says what that left)",
+                 "all-reduce on the devices, waited for (cells.Ranks.start_together; start_skew_us: how far "
+                 "apart the CPUs leave it, and the CPU barrier alone); graphs also enqueue a second such "
+                 "all-reduce right before the start event, so their replays start together on the devices "
+                 "(since 2026-11-27; before, the CPU barrier alone and one replay a repetition)",
         "time_budget_s": args.time_budget, "seed": args.seed,
         "bytes": "all-gather output, reduce-scatter input, all-reduce buffer",
         "busbw": "nccl-tests: algbw * (n-1)/n (all-gather, reduce-scatter, peer copy), * 2(n-1)/n (all-reduce)",
@@ -262,6 +265,7 @@ def main(argv=None) -> int:
     context = context_of(args, world, device)
     context["setup_failures"] = failed
     context["start_skew_us"] = ranks.start_skew_us()
+    context["host_floor"] = host_floor(args, ranks, device)
     if "torch-symm-mem" not in failed and any(n in args.peers for n in ("torch-symm-mem", "peer-copy")):
         import torch.distributed._symmetric_memory as symm_mem
 
@@ -304,6 +308,20 @@ def main(argv=None) -> int:
         finish_run(out, document(context, results), table(results), context["problems"], plot=not args.no_plot)
     dist.destroy_process_group()
     return 1 if context["problems"] else 0
+
+
+def host_floor(args, ranks, device) -> dict:
+    """An eager op with nothing to do across ranks, timed as the cells are:
+    the host time of one torch call on this machine, under which no eager
+    collective through torch can go (x.add_(1) on 1 KiB of bf16)."""
+    import torch
+
+    x = torch.zeros(512, dtype=torch.bfloat16, device=device)
+    host = []
+    samples = timing.time_eager(lambda: x.add_(1), args.iters, args.reps, args.warmup, ranks.start_together,
+                                host=host)
+    return {"op": "add_ of 1 KiB bf16", "time_us_median": timing.percentile(samples, 50),
+            "host_us_median": timing.percentile(host, 50)}
 
 
 def skipped(peer: str, variant, nbytes: int, args) -> bool:

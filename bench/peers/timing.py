@@ -91,11 +91,13 @@ def time_eager(run: Callable[[], object], iters: int, reps: int, warmup: int,
 
 
 def time_graph(run: Callable[[], object], calls: int, reps: int,
-               start_together: Callable[[], None], replays: int = 1) -> list[float]:
+               start_together: Callable[[], None], replays: int = 1,
+               meet: Callable[[], object] | None = None) -> list[float]:
     """Per-call microseconds of each repetition: `replays` back-to-back
     replays of a CUDA graph of `calls` captured calls between two CUDA
-    events (what is left of the ranks' start skew, and the first launch's
-    latency, spread over all of them). Warmed up on a side
+    events, the first launch's latency spread over all of them. `meet`, if
+    given, enqueues a meeting of the ranks' devices before the start event,
+    so that the replays start together on every device. Warmed up on a side
     stream first, as torch.cuda.graph's documentation asks (lazy setup of
     communicators and workspaces must not land in the capture)."""
     import torch
@@ -117,6 +119,8 @@ def time_graph(run: Callable[[], object], calls: int, reps: int,
     samples = []
     for _ in range(reps):
         start_together()
+        if meet is not None:
+            meet()
         start.record()
         for _ in range(replays):
             graph.replay()

@@ -362,6 +362,9 @@ class FakeRanks:
     def start_together(self):
         self.starts += 1
 
+    def meet_on_device(self):
+        return False
+
     def gather(self, value):
         self.gathers += 1
         return [value, "RuntimeError: boom" if self.gathers in self.fail_at else self.other(value)]
@@ -404,7 +407,7 @@ def cell(monkeypatch):
         host.extend([3.0, 4.0, 5.0])  # the host's per-call us
         return [10.0, 12.0, 11.0]
     monkeypatch.setattr(timing, "time_eager", time_eager)
-    monkeypatch.setattr(timing, "time_graph", lambda run_once, calls, reps, start, replays: [5.0, 5.0, 6.0])
+    monkeypatch.setattr(timing, "time_graph", lambda run_once, calls, reps, start, replays, meet: [5.0, 5.0, 6.0])
     args = run.parse_args(["--iters", "4", "--reps", "3", "--warmup", "2", "--graph-calls", "8"])
     counter = iter(range(0, 1000, 7))
 
