@@ -11,7 +11,8 @@ namespace symmpool::detail {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxBlocks = 32;
+// One unit a thread up to 128 KiB, the largest the table gives it.
+constexpr int kMaxBlocks = 64;
 
 // Volatile 16-byte accesses, as NCCL's LL protocol makes them: each 8-byte
 // half {data, flag} is written and read whole.

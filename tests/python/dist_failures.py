@@ -282,8 +282,8 @@ def plain_tensor_on_one_rank_fails_loudly(rank: int, world: int) -> None:
     start = time.monotonic()
     try:
         if rank == 0:
-            # NCCL (plain, and past low-latency's 32 KiB): its peers never come
-            dist.all_reduce(torch.ones(16 * 1024, device=device), async_op=True)
+            # NCCL (plain, and past low-latency's 128 KiB): its peers never come
+            dist.all_reduce(torch.ones(64 * 1024, device=device), async_op=True)
         works = [dist.all_reduce(buf, async_op=True)]
         torch.cuda.synchronize()
         works.append(dist.all_reduce(buf, async_op=True))

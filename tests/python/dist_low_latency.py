@@ -25,7 +25,7 @@ def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
     device = init_group(rank, world, "cpu:gloo,cuda:symm")
     pool = symmpool.mem_pool()
     gen = torch.Generator().manual_seed(100 + rank)
-    most = 32 * 1024  # Communicator::kLowLatencyMaxBytes
+    most = 128 * 1024  # Communicator::kLowLatencyMaxBytes (2 ranks)
     ran = 0
 
     def low_latency_calls() -> int:
@@ -110,7 +110,7 @@ def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
 
 def plain_tensors_take_low_latency_by_the_table(rank: int, world: int) -> None:
     """With the table (no preference), 2 ranks: an all-reduce of plain
-    tensors up to 32 KiB runs low-latency, which reads no peer's buffer,
+    tensors up to 128 KiB runs low-latency, which reads no peer's buffer,
     instead of going to NCCL, eagerly and in a CUDA graph, bit for bit as
     gloo's reference, and no call is counted as run elsewhere. Larger plain
     all-reduces still go to NCCL (where NCCL can run: not with ranks sharing
@@ -131,7 +131,7 @@ def plain_tensors_take_low_latency_by_the_table(rank: int, world: int) -> None:
     low_latency0, elsewhere0 = counts()
     calls = 0
     for dtype in DTYPES:
-        for n in (1, 1001, 32 * 1024 // torch.tensor([], dtype=dtype).element_size()):
+        for n in (1, 1001, 128 * 1024 // torch.tensor([], dtype=dtype).element_size()):
             t = small_integers(n, dtype, device, gen)  # torch's own allocator: not in the heap
             expected = reduction_reference(t, dist.ReduceOp.SUM)
             dist.all_reduce(t)
@@ -155,7 +155,7 @@ def plain_tensors_take_low_latency_by_the_table(rank: int, world: int) -> None:
     assert (low_latency1 - low_latency0, elsewhere1 - elsewhere0) == (calls + 1, 0), (
         low_latency1 - low_latency0, elsewhere1 - elsewhere0, calls)  # + 1: the captured call
     if not ranks_share_gpu():
-        t = small_integers(32 * 1024 // 4 + 1, torch.float32, device, gen)
+        t = small_integers(128 * 1024 // 4 + 1, torch.float32, device, gen)
         expected = reduction_reference(t, dist.ReduceOp.SUM)
         dist.all_reduce(t)
         assert torch.equal(t.cpu(), expected), f"rank {rank}: the larger plain all-reduce differs"

@@ -24,7 +24,7 @@ enum class Engine { kSymmpool, kNccl };
 inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 // Where the table picks the low-latency all-reduce: up to its limit
 // (Communicator::kLowLatencyMaxBytes; a slot too small for it falls back to two-shot).
-inline constexpr std::size_t kLowLatencyTableBytes = 32 * 1024;
+inline constexpr std::size_t kLowLatencyTableBytes = 128 * 1024;
 inline constexpr std::size_t kAnySize = std::numeric_limits<std::size_t>::max();
 
 // The largest size of each op that symmpool runs at one world size.
@@ -85,7 +85,11 @@ constexpr Algorithm choose_algorithm(CollectiveKind op, std::size_t bytes, int w
     // 2 ranks, in a CUDA graph: low-latency 2.92 / 3.55 / 3.72 us at 1 / 8 / 32 KiB
     // against two-shot's 4.89 / 5.19 / 5.66 and NCCL's 5.88 / 6.63 / 6.97, same
     // process and buffers (collectives_h200x2_2026-11-24_two-step-pieces-and-low-latency.json,
-    // one run: 1.4-1.7x, beyond the 15% runs vary); 4 ranks: not measured.
+    // one run: 1.4-1.7x, beyond the 15% runs vary); 4 ranks: not measured. Up to
+    // 128 KiB (64 blocks): 4.1-4.2 / 4.5-4.6 us at 64 / 128 KiB against two-shot's
+    // 6.5-6.7 / 6.6-6.8 and torch's best 6.8-7.6 / 7.4-7.9, 2 interleaved rounds
+    // (peers_h200x2_2026-11-27_low-latency-up-to-128k.json; its slot holds 248 KiB a
+    // rank at 2 ranks, so 256 KiB stays two-shot).
     // In place, 2 ranks: two-shot 5.7 vs one-shot 6.7 us at 8 KiB (uncapped grid),
     // 321 vs 281 GB/s at 1 GiB; 4 ranks: two-shot won at every size.
     case CollectiveKind::kAllReduce:

@@ -83,8 +83,9 @@ class Communicator {
   static constexpr std::chrono::seconds kDefaultBarrierTimeout{600};
   static constexpr std::chrono::seconds kLongestBarrierTimeout = CollectiveOptions::kLongestBarrierTimeout;
   // The largest low-latency all-reduce, in bytes per rank: its packets
-  // (twice the data) sit in the internal slot, two regions of `world` slots.
-  static constexpr std::size_t kLowLatencyMaxBytes = 32 * 1024;
+  // (twice the data) sit in the internal slot, two regions of `world` slots
+  // (at 2 ranks 248 KiB fit, at 4 ranks 127 KiB: low_latency_max_bytes()).
+  static constexpr std::size_t kLowLatencyMaxBytes = 128 * 1024;
 
   // Collective: allocates the signal pads in an internal slot of the heap
   // (the same offset on every rank whatever the ranks allocated before),

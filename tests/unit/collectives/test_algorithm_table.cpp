@@ -16,8 +16,8 @@ TEST(AlgorithmTable, FollowsTheTwoGpuMeasurements) {
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllGather, 16 * MiB + 1, 2), Algorithm::kCopyEnginePush);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kReduceScatter, 1024 * MiB, 2), Algorithm::kOneShot);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 1, 2), Algorithm::kLowLatency);
-  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 32 << 10, 2), Algorithm::kLowLatency);
-  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, (32 << 10) + 2, 2), Algorithm::kTwoShot);
+  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 128 << 10, 2), Algorithm::kLowLatency);
+  EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, (128 << 10) + 2, 2), Algorithm::kTwoShot);
   EXPECT_EQ(choose_algorithm(CollectiveKind::kAllReduce, 1024 * MiB, 2), Algorithm::kTwoShot);
 }
 
