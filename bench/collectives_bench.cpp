@@ -11,7 +11,8 @@
 //     32 KiB, with symmpool-ll, the low-latency algorithm, up to its limit)
 //   Contention/<impl>/<op>/256MiB: 8 bf16 8192^3 matmuls alone and while the
 //     collective runs back to back on another stream: matmul slowdown and the
-//     collective's time against its standalone time
+//     collective's time against its standalone time (peer-copy: the all-gather's
+//     bytes pulled by bare copies, no meeting: the ceiling)
 // Every rank runs the same list with fixed iteration counts, so ranks stay
 // in step. Usage: symmpool_collectives_bench [--ranks N] [benchmark flags]
 
@@ -54,6 +55,7 @@ struct Rank {
   ncclComm_t nccl = nullptr;
   symmpool::CachingAllocator* alloc = nullptr;
   Communicator* comm = nullptr;
+  symmpool::SymmetricHeap* heap = nullptr;
 };
 Rank R;
 
@@ -69,6 +71,9 @@ struct Impl {
   Algorithm algorithm;
   BarrierKind barrier = BarrierKind::kKernel;  // of the copy-engine all-gathers
   DataType type = DataType::kBFloat16;
+  // All-gather only: each rank pulls every peer's input with a bare
+  // cudaMemcpyAsync, no barrier: what the links and copy engines give.
+  bool bare_copy = false;
 };
 
 ncclDataType_t nccl_type(DataType t) {
@@ -129,6 +134,17 @@ Buffers make_buffers(Op op, std::size_t bytes, std::size_t es) {
 }
 
 void run_once(Op op, const Impl& impl, const Buffers& b) {
+  const std::size_t es = symmpool::element_size(impl.type);
+  if (impl.bare_copy) {
+    BENCH_CHECK(op == Op::kAllGather, true);
+    const std::size_t chunk = b.count * es;
+    for (int k = 1; k < R.world; ++k) {
+      const int p = (R.rank + k) % R.world;
+      BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(b.out) + p * chunk, R.heap->peer_ptr(b.in, p, chunk), chunk,
+                                 cudaMemcpyDeviceToDevice, R.stream));
+    }
+    return;
+  }
   if (impl.nccl) {
     const ncclDataType_t t = nccl_type(impl.type);
     if (op == Op::kAllGather) BENCH_NCCL(ncclAllGather(b.in, b.out, b.count, t, R.nccl, R.stream));
@@ -138,7 +154,6 @@ void run_once(Op op, const Impl& impl, const Buffers& b) {
     return;
   }
   const Algorithm a = impl.algorithm;
-  const std::size_t es = symmpool::element_size(impl.type);
   if (op == Op::kAllGather) R.comm->all_gather(b.in, b.out, b.count * es, R.stream, a, impl.barrier);
   if (op == Op::kReduceScatter)
     R.comm->reduce_scatter(b.in, b.out, b.count, impl.type, ReduceOp::kSum, R.stream, a);
@@ -248,6 +263,7 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
           CUBLAS_STATUS_SUCCESS);
   };
   Buffers buf = make_buffers(op, bytes, symmpool::element_size(impl.type));
+  if (impl.bare_copy) run_once(op, kSymmpool, buf);  // publishes the buffers to the peers (a heap sync)
   run_once(op, impl, buf);
   run_matmuls();
   BENCH_CUDA(cudaDeviceSynchronize());
@@ -356,6 +372,9 @@ void register_all() {
       {Op::kAllGather,
        {"symmpool-ce-push-streamops", false, Algorithm::kCopyEnginePush, BarrierKind::kStreamOps}},
       {Op::kAllGather, {"symmpool-ce-pull", false, Algorithm::kCopyEnginePull}},
+      // The ceiling: the same bytes pulled by the copy engines with no meeting at all.
+      {Op::kAllGather,
+       {"peer-copy", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16, /*bare_copy=*/true}},
       {Op::kReduceScatter, kNccl},
       {Op::kReduceScatter, kSymmpool},
       {Op::kReduceScatter, {"symmpool-2step", false, Algorithm::kTwoStep}},
@@ -426,6 +445,7 @@ int main(int argc, char** argv) {
         symmpool::FileStore store(dir);
         symmpool::SymmetricGroup group(symmpool::real_driver(), *R.alloc, store, "bench", rank, world);
         R.comm = &group.communicator();
+        R.heap = &group.heap();
 
         std::vector<char*> my_args = args;
         if (rank != 0)  // only rank 0 writes files
