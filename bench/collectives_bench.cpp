@@ -140,8 +140,8 @@ void run_once(Op op, const Impl& impl, const Buffers& b) {
     const std::size_t chunk = b.count * es;
     for (int k = 1; k < R.world; ++k) {
       const int p = (R.rank + k) % R.world;
-      BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(b.out) + p * chunk, R.heap->peer_ptr(b.in, p, chunk), chunk,
-                                 cudaMemcpyDeviceToDevice, R.stream));
+      BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(b.out) + p * chunk, R.heap->peer_ptr(b.in, p, chunk),
+                                 chunk, cudaMemcpyDeviceToDevice, R.stream));
     }
     return;
   }
@@ -236,6 +236,17 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
   cublasHandle_t blas;
   BENCH_CHECK(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
   BENCH_CHECK(cublasSetStream(blas, compute), CUBLAS_STATUS_SUCCESS);
+  // SYMMPOOL_BENCH_SM_CARVEOUT=N leaves N SMs to the collective (cuBLAS's SM
+  // count target, as torch's _set_sm_carveout_experimental does), so that a
+  // meeting's kernel need not wait for a matmul block to end.
+  const int carveout =
+      std::getenv("SYMMPOOL_BENCH_SM_CARVEOUT") ? std::atoi(std::getenv("SYMMPOOL_BENCH_SM_CARVEOUT")) : 0;
+  if (carveout > 0) {
+    int device = 0, sms = 0;
+    BENCH_CUDA(cudaGetDevice(&device));
+    BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    BENCH_CHECK(cublasSetSmCountTarget(blas, sms - carveout), CUBLAS_STATUS_SUCCESS);
+  }
   void *a, *b, *c;
   const std::size_t matrix = std::size_t{n} * n * 2;
   BENCH_CUDA(cudaMalloc(&a, matrix));
@@ -332,6 +343,7 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
   state.counters["matmul_alone_ms"] = matmul_alone;
   state.counters["matmul_ms"] = matmul_ms / iters;
   state.counters["matmul_slowdown_pct"] = 100.0 * (matmul_ms / iters / matmul_alone - 1.0);
+  state.counters["sm_carveout"] = carveout;
   state.counters["comm_alone_us"] = comm_alone * 1e3;
   state.counters["comm_us"] = comm_ms / iters * 1e3;
   state.counters["comm_vs_alone"] = comm_ms / iters / comm_alone;
@@ -372,6 +384,8 @@ void register_all() {
       {Op::kAllGather,
        {"symmpool-ce-push-streamops", false, Algorithm::kCopyEnginePush, BarrierKind::kStreamOps}},
       {Op::kAllGather, {"symmpool-ce-pull", false, Algorithm::kCopyEnginePull}},
+      {Op::kAllGather,
+       {"symmpool-ce-pull-streamops", false, Algorithm::kCopyEnginePull, BarrierKind::kStreamOps}},
       // The ceiling: the same bytes pulled by the copy engines with no meeting at all.
       {Op::kAllGather,
        {"peer-copy", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16, /*bare_copy=*/true}},
@@ -437,7 +451,12 @@ int main(int argc, char** argv) {
         R.rank = rank;
         R.world = world;
         R.nccl = symmpool::test::init_nccl(rank, world, rv, 120);
-        BENCH_CUDA(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
+        // SYMMPOOL_BENCH_HIGH_PRIORITY=1: the collectives' stream at the highest
+        // priority, as FSDP2 makes its all-gather and reduce-scatter streams.
+        int lowest = 0, highest = 0;
+        BENCH_CUDA(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+        const bool high = std::getenv("SYMMPOOL_BENCH_HIGH_PRIORITY") != nullptr;
+        BENCH_CUDA(cudaStreamCreateWithPriority(&R.stream, cudaStreamNonBlocking, high ? highest : lowest));
         R.alloc = &symmpool::device_allocator(rank);
         symmpool::NcclRegistrationHook hook(R.nccl);  // NCCL gets registered buffers too
         R.alloc->add_observer(&hook, true);
