@@ -74,6 +74,10 @@ struct Impl {
   // All-gather only: each rank pulls every peer's input with a bare
   // cudaMemcpyAsync, no barrier: what the links and copy engines give.
   bool bare_copy = false;
+  // Probes of what a meeting costs beside matmuls: the bare copies with a
+  // 16-byte memset (an SM's work) after each, no peer involved; or the two
+  // kernel barriers of an all-gather and no copy.
+  bool memset_after_copy = false, barriers_only = false;
 };
 
 ncclDataType_t nccl_type(DataType t) {
@@ -143,6 +147,12 @@ void run_once(Op op, const Impl& impl, const Buffers& b) {
       BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(b.out) + p * chunk, R.heap->peer_ptr(b.in, p, chunk),
                                  chunk, cudaMemcpyDeviceToDevice, R.stream));
     }
+    if (impl.memset_after_copy) BENCH_CUDA(cudaMemsetAsync(b.out, 0, 16, R.stream));
+    return;
+  }
+  if (impl.barriers_only) {
+    R.comm->barrier(R.stream);
+    R.comm->barrier(R.stream);
     return;
   }
   if (impl.nccl) {
@@ -389,6 +399,12 @@ void register_all() {
       // The ceiling: the same bytes pulled by the copy engines with no meeting at all.
       {Op::kAllGather,
        {"peer-copy", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16, /*bare_copy=*/true}},
+      {Op::kAllGather,
+       {"peer-copy-then-memset", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16,
+        /*bare_copy=*/true, /*memset_after_copy=*/true}},
+      {Op::kAllGather,
+       {"barriers-only", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16,
+        /*bare_copy=*/false, /*memset_after_copy=*/false, /*barriers_only=*/true}},
       {Op::kReduceScatter, kNccl},
       {Op::kReduceScatter, kSymmpool},
       {Op::kReduceScatter, {"symmpool-2step", false, Algorithm::kTwoStep}},
