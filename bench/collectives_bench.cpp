@@ -78,7 +78,17 @@ struct Impl {
   // 16-byte memset (an SM's work) after each, no peer involved; or the two
   // kernel barriers of an all-gather and no copy.
   bool memset_after_copy = false, barriers_only = false;
+  // A kernel barrier, the bare pulls, a kernel barrier: the pull all-gather
+  // built from public calls, with an event between its stages (stage_events).
+  bool staged = false;
 };
+
+// Where a staged impl records the end of each of its stages, one entry per
+// call, while a Contention run asks for them (null otherwise).
+struct StageEvents {
+  cudaEvent_t at[4];  // before the first barrier, after it, after the copies, after the second
+};
+std::vector<StageEvents>* stage_events = nullptr;
 
 ncclDataType_t nccl_type(DataType t) {
   return t == DataType::kFloat32 ? ncclFloat32 : t == DataType::kFloat16 ? ncclFloat16 : ncclBfloat16;
@@ -148,6 +158,28 @@ void run_once(Op op, const Impl& impl, const Buffers& b) {
                                  chunk, cudaMemcpyDeviceToDevice, R.stream));
     }
     if (impl.memset_after_copy) BENCH_CUDA(cudaMemsetAsync(b.out, 0, 16, R.stream));
+    return;
+  }
+  if (impl.staged) {
+    auto mark = [&](int i) {
+      if (stage_events) BENCH_CUDA(cudaEventRecord(stage_events->back().at[i], R.stream));
+    };
+    if (stage_events) {
+      stage_events->emplace_back();
+      for (cudaEvent_t& e : stage_events->back().at) BENCH_CUDA(cudaEventCreate(&e));
+    }
+    const std::size_t chunk = b.count * es;
+    mark(0);
+    R.comm->barrier(R.stream);
+    mark(1);
+    for (int k = 1; k < R.world; ++k) {
+      const int p = (R.rank + k) % R.world;
+      BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(b.out) + p * chunk, R.heap->peer_ptr(b.in, p, chunk),
+                                 chunk, cudaMemcpyDeviceToDevice, R.stream));
+    }
+    mark(2);
+    R.comm->barrier(R.stream);
+    mark(3);
     return;
   }
   if (impl.barriers_only) {
@@ -284,7 +316,7 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
           CUBLAS_STATUS_SUCCESS);
   };
   Buffers buf = make_buffers(op, bytes, symmpool::element_size(impl.type));
-  if (impl.bare_copy) run_once(op, kSymmpool, buf);  // publishes the buffers to the peers (a heap sync)
+  if (impl.bare_copy || impl.staged) run_once(op, kSymmpool, buf);  // publishes the buffers (a heap sync)
   run_once(op, impl, buf);
   run_matmuls();
   BENCH_CUDA(cudaDeviceSynchronize());
@@ -346,6 +378,31 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
     comm_ms += t.comm_ms;
     state.SetIterationTime(t.matmul_ms / 1e3);
   }
+  if (impl.staged) {
+    // Each stage's mean time over the first 8 calls (all of them beside the
+    // matmuls when those run), alone and beside the matmuls.
+    for (const bool with_matmuls : {false, true}) {
+      std::vector<StageEvents> events;
+      stage_events = &events;
+      run_gated(with_matmuls, true);
+      stage_events = nullptr;
+      BENCH_CUDA(cudaDeviceSynchronize());
+      double stage_ms[3] = {};
+      const std::size_t first = std::min<std::size_t>(8, events.size());
+      for (std::size_t i = 0; i < first; ++i)
+        for (int k = 0; k < 3; ++k) {
+          float ms = 0;
+          BENCH_CUDA(cudaEventElapsedTime(&ms, events[i].at[k], events[i].at[k + 1]));
+          stage_ms[k] += ms / static_cast<double>(first);
+        }
+      for (StageEvents& e : events)
+        for (cudaEvent_t ev : e.at) cudaEventDestroy(ev);
+      const std::string when = with_matmuls ? "with_matmuls_" : "alone_";
+      state.counters[when + "barrier1_us"] = stage_ms[0] * 1e3;
+      state.counters[when + "copy_us"] = stage_ms[1] * 1e3;
+      state.counters[when + "barrier2_us"] = stage_ms[2] * 1e3;
+    }
+  }
   BENCH_CUDA(cudaFree(gate));
   BENCH_CUDA(cudaStreamDestroy(opener));
   R.comm->check_errors();
@@ -405,6 +462,9 @@ void register_all() {
       {Op::kAllGather,
        {"barriers-only", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16,
         /*bare_copy=*/false, /*memset_after_copy=*/false, /*barriers_only=*/true}},
+      {Op::kAllGather,
+       {"barrier-copy-barrier", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16, false,
+        false, false, /*staged=*/true}},
       {Op::kReduceScatter, kNccl},
       {Op::kReduceScatter, kSymmpool},
       {Op::kReduceScatter, {"symmpool-2step", false, Algorithm::kTwoStep}},
