@@ -81,6 +81,8 @@ struct Impl {
   // A kernel barrier, the bare pulls, a kernel barrier: the pull all-gather
   // built from public calls, with an event between its stages (stage_events).
   bool staged = false;
+  // All-gather: each rank's input is its own slice of the output (FSDP2's way).
+  bool in_place = false;
 };
 
 // Where a staged impl records the end of each of its stages, one entry per
@@ -126,14 +128,15 @@ struct Buffers {
   std::size_t count;  // elements per rank (AG, RS) or in total (AR)
 };
 
-Buffers make_buffers(Op op, std::size_t bytes, std::size_t es) {
+Buffers make_buffers(Op op, std::size_t bytes, std::size_t es, bool in_place = false) {
   const std::size_t elems = bytes / es;
   Buffers b{};
   auto s = reinterpret_cast<CUstream>(R.stream);
   if (op == Op::kAllGather) {
     b.count = elems / R.world;
-    b.in = R.alloc->allocate(b.count * es, s);
+    if (!in_place) b.in = R.alloc->allocate(b.count * es, s);
     b.out = R.alloc->allocate(bytes, s);
+    if (in_place) b.in = static_cast<char*>(b.out) + static_cast<std::size_t>(R.rank) * b.count * es;
   } else if (op == Op::kReduceScatter) {
     b.count = elems / R.world;
     b.in = R.alloc->allocate(bytes, s);
@@ -202,9 +205,9 @@ void run_once(Op op, const Impl& impl, const Buffers& b) {
   if (op == Op::kAllReduce) R.comm->all_reduce(b.in, b.out, b.count, impl.type, ReduceOp::kSum, R.stream, a);
 }
 
-void release(const Buffers& b) {
+void release(const Buffers& b, bool in_place = false) {
   BENCH_CUDA(cudaStreamSynchronize(R.stream));
-  R.alloc->deallocate(b.in, reinterpret_cast<CUstream>(R.stream));
+  if (!in_place) R.alloc->deallocate(b.in, reinterpret_cast<CUstream>(R.stream));
   if (b.out != b.in) R.alloc->deallocate(b.out, reinterpret_cast<CUstream>(R.stream));
 }
 
@@ -315,7 +318,7 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
                        &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           CUBLAS_STATUS_SUCCESS);
   };
-  Buffers buf = make_buffers(op, bytes, symmpool::element_size(impl.type));
+  Buffers buf = make_buffers(op, bytes, symmpool::element_size(impl.type), impl.in_place);
   if (impl.bare_copy || impl.staged) run_once(op, kSymmpool, buf);  // publishes the buffers (a heap sync)
   run_once(op, impl, buf);
   run_matmuls();
@@ -414,7 +417,7 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
   state.counters["comm_alone_us"] = comm_alone * 1e3;
   state.counters["comm_us"] = comm_ms / iters * 1e3;
   state.counters["comm_vs_alone"] = comm_ms / iters / comm_alone;
-  release(buf);
+  release(buf, impl.in_place);
   cudaFree(a);
   cudaFree(b);
   cudaFree(c);
@@ -465,6 +468,12 @@ void register_all() {
       {Op::kAllGather,
        {"barrier-copy-barrier", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16, false,
         false, false, /*staged=*/true}},
+      {Op::kAllGather,
+       {"nccl-in-place", true, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16, false, false,
+        false, false, /*in_place=*/true}},
+      {Op::kAllGather,
+       {"symmpool-in-place", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16, false, false,
+        false, false, /*in_place=*/true}},
       {Op::kReduceScatter, kNccl},
       {Op::kReduceScatter, kSymmpool},
       {Op::kReduceScatter, {"symmpool-2step", false, Algorithm::kTwoStep}},
