@@ -568,3 +568,59 @@ def test_a_symmpool_variant_must_run_its_own_algorithm():
         "symmpool torch.ops.symmpool all_reduce 1024 B eager: ran {'two-shot': 10}, expected 10 x low-latency"]
     assert run.problems([row({"two-shot": 10})]) == [
         "symmpool two-step 8M all_reduce 1048576 B eager: ran {'two-shot': 10}, expected 10 x two-step"]
+
+
+def test_a_graph_repetition_meets_on_the_devices_then_times_every_replay(monkeypatch):
+    """Each repetition: the ranks start together, the device meeting is
+    enqueued, then the start event, `replays` replays, the end event; the
+    time is per captured call over all replays."""
+    steps = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.name = "start" if not any(s.startswith("event") for s in steps) else "end"
+            steps.append(f"event {self.name}")
+
+        def record(self):
+            steps.append(f"record {self.name}")
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 2.0  # ms
+
+    class Graph:
+        def replay(self):
+            steps.append("replay")
+
+    class Capture:
+        def __init__(self, graph):
+            pass
+
+        def __enter__(self):
+            steps.append("capture")
+
+        def __exit__(self, *exc):
+            return False
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: Capture(None))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    samples = timing.time_graph(lambda: steps.append("call"), calls=4, reps=2,
+                                start_together=lambda: steps.append("start together"), replays=5,
+                                meet=lambda: steps.append("meet"))
+    assert samples == [2.0 * 1e3 / (4 * 5)] * 2
+    timed = steps[steps.index("record start"):]
+    assert timed[:8] == ["record start"] + ["replay"] * 5 + ["record end", "start together"]
+    first = steps.index("record start")
+    assert steps[first - 2:first] == ["start together", "meet"]  # the meeting just before the start event
+    assert steps.count("meet") == 2 and steps.count("replay") == 1 + 2 * 5  # the upload replay, then 2 x 5
