@@ -71,16 +71,14 @@ struct Impl {
   Algorithm algorithm;
   BarrierKind barrier = BarrierKind::kKernel;  // of the copy-engine all-gathers
   DataType type = DataType::kBFloat16;
-  // All-gather only: each rank pulls every peer's input with a bare
-  // cudaMemcpyAsync, no barrier: what the links and copy engines give.
-  bool bare_copy = false;
-  // Probes of what a meeting costs beside matmuls: the bare copies with a
-  // 16-byte memset (an SM's work) after each, no peer involved; or the two
-  // kernel barriers of an all-gather and no copy.
-  bool memset_after_copy = false, barriers_only = false;
-  // A kernel barrier, the bare pulls, a kernel barrier: the pull all-gather
-  // built from public calls, with an event between its stages (stage_events).
-  bool staged = false;
+  // All-gather only: a probe of what slows it beside matmuls instead of a collective.
+  enum class Probe {
+    kNone,
+    kPeerCopy,            // each rank pulls every peer's input, no meeting: the links' and engines' ceiling
+    kPeerCopyThenMemset,  // the same, a 16-byte memset (an SM's work) after each, still no peer involved
+    kBarriersOnly,        // the all-gather's two kernel barriers, no copy
+    kStaged,              // barrier, pulls, barrier from public calls, timed per stage (stage_events)
+  } probe = Probe::kNone;
   // All-gather: each rank's input is its own slice of the output (FSDP2's way).
   bool in_place = false;
 };
@@ -150,20 +148,26 @@ Buffers make_buffers(Op op, std::size_t bytes, std::size_t es, bool in_place = f
   return b;
 }
 
+// All-gather's bytes from the peers: each peer's input into its slice of our
+// output, by bare copies on our stream (no meeting).
+void pull_from_peers(const Buffers& b, std::size_t chunk) {
+  for (int k = 1; k < R.world; ++k) {
+    const int p = (R.rank + k) % R.world;
+    BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(b.out) + p * chunk, R.heap->peer_ptr(b.in, p, chunk), chunk,
+                               cudaMemcpyDeviceToDevice, R.stream));
+  }
+}
+
 void run_once(Op op, const Impl& impl, const Buffers& b) {
+  using Probe = Impl::Probe;
   const std::size_t es = symmpool::element_size(impl.type);
-  if (impl.bare_copy) {
-    BENCH_CHECK(op == Op::kAllGather, true);
-    const std::size_t chunk = b.count * es;
-    for (int k = 1; k < R.world; ++k) {
-      const int p = (R.rank + k) % R.world;
-      BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(b.out) + p * chunk, R.heap->peer_ptr(b.in, p, chunk),
-                                 chunk, cudaMemcpyDeviceToDevice, R.stream));
-    }
-    if (impl.memset_after_copy) BENCH_CUDA(cudaMemsetAsync(b.out, 0, 16, R.stream));
+  if (impl.probe != Probe::kNone) BENCH_CHECK(op == Op::kAllGather, true);
+  if (impl.probe == Probe::kPeerCopy || impl.probe == Probe::kPeerCopyThenMemset) {
+    pull_from_peers(b, b.count * es);
+    if (impl.probe == Probe::kPeerCopyThenMemset) BENCH_CUDA(cudaMemsetAsync(b.out, 0, 16, R.stream));
     return;
   }
-  if (impl.staged) {
+  if (impl.probe == Probe::kStaged) {
     auto mark = [&](int i) {
       if (stage_events) BENCH_CUDA(cudaEventRecord(stage_events->back().at[i], R.stream));
     };
@@ -171,21 +175,16 @@ void run_once(Op op, const Impl& impl, const Buffers& b) {
       stage_events->emplace_back();
       for (cudaEvent_t& e : stage_events->back().at) BENCH_CUDA(cudaEventCreate(&e));
     }
-    const std::size_t chunk = b.count * es;
     mark(0);
     R.comm->barrier(R.stream);
     mark(1);
-    for (int k = 1; k < R.world; ++k) {
-      const int p = (R.rank + k) % R.world;
-      BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(b.out) + p * chunk, R.heap->peer_ptr(b.in, p, chunk),
-                                 chunk, cudaMemcpyDeviceToDevice, R.stream));
-    }
+    pull_from_peers(b, b.count * es);
     mark(2);
     R.comm->barrier(R.stream);
     mark(3);
     return;
   }
-  if (impl.barriers_only) {
+  if (impl.probe == Probe::kBarriersOnly) {
     R.comm->barrier(R.stream);
     R.comm->barrier(R.stream);
     return;
@@ -284,8 +283,8 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
   // SYMMPOOL_BENCH_SM_CARVEOUT=N leaves N SMs to the collective (cuBLAS's SM
   // count target, as torch's _set_sm_carveout_experimental does), so that a
   // meeting's kernel need not wait for a matmul block to end.
-  const int carveout =
-      std::getenv("SYMMPOOL_BENCH_SM_CARVEOUT") ? std::atoi(std::getenv("SYMMPOOL_BENCH_SM_CARVEOUT")) : 0;
+  const char* carveout_env = std::getenv("SYMMPOOL_BENCH_SM_CARVEOUT");
+  const int carveout = carveout_env ? std::atoi(carveout_env) : 0;
   if (carveout > 0) {
     int device = 0, sms = 0;
     BENCH_CUDA(cudaGetDevice(&device));
@@ -319,7 +318,9 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
           CUBLAS_STATUS_SUCCESS);
   };
   Buffers buf = make_buffers(op, bytes, symmpool::element_size(impl.type), impl.in_place);
-  if (impl.bare_copy || impl.staged) run_once(op, kSymmpool, buf);  // publishes the buffers (a heap sync)
+  // The probes that pull by hand first publish the buffers (a heap sync).
+  if (impl.probe != Impl::Probe::kNone && impl.probe != Impl::Probe::kBarriersOnly)
+    run_once(op, kSymmpool, buf);
   run_once(op, impl, buf);
   run_matmuls();
   BENCH_CUDA(cudaDeviceSynchronize());
@@ -381,7 +382,7 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
     comm_ms += t.comm_ms;
     state.SetIterationTime(t.matmul_ms / 1e3);
   }
-  if (impl.staged) {
+  if (impl.probe == Impl::Probe::kStaged) {
     // Each stage's mean time over the first 8 calls (all of them beside the
     // matmuls when those run), alone and beside the matmuls.
     for (const bool with_matmuls : {false, true}) {
@@ -447,6 +448,16 @@ void register_all() {
       }
     }
   }
+  auto probe = [](const char* name, Impl::Probe kind) {
+    Impl impl{name, false, Algorithm::kAuto};
+    impl.probe = kind;
+    return impl;
+  };
+  auto in_place = [](const char* name, bool nccl) {
+    Impl impl{name, nccl, Algorithm::kAuto};
+    impl.in_place = true;
+    return impl;
+  };
   const std::vector<std::pair<Op, Impl>> contention = {
       {Op::kAllGather, kNccl},
       {Op::kAllGather, kSymmpool},
@@ -457,23 +468,12 @@ void register_all() {
       {Op::kAllGather,
        {"symmpool-ce-pull-streamops", false, Algorithm::kCopyEnginePull, BarrierKind::kStreamOps}},
       // The ceiling: the same bytes pulled by the copy engines with no meeting at all.
-      {Op::kAllGather,
-       {"peer-copy", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16, /*bare_copy=*/true}},
-      {Op::kAllGather,
-       {"peer-copy-then-memset", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16,
-        /*bare_copy=*/true, /*memset_after_copy=*/true}},
-      {Op::kAllGather,
-       {"barriers-only", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16,
-        /*bare_copy=*/false, /*memset_after_copy=*/false, /*barriers_only=*/true}},
-      {Op::kAllGather,
-       {"barrier-copy-barrier", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16, false,
-        false, false, /*staged=*/true}},
-      {Op::kAllGather,
-       {"nccl-in-place", true, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16, false, false,
-        false, false, /*in_place=*/true}},
-      {Op::kAllGather,
-       {"symmpool-in-place", false, Algorithm::kAuto, BarrierKind::kKernel, DataType::kBFloat16, false, false,
-        false, false, /*in_place=*/true}},
+      {Op::kAllGather, probe("peer-copy", Impl::Probe::kPeerCopy)},
+      {Op::kAllGather, probe("peer-copy-then-memset", Impl::Probe::kPeerCopyThenMemset)},
+      {Op::kAllGather, probe("barriers-only", Impl::Probe::kBarriersOnly)},
+      {Op::kAllGather, probe("barrier-copy-barrier", Impl::Probe::kStaged)},
+      {Op::kAllGather, in_place("nccl-in-place", true)},
+      {Op::kAllGather, in_place("symmpool-in-place", false)},
       {Op::kReduceScatter, kNccl},
       {Op::kReduceScatter, kSymmpool},
       {Op::kReduceScatter, {"symmpool-2step", false, Algorithm::kTwoStep}},
