@@ -64,11 +64,15 @@ class Ranks:
         still leaves the ranks tens of microseconds apart (the run's
         start_skew_us), which a collective's first call waits out and its
         timing counts, while a bare peer copy waits for nobody."""
+        self.cpu_barrier()
+        if self.meet_on_device():
+            torch.cuda.synchronize()
+
+    def cpu_barrier(self) -> None:
+        """Every rank's device idle, then a CPU barrier (the gloo group)."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self._exchange("start", None)
-        if self.meet_on_device():
-            torch.cuda.synchronize()
 
     def meet_on_device(self) -> bool:
         """Enqueues a one-element NCCL all-reduce on `device_group`, which
@@ -95,11 +99,7 @@ class Ranks:
                 spans.append((max(stamps) - min(stamps)) / 1e3)
             return {"median": timing.percentile(spans, 50), "p90": timing.percentile(spans, 90)}
 
-        def cpu_barrier():
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            self._exchange("start", None)
-        return {"cpu_barrier": skews(cpu_barrier), "start_together": skews(self.start_together)}
+        return {"cpu_barrier": skews(self.cpu_barrier), "start_together": skews(self.start_together)}
 
     def gather(self, value) -> list:
         return self._exchange("value", value)

@@ -297,8 +297,8 @@ def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nby
                two_step_pieces: list[int] = (), all_reduce_algorithms: list[str] = ()) -> tuple[dict, dict]:
     """The groups and buffers of every peer in `names` (nccl always: it is
     the reference), made in the same order on every rank; symmpool with a
-    two-step variant per piece size and one per all-reduce algorithm named. Returns ({name: peer}, {name: reason})
-    for peers whose setup failed."""
+    two-step variant per piece size and one per all-reduce algorithm named.
+    Returns ({name: peer}, {name: reason}) for peers whose setup failed."""
     peers, failed = {}, {}
     nccl = dist.new_group(backend="nccl")
     peers["nccl"] = C10dPeer("nccl", nccl, Buffers.make(
