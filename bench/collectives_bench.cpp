@@ -12,7 +12,9 @@
 //   Contention/<impl>/<op>/256MiB: 8 bf16 8192^3 matmuls alone and while the
 //     collective runs back to back on another stream: matmul slowdown and the
 //     collective's time against its standalone time (peer-copy: the all-gather's
-//     bytes pulled by bare copies, no meeting: the ceiling)
+//     bytes pulled by bare copies, no meeting: the ceiling; local-copy: only an
+//     out-of-place all-gather's own slice, copied within the GPU the way
+//     SYMMPOOL_BENCH_LOCAL_COPY names)
 // Every rank runs the same list with fixed iteration counts, so ranks stay
 // in step. Usage: symmpool_collectives_bench [--ranks N] [benchmark flags]
 
@@ -78,6 +80,7 @@ struct Impl {
     kPeerCopyThenMemset,  // the same, a 16-byte memset (an SM's work) after each, still no peer involved
     kBarriersOnly,        // the all-gather's two kernel barriers, no copy
     kStaged,              // barrier, pulls, barrier from public calls, timed per stage (stage_events)
+    kLocalCopy,           // only an out-of-place all-gather's own slice, copied within this GPU
   } probe = Probe::kNone;
   // All-gather: each rank's input is its own slice of the output (FSDP2's way).
   bool in_place = false;
@@ -124,28 +127,67 @@ struct Buffers {
   void* in;
   void* out;
   std::size_t count;  // elements per rank (AG, RS) or in total (AR)
+  // What release frees: an in-place all-gather's input is a slice of its
+  // output, an all-reduce's output is its input.
+  std::vector<void*> owned;
 };
 
 Buffers make_buffers(Op op, std::size_t bytes, std::size_t es, bool in_place = false) {
   const std::size_t elems = bytes / es;
   Buffers b{};
   auto s = reinterpret_cast<CUstream>(R.stream);
+  auto allocate = [&](std::size_t n) { return b.owned.emplace_back(R.alloc->allocate(n, s)); };
   if (op == Op::kAllGather) {
     b.count = elems / R.world;
-    if (!in_place) b.in = R.alloc->allocate(b.count * es, s);
-    b.out = R.alloc->allocate(bytes, s);
-    if (in_place) b.in = static_cast<char*>(b.out) + static_cast<std::size_t>(R.rank) * b.count * es;
+    b.out = allocate(bytes);
+    b.in = in_place ? static_cast<char*>(b.out) + static_cast<std::size_t>(R.rank) * b.count * es
+                    : allocate(b.count * es);
   } else if (op == Op::kReduceScatter) {
     b.count = elems / R.world;
-    b.in = R.alloc->allocate(bytes, s);
-    b.out = R.alloc->allocate(b.count * es, s);
+    b.in = allocate(bytes);
+    b.out = allocate(b.count * es);
   } else {  // in place, as torch's allreduce
     b.count = elems;
-    b.in = R.alloc->allocate(bytes, s);
+    b.in = allocate(bytes);
     b.out = b.in;
   }
   BENCH_CUDA(cudaMemsetAsync(b.in, 1, op == Op::kAllGather ? b.count * es : bytes, R.stream));
   return b;
+}
+
+// An out-of-place all-gather's own slice, input to output within this GPU,
+// made the way SYMMPOOL_BENCH_LOCAL_COPY names: memcpy (cudaMemcpyAsync, the
+// default), overlap-hint (cudaMemcpyBatchAsync asking to overlap compute),
+// 2d (cudaMemcpy2DAsync, 64 KiB rows) or peer (cudaMemcpyPeerAsync to itself).
+void copy_own_slice(const Buffers& b, std::size_t chunk) {
+  static const std::string how = [] {
+    const char* e = std::getenv("SYMMPOOL_BENCH_LOCAL_COPY");
+    return std::string(e ? e : "memcpy");
+  }();
+  void* dst = static_cast<char*>(b.out) + static_cast<std::size_t>(R.rank) * chunk;
+  if (how == "memcpy") {
+    BENCH_CUDA(cudaMemcpyAsync(dst, b.in, chunk, cudaMemcpyDeviceToDevice, R.stream));
+  } else if (how == "overlap-hint") {
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    void* dsts[1] = {dst};
+    const void* srcs[1] = {b.in};
+    std::size_t sizes[1] = {chunk}, first[1] = {0};
+    BENCH_CUDA(cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, first, 1, R.stream));
+  } else if (how == "2d") {
+    constexpr std::size_t row = 64 << 10;
+    BENCH_CHECK(chunk % row == 0, true);
+    BENCH_CUDA(cudaMemcpy2DAsync(dst, row, b.in, row, row, chunk / row, cudaMemcpyDeviceToDevice, R.stream));
+  } else if (how == "peer") {
+    int device = 0;
+    BENCH_CUDA(cudaGetDevice(&device));
+    BENCH_CUDA(cudaMemcpyPeerAsync(dst, device, b.in, device, chunk, R.stream));
+  } else {
+    std::fprintf(stderr, "SYMMPOOL_BENCH_LOCAL_COPY must be memcpy, overlap-hint, 2d or peer, got '%s'\n",
+                 how.c_str());
+    std::exit(1);
+  }
 }
 
 // All-gather's bytes from the peers: each peer's input into its slice of our
@@ -165,6 +207,10 @@ void run_once(Op op, const Impl& impl, const Buffers& b) {
   if (impl.probe == Probe::kPeerCopy || impl.probe == Probe::kPeerCopyThenMemset) {
     pull_from_peers(b, b.count * es);
     if (impl.probe == Probe::kPeerCopyThenMemset) BENCH_CUDA(cudaMemsetAsync(b.out, 0, 16, R.stream));
+    return;
+  }
+  if (impl.probe == Probe::kLocalCopy) {
+    copy_own_slice(b, b.count * es);
     return;
   }
   if (impl.probe == Probe::kStaged) {
@@ -204,10 +250,9 @@ void run_once(Op op, const Impl& impl, const Buffers& b) {
   if (op == Op::kAllReduce) R.comm->all_reduce(b.in, b.out, b.count, impl.type, ReduceOp::kSum, R.stream, a);
 }
 
-void release(const Buffers& b, bool in_place = false) {
+void release(const Buffers& b) {
   BENCH_CUDA(cudaStreamSynchronize(R.stream));
-  if (!in_place) R.alloc->deallocate(b.in, reinterpret_cast<CUstream>(R.stream));
-  if (b.out != b.in) R.alloc->deallocate(b.out, reinterpret_cast<CUstream>(R.stream));
+  for (void* p : b.owned) R.alloc->deallocate(p, reinterpret_cast<CUstream>(R.stream));
 }
 
 // Times `reps` ops between two events per iteration.
@@ -418,7 +463,7 @@ void Contention(benchmark::State& state, Op op, Impl impl) {
   state.counters["comm_alone_us"] = comm_alone * 1e3;
   state.counters["comm_us"] = comm_ms / iters * 1e3;
   state.counters["comm_vs_alone"] = comm_ms / iters / comm_alone;
-  release(buf, impl.in_place);
+  release(buf);
   cudaFree(a);
   cudaFree(b);
   cudaFree(c);
@@ -472,6 +517,7 @@ void register_all() {
       {Op::kAllGather, probe("peer-copy-then-memset", Impl::Probe::kPeerCopyThenMemset)},
       {Op::kAllGather, probe("barriers-only", Impl::Probe::kBarriersOnly)},
       {Op::kAllGather, probe("barrier-copy-barrier", Impl::Probe::kStaged)},
+      {Op::kAllGather, probe("local-copy", Impl::Probe::kLocalCopy)},
       {Op::kAllGather, in_place("nccl-in-place", true)},
       {Op::kAllGather, in_place("symmpool-in-place", false)},
       {Op::kReduceScatter, kNccl},
