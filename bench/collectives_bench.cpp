@@ -78,7 +78,7 @@ struct Impl {
     kNone,
     kPeerCopy,            // each rank pulls every peer's input, no meeting: the links' and engines' ceiling
     kPeerCopyThenMemset,  // the same, a 16-byte memset (an SM's work) after each, still no peer involved
-    kBarriersOnly,        // the all-gather's two kernel barriers, no copy
+    kBarriersOnly,        // the all-gather's two barriers (of `barrier`'s kind), no copy
     kStaged,              // barrier, pulls, barrier from public calls, timed per stage (stage_events)
     kLocalCopy,           // only an out-of-place all-gather's own slice, copied within this GPU
   } probe = Probe::kNone;
@@ -231,8 +231,8 @@ void run_once(Op op, const Impl& impl, const Buffers& b) {
     return;
   }
   if (impl.probe == Probe::kBarriersOnly) {
-    R.comm->barrier(R.stream);
-    R.comm->barrier(R.stream);
+    R.comm->barrier(R.stream, impl.barrier);
+    R.comm->barrier(R.stream, impl.barrier);
     return;
   }
   if (impl.nccl) {
@@ -503,6 +503,10 @@ void register_all() {
     impl.in_place = true;
     return impl;
   };
+  auto stream_ops = [](Impl impl) {
+    impl.barrier = BarrierKind::kStreamOps;
+    return impl;
+  };
   const std::vector<std::pair<Op, Impl>> contention = {
       {Op::kAllGather, kNccl},
       {Op::kAllGather, kSymmpool},
@@ -516,10 +520,12 @@ void register_all() {
       {Op::kAllGather, probe("peer-copy", Impl::Probe::kPeerCopy)},
       {Op::kAllGather, probe("peer-copy-then-memset", Impl::Probe::kPeerCopyThenMemset)},
       {Op::kAllGather, probe("barriers-only", Impl::Probe::kBarriersOnly)},
+      {Op::kAllGather, stream_ops(probe("barriers-only-streamops", Impl::Probe::kBarriersOnly))},
       {Op::kAllGather, probe("barrier-copy-barrier", Impl::Probe::kStaged)},
       {Op::kAllGather, probe("local-copy", Impl::Probe::kLocalCopy)},
       {Op::kAllGather, in_place("nccl-in-place", true)},
       {Op::kAllGather, in_place("symmpool-in-place", false)},
+      {Op::kAllGather, stream_ops(in_place("symmpool-in-place-streamops", false))},
       {Op::kReduceScatter, kNccl},
       {Op::kReduceScatter, kSymmpool},
       {Op::kReduceScatter, {"symmpool-2step", false, Algorithm::kTwoStep}},
