@@ -1,0 +1,34 @@
+"""Every results file the README and the docs cite is in bench/results (a
+speed claim must point at a file that is there). Names with placeholders
+(`<date>`) are patterns, not citations; a glob must match a file. Needs no GPU."""
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CITATION = re.compile(r"bench/results/[A-Za-z0-9_.*<>-]+\.(?:json|png)")
+
+
+def cited(text: str) -> set[str]:
+    return {m for m in CITATION.findall(text) if "<" not in m}
+
+
+def missing(root: pathlib.Path, names: set[str]) -> list[str]:
+    return sorted(n for n in names if not any(root.glob(n)))
+
+
+def test_every_cited_results_file_exists():
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    names = set().union(*(cited(d.read_text()) for d in docs))
+    assert len(names) > 10, names  # the pattern still finds the citations
+    assert missing(ROOT, names) == []
+
+
+def test_a_missing_file_and_an_unmatched_glob_are_found(tmp_path):
+    (tmp_path / "bench/results").mkdir(parents=True)
+    (tmp_path / "bench/results/a_2026.json").write_text("{}")
+    text = ("see `bench/results/a_2026.json`, bench/results/b.json, bench/results/a_*.json, "
+            "bench/results/c_*.png and bench/results/x_<date>.json.")
+    names = cited(text)
+    assert names == {"bench/results/a_2026.json", "bench/results/b.json", "bench/results/a_*.json",
+                     "bench/results/c_*.png"}
+    assert missing(tmp_path, names) == ["bench/results/b.json", "bench/results/c_*.png"]
