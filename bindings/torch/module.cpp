@@ -145,6 +145,9 @@ PYBIND11_MODULE(_C, m) {
       },
       "Collectives the symm backends of this process routed, by reason: where each ran and why "
       "(SYMMPOOL_DEBUG_ROUTING=1 prints each decision to stderr).");
+  // The largest low-latency all-reduce in bytes, so tests size their calls
+  // from it instead of from a copy of it.
+  m.attr("LOW_LATENCY_MAX_BYTES") = symmpool::Communicator::kLowLatencyMaxBytes;
   m.def(
       "algorithm_counts",
       [] {

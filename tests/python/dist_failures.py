@@ -278,12 +278,14 @@ def plain_tensor_on_one_rank_fails_loudly(rank: int, world: int) -> None:
     decided locally) while the others all-reduce a symmpool tensor, then rank
     0 all-reduces the symmpool tensor. No rank may pair two different calls:
     every rank raises within the timeout + 1 s, and nobody reads a result."""
+    import symmpool
+
     device, backend, buf = _symm_group(rank, world, "0")
     start = time.monotonic()
     try:
         if rank == 0:
-            # NCCL (plain, and past low-latency's 128 KiB): its peers never come
-            dist.all_reduce(torch.ones(64 * 1024, device=device), async_op=True)
+            # NCCL (plain, and twice low-latency's limit in fp32): its peers never come
+            dist.all_reduce(torch.ones(symmpool._C.LOW_LATENCY_MAX_BYTES // 2, device=device), async_op=True)
         works = [dist.all_reduce(buf, async_op=True)]
         torch.cuda.synchronize()
         works.append(dist.all_reduce(buf, async_op=True))

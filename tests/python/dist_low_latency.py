@@ -15,8 +15,6 @@ from dist_common import (all_reduce_back_to_back, all_reduce_matches_reference, 
                          small_integers)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Communicator::kLowLatencyMaxBytes, what the table gives low-latency at 2 ranks.
-LOW_LATENCY_MAX_BYTES = 128 * 1024
 
 
 def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
@@ -26,6 +24,7 @@ def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
     os.environ["SYMMPOOL_ALL_REDUCE_ALGORITHM"] = "low-latency"
     device = init_group(rank, world, "cpu:gloo,cuda:symm")
     pool = symmpool.mem_pool()
+    most = symmpool._C.LOW_LATENCY_MAX_BYTES
     gen = torch.Generator().manual_seed(100 + rank)
     ran = 0
 
@@ -36,7 +35,7 @@ def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
     with torch.cuda.use_mem_pool(pool):
         for dtype in DTYPES:
             size = torch.tensor([], dtype=dtype).element_size()
-            for n in (1, 3, 1001, LOW_LATENCY_MAX_BYTES // size - 1, LOW_LATENCY_MAX_BYTES // size):
+            for n in (1, 3, 1001, most // size - 1, most // size):
                 for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
                     t = small_integers(n, dtype, device, gen)
                     all_reduce_matches_reference(t, op, f"rank {rank}: {dtype} n={n} {op}")
@@ -49,7 +48,7 @@ def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
         assert low_latency_calls() - before == ran, (low_latency_calls() - before, ran)
 
         # Too large for it: the table's algorithm runs instead, and says so.
-        t = small_integers(LOW_LATENCY_MAX_BYTES // 4 + 1, torch.float32, device, gen)
+        t = small_integers(most // 4 + 1, torch.float32, device, gen)
         expected = reduction_reference(t, dist.ReduceOp.SUM)
         two_shot = symmpool._C.algorithm_counts()["two-shot"]
         dist.all_reduce(t)
@@ -124,6 +123,7 @@ def plain_tensors_take_low_latency_by_the_table(rank: int, world: int) -> None:
     os.environ.pop("SYMMPOOL_ALL_REDUCE_ALGORITHM", None)
     device = init_group(rank, world, "cpu:gloo,cuda:symm")
     gen = torch.Generator().manual_seed(300 + rank)
+    most = symmpool._C.LOW_LATENCY_MAX_BYTES  # what the table gives low-latency at 2 ranks
     not_in_heap = "buffer not in symmpool heap"
 
     def counts() -> tuple[int, int]:
@@ -132,7 +132,7 @@ def plain_tensors_take_low_latency_by_the_table(rank: int, world: int) -> None:
     low_latency0, elsewhere0 = counts()
     calls = 0
     for dtype in DTYPES:
-        for n in (1, 1001, LOW_LATENCY_MAX_BYTES // torch.tensor([], dtype=dtype).element_size()):
+        for n in (1, 1001, most // torch.tensor([], dtype=dtype).element_size()):
             t = small_integers(n, dtype, device, gen)  # torch's own allocator: not in the heap
             expected = reduction_reference(t, dist.ReduceOp.SUM)
             dist.all_reduce(t)
@@ -156,7 +156,7 @@ def plain_tensors_take_low_latency_by_the_table(rank: int, world: int) -> None:
     assert (low_latency1 - low_latency0, elsewhere1 - elsewhere0) == (calls + 1, 0), (
         low_latency1 - low_latency0, elsewhere1 - elsewhere0, calls)  # + 1: the captured call
     if not ranks_share_gpu():
-        t = small_integers(LOW_LATENCY_MAX_BYTES // 4 + 1, torch.float32, device, gen)
+        t = small_integers(most // 4 + 1, torch.float32, device, gen)
         expected = reduction_reference(t, dist.ReduceOp.SUM)
         dist.all_reduce(t)
         assert torch.equal(t.cpu(), expected), f"rank {rank}: the larger plain all-reduce differs"

@@ -260,7 +260,8 @@ def routing_decisions_are_counted_and_traced(rank: int, world: int) -> None:
         n = 1024
         symm_in = backend.allocate_tensor(n, dtype=torch.bfloat16, device=device).fill_(1)
         symm_out = backend.allocate_tensor(n * world, dtype=torch.bfloat16, device=device)
-        plain = torch.ones(128 * 1024, dtype=torch.bfloat16, device=device)  # past low-latency's 128 KiB
+        # twice low-latency's limit in bf16: past it
+        plain = torch.ones(symmpool._C.LOW_LATENCY_MAX_BYTES, dtype=torch.bfloat16, device=device)
         small_plain = torch.ones(n, dtype=torch.bfloat16, device=device)
         ints = backend.allocate_tensor(n, dtype=torch.int32, device=device).fill_(1)
         calls = [  # what the trace says, then the call
