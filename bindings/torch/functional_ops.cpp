@@ -1,5 +1,6 @@
 // The functional collectives' kernels (torch.ops.symmpool.all_gather,
-// reduce_scatter, all_reduce; schemas and fake kernels in symmpool/ops.py):
+// reduce_scatter, all_reduce, all_reduce_; schemas and fake kernels in
+// symmpool/ops.py):
 // check the group size, resolve the group by name, run the group's
 // collective into a new tensor and wait for it, as a synchronous
 // torch.distributed call does. In C++ so that a call costs the backend's
@@ -103,6 +104,30 @@ at::Tensor all_reduce(const at::Tensor& input, c10::string_view op, c10::string_
   return out;
 }
 
+// In place, as torch's two_shot_all_reduce_ and c10d's all_reduce_: no
+// output to allocate (1.65 us of an 8 KiB call's host time from Python on a
+// fast 2x H200 host, bench/results/host_time_h200x2_2026-11-27_small-all-reduce-op-vs-torch.json).
+// A tensor that is not contiguous is reduced through a contiguous copy and
+// written back.
+void all_reduce_(at::Tensor& input, c10::string_view op, c10::string_view group_name) {
+  if (!input.is_contiguous()) {
+    input.copy_(all_reduce(input, op, group_name));
+    return;
+  }
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = reduce_op(op);
+  opts.asyncOp = false;
+  auto group = c10d::resolve_process_group(std::string(group_name));
+  at::Tensor real = as_real(input);
+  if (input.is_cuda()) {
+    if (auto backend = symm_backend_of(*group)) {
+      if (static_cast<SymmBackend&>(*backend).all_reduce_now(real, real, opts)) return;
+    }
+  }
+  std::vector<at::Tensor> tensors{real};
+  wait_if_any(group->allreduce(tensors, opts));
+}
+
 void define_functional_ops(py::module& m) {
   m.def(
       "_impl_functional_ops",
@@ -114,6 +139,7 @@ void define_functional_ops(py::module& m) {
         impl->impl("all_gather", TORCH_FN(all_gather));
         impl->impl("reduce_scatter", TORCH_FN(reduce_scatter));
         impl->impl("all_reduce", TORCH_FN(all_reduce));
+        impl->impl("all_reduce_", TORCH_FN(all_reduce_));
       },
       "Registers the functional collectives' C++ kernels, once symmpool/ops.py has defined their schemas.");
 }

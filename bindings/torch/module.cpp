@@ -1,5 +1,6 @@
 // symmpool._C: the "symm" backend factory, allocator and routing statistics.
 
+#include "autograd_kernels.hpp"
 #include "c10d_store.hpp"
 #include "functional_ops.hpp"
 #include "fused_ops.hpp"
@@ -14,7 +15,6 @@
 #include <symmpool/peer_mapping.hpp>
 
 #include <pybind11/stl.h>
-#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
@@ -170,18 +170,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("store"), py::arg("key"), py::arg("timeout_ms"), py::call_guard<py::gil_scoped_release>(),
       "A key of a c10d store read as the symmetric heap reads it (tests: which error a late key and a "
       "gone store give).");
-  m.def(
-      "_autograd_not_implemented",
-      [](const std::string& name) {
-        // One library for the process's life, as torch.library's are.
-        static auto* autograd = new torch::Library(torch::Library::IMPL, "symmpool",
-                                                   c10::DispatchKey::Autograd, __FILE__, __LINE__);
-        autograd->impl(name.c_str(), torch::autograd::autogradNotImplementedFallback());
-      },
-      py::arg("name"),
-      "Registers symmpool::<name>'s Autograd kernel: it passes through below autograd in C++, and a "
-      "backward through its outputs raises (torch.library.custom_op's Python layers for the same took "
-      "96 of a fused call's 330 us of host time on an H200 host).");
+  m.def("_autograd_not_implemented", &symmpool::torch_ext::register_autograd_not_implemented, py::arg("name"),
+        "Registers symmpool::<name>'s Autograd kernel in C++: it passes calls through, and a backward "
+        "through its outputs, or through an input it mutated, raises (torch.library.custom_op's Python "
+        "layers for the same took 96 of a fused call's 330 us of host time on an H200 host).");
   symmpool::torch_ext::define_peer_memory(m);
   symmpool::torch_ext::define_fused_pipelines(m);
   symmpool::torch_ext::define_fused_ops(m);

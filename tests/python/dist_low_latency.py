@@ -78,6 +78,26 @@ def low_latency_all_reduce_matches_gloo(rank: int, world: int) -> None:
         assert not through_c10d(lambda: torch.ops.symmpool.all_reduce(small, "sum", dist.group.WORLD.group_name)), \
             f"rank {rank}: the functional op went through c10d's dispatcher"
 
+        # In place (torch.ops.symmpool.all_reduce_), below and above the
+        # low-latency limit: the input's own storage written, not through
+        # c10d; a tensor that is not contiguous goes through a contiguous
+        # copy and comes back into the view.
+        name = dist.group.WORLD.group_name
+        for n, algorithm in ((1001, "low-latency"), (100_003, "two-shot")):
+            t = small_integers(n, torch.bfloat16, device, gen)
+            expected = reduction_reference(t, dist.ReduceOp.SUM)
+            ptr, version, counted = t.data_ptr(), t._version, symmpool._C.algorithm_counts()[algorithm]
+            torch.ops.symmpool.all_reduce_(t, "sum", name)
+            assert torch.equal(t.cpu(), expected), f"rank {rank}: in place, {n}"
+            assert t.data_ptr() == ptr and t._version > version, f"rank {rank}: in place, {n}: not in place"
+            assert symmpool._C.algorithm_counts()[algorithm] == counted + 1, f"rank {rank}: in place, {n}"
+        strided = small_integers(2 * 1001, torch.float32, device, gen).view(1001, 2).t()
+        expected = reduction_reference(strided.contiguous(), dist.ReduceOp.AVG)
+        torch.ops.symmpool.all_reduce_(strided, "avg", name)
+        assert torch.equal(strided.cpu(), expected) and not strided.is_contiguous(), f"rank {rank}: strided"
+        assert not through_c10d(lambda: torch.ops.symmpool.all_reduce_(small, "sum", name)), \
+            f"rank {rank}: the in-place op went through c10d's dispatcher"
+
         # Back to back, three sizes (a period other than the two packet
         # regions'), no host sync, rank 0 late now and then: a packet taken
         # from the wrong call shows.

@@ -25,7 +25,7 @@ def group_name():
 
 
 def test_ops_are_registered():
-    for name in ("all_gather", "reduce_scatter", "all_reduce"):
+    for name in ("all_gather", "reduce_scatter", "all_reduce", "all_reduce_"):
         assert hasattr(torch.ops.symmpool, name), name
 
 
@@ -37,6 +37,10 @@ def test_schemas_take_group_size_as_c10d_functional_does():
         "symmpool::reduce_scatter(Tensor input, str op, int group_size, str group_name) -> Tensor"
     assert str(ops.all_reduce.default._schema) == \
         "symmpool::all_reduce(Tensor input, str op, str group_name) -> Tensor"
+    # Returns nothing: torch.compile functionalizes a custom op that mutates
+    # an input only if it returns no alias of it.
+    assert str(ops.all_reduce_.default._schema) == \
+        "symmpool::all_reduce_(Tensor(a!) input, str op, str group_name) -> ()"
 
 
 def test_fake_implementations_give_shapes(group_name):
@@ -89,6 +93,48 @@ def test_eager_results_on_one_rank(group_name):
 def test_bad_reduction_is_rejected(group_name):
     with pytest.raises(ValueError, match="'sum' or 'avg'"):
         torch.ops.symmpool.all_reduce(torch.ones(2), "max", group_name)
+    with pytest.raises(ValueError, match="'sum' or 'avg'"):
+        torch.ops.symmpool.all_reduce_(torch.ones(2), "max", group_name)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_in_place_all_reduce_writes_its_input_and_bumps_its_version(group_name, op):
+    x = torch.randn(5, 4)
+    kept, ptr, version = x.clone(), x.data_ptr(), x._version
+    assert torch.ops.symmpool.all_reduce_(x, op, group_name) is None
+    torch.testing.assert_close(x, kept)  # one rank: the sum and the mean are the input
+    assert x.data_ptr() == ptr, "in place: no new tensor"
+    assert x._version > version, "autograd must see the change"
+
+
+def test_in_place_all_reduce_takes_a_tensor_that_is_not_contiguous(group_name):
+    base = torch.randn(4, 6)
+    x = base.t()  # a view, not contiguous: reduced through a copy, written back into it
+    kept = x.clone()
+    torch.ops.symmpool.all_reduce_(x, "avg", group_name)
+    torch.testing.assert_close(x, kept)
+    assert x.data_ptr() == base.data_ptr() and not x.is_contiguous()
+
+
+def test_in_place_all_reduce_traces_under_torch_compile(group_name):
+    def step(x):
+        y = x * 2
+        torch.ops.symmpool.all_reduce_(y, "sum", group_name)
+        return y + 1
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    x = torch.randn(8, 2)
+    torch.testing.assert_close(compiled(x), step(x))
+
+
+def test_backward_through_an_in_place_all_reduce_raises(group_name):
+    x = torch.randn(4, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        torch.ops.symmpool.all_reduce_(x, "sum", group_name)
+    y = x * 2
+    torch.ops.symmpool.all_reduce_(y, "sum", group_name)
+    with pytest.raises(RuntimeError, match="not implemented"):
+        y.sum().backward()
 
 
 def test_traces_under_torch_compile(group_name):
@@ -145,6 +191,10 @@ def test_opcheck(group_name, op, args):
     # kernel that ignored it would pass here: the test above covers that.
     x = torch.randn(4, 3)
     torch.library.opcheck(getattr(torch.ops.symmpool, op).default, (x, *args, group_name))
+
+
+def test_opcheck_in_place(group_name):
+    torch.library.opcheck(torch.ops.symmpool.all_reduce_.default, (torch.randn(4, 3), "sum", group_name))
 
 
 WORKER = Path(__file__).with_name("compile_cache_worker.py")

@@ -1,7 +1,7 @@
 """How symmpool registers its torch operators: ``torch.library`` define and
 impl, tagged pt2-compliant, a fake (meta) implementation for tracing, and an
 Autograd kernel in C++ that passes calls through and makes a backward
-through the outputs raise.
+through the outputs, or through an input the op mutated, raise.
 
 Not ``torch.library.custom_op``: its Python layers around the same
 implementation (autograd wrapper, redispatch, aliasing checks) took 96 us

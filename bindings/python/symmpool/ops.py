@@ -3,10 +3,16 @@
     symmpool::all_gather(Tensor input, int group_size, str group_name) -> Tensor
     symmpool::reduce_scatter(Tensor input, str op, int group_size, str group_name) -> Tensor
     symmpool::all_reduce(Tensor input, str op, str group_name) -> Tensor
+    symmpool::all_reduce_(Tensor(a!) input, str op, str group_name) -> ()
 
 Each op takes the process group by name (``group.group_name``) and returns a
 new tensor, so ``torch.compile`` can trace it through its fake (meta)
-implementation. Ops whose output shape depends on the group size also take
+implementation; ``all_reduce_`` reduces its input in place instead, as
+``torch.ops.symm_mem.two_shot_all_reduce_`` does (no output to allocate: on a
+"symm" group a symmetric input runs symmpool's all-reduce at every size, a
+plain one the low-latency kernel up to its limit and NCCL above). It returns
+nothing, as a custom op that mutates its input must for ``torch.compile``
+to functionalize it. Ops whose output shape depends on the group size also take
 ``group_size``, placed as in PyTorch's ``_c10d_functional`` ops: their fake
 implementations compute shapes from it alone, never from the group, so the
 size is an argument in the traced graph and in the keys of the compile caches
@@ -79,4 +85,12 @@ def _all_reduce_fake(input, op, group_name):
 
 
 all_reduce = define("all_reduce(Tensor input, str op, str group_name) -> Tensor", None, _all_reduce_fake)
+
+
+def _all_reduce_in_place_fake(input, op, group_name):
+    _reduce_op(op)
+
+
+all_reduce_ = define("all_reduce_(Tensor(a!) input, str op, str group_name) -> ()", None,
+                     _all_reduce_in_place_fake)
 _C._impl_functional_ops()
