@@ -115,6 +115,9 @@ ALL_GATHER_IN_PLACE = "in-place"
 # output goes to NCCL, so the variant is not made there).
 SYMMPOOL_OP = "torch.ops.symmpool"
 SYMMPOOL_OP_MAX_BYTES = 128 << 10
+# Its in-place form, torch.ops.symmpool.all_reduce_, on the peer's own
+# (symmetric) buffer: at every size, as torch's two_shot_all_reduce_ is timed.
+SYMMPOOL_OP_IN_PLACE = "torch.ops.symmpool in place"
 
 
 class C10dPeer:
@@ -132,7 +135,7 @@ class C10dPeer:
         if op not in OPS:
             return []
         in_place = [ALL_GATHER_IN_PLACE] if op == "all_gather" and self.rank is not None else []
-        functional = [SYMMPOOL_OP] if op == "all_reduce" and self.functional_op else []
+        functional = [SYMMPOOL_OP, SYMMPOOL_OP_IN_PLACE] if op == "all_reduce" and self.functional_op else []
         return [None] + in_place + functional + [v for v, o in self.variant_groups if o == op]
 
     def call(self, op: str, variant, nbytes: int) -> Call:
@@ -145,6 +148,16 @@ class C10dPeer:
             def run_op():
                 return torch.ops.symmpool.all_reduce(inp, "sum", group_name)
             return Call(inp, run_op, poison=None)  # a new tensor each call
+        if variant == SYMMPOOL_OP_IN_PLACE:
+            if op != "all_reduce" or not self.functional_op:
+                raise ValueError(f"{self.name}: {SYMMPOOL_OP_IN_PLACE} is an all-reduce variant of a peer made with it")
+            inp, _ = self.buffers.views(op, nbytes, self.world, in_place=True)
+            group_name = self.group.group_name
+
+            def run_in_place():
+                torch.ops.symmpool.all_reduce_(inp, "sum", group_name)
+                return inp
+            return Call(inp, run_in_place, poison=None)
         if variant == ALL_GATHER_IN_PLACE:
             if op != "all_gather" or self.rank is None:
                 raise ValueError(f"{self.name}: {ALL_GATHER_IN_PLACE} is an all-gather variant given a rank")

@@ -50,7 +50,7 @@ sys.path.insert(0, HERE)
 
 import timing  # noqa: E402
 from peers import (ALL_GATHER_IN_PLACE, ALL_REDUCE_ALGORITHMS, OPS, PEER_COPY, PEERS, SYMMPOOL_OP,  # noqa: E402
-                   SYMMPOOL_OP_MAX_BYTES)
+                   SYMMPOOL_OP_IN_PLACE, SYMMPOOL_OP_MAX_BYTES)
 from run_output import finish_run, write_json  # noqa: E402
 
 NVLINK_GBPS_PER_DIRECTION = 478  # H200's NVLink limit per GPU per direction (the target machine's)
@@ -230,6 +230,9 @@ def context_of(args, world: int, device) -> dict:
                        "op, no torch.distributed Python wrapper; out of place, straight into a new tensor, no "
                        "Work, since 8aec56e) on the same group "
                        f"and input, up to {SYMMPOOL_OP_MAX_BYTES} bytes",
+        "symmpool_op_in_place": f"rows of peer symmpool with variant {SYMMPOOL_OP_IN_PLACE!r}: "
+                                "torch.ops.symmpool.all_reduce_, the same op in place on the peer's own symmetric "
+                                "buffer (no output to allocate), at every size, by the table's algorithm",
         "all_gather_in_place": f"rows with variant {ALL_GATHER_IN_PLACE!r} (nccl, nccl-registered, symmpool): the "
                                "all-gather as FSDP2 calls it, each rank's input its own slice of the output, on the "
                                "peer's own group and buffers; without it the input is a buffer of its own",
@@ -329,8 +332,9 @@ def skipped(peer: str, variant, nbytes: int, args) -> bool:
     (a pipeline of copies is for large messages), its algorithm variants
     above --algorithms-up-to, its functional op above
     the sizes its low-latency all-reduce takes in any memory (larger, the op's
-    plain output goes to NCCL)."""
-    if peer != "symmpool" or variant in (None, ALL_GATHER_IN_PLACE):
+    plain output goes to NCCL; the in-place op, on symmetric buffers, runs
+    at every size)."""
+    if peer != "symmpool" or variant in (None, ALL_GATHER_IN_PLACE, SYMMPOOL_OP_IN_PLACE):
         return False
     if variant == SYMMPOOL_OP:
         return nbytes > SYMMPOOL_OP_MAX_BYTES
@@ -355,9 +359,11 @@ def problems(results: list[dict]) -> list[str]:
         if r["symm_collectives"] != expected:
             out.append(f"{where}: {r['symm_collectives']} of {r['calls_issued']} calls ran on symmpool, "
                        f"expected {expected}")
-        if r["peer"] == "symmpool" and r["variant"] not in (None, ALL_GATHER_IN_PLACE) and "algorithms_ran" in r:
+        if r["peer"] == "symmpool" and r["variant"] not in (None, ALL_GATHER_IN_PLACE, SYMMPOOL_OP_IN_PLACE) \
+                and "algorithms_ran" in r:
             # The functional op is timed where low-latency takes its plain output;
-            # the other variants are named after their algorithm.
+            # the other variants are named after their algorithm (the in-place
+            # op and the table's rows run whatever the table picks).
             algorithm = "low-latency" if r["variant"] == SYMMPOOL_OP else r["variant"].split()[0]
             if r["algorithms_ran"] != {algorithm: r["calls_issued"]}:
                 out.append(f"{where}: ran {r['algorithms_ran']}, expected {r['calls_issued']} x {algorithm}")

@@ -119,13 +119,14 @@ def test_symmpool_functional_op_is_an_all_reduce_variant_on_the_same_group_and_i
     bufs = peers.Buffers.make(lambda n: torch.zeros(n, dtype=peers.DTYPE), 4 * KIB)
     group = type("G", (), {"group_name": "7"})()
     p = peers.C10dPeer("symmpool", group, bufs, 2, {("two-step 8M", "all_reduce"): "g2"}, rank=0, functional_op=True)
-    assert p.variants("all_reduce") == [None, peers.SYMMPOOL_OP, "two-step 8M"]
-    assert peers.SYMMPOOL_OP not in p.variants("all_gather") + p.variants("reduce_scatter")
-    assert peers.SYMMPOOL_OP not in peers.C10dPeer("nccl", group, bufs, 2, rank=0).variants("all_reduce")
-    call = p.call("all_reduce", peers.SYMMPOOL_OP, 4 * KIB)
-    assert call.poison is None and call.inp.data_ptr() == bufs.a.data_ptr() and call.inp.numel() == 2 * KIB
-    with pytest.raises(ValueError, match="all-reduce variant"):
-        p.call("all_gather", peers.SYMMPOOL_OP, 4 * KIB)
+    assert p.variants("all_reduce") == [None, peers.SYMMPOOL_OP, peers.SYMMPOOL_OP_IN_PLACE, "two-step 8M"]
+    for op in (peers.SYMMPOOL_OP, peers.SYMMPOOL_OP_IN_PLACE):
+        assert op not in p.variants("all_gather") + p.variants("reduce_scatter")
+        assert op not in peers.C10dPeer("nccl", group, bufs, 2, rank=0).variants("all_reduce")
+        call = p.call("all_reduce", op, 4 * KIB)
+        assert call.poison is None and call.inp.data_ptr() == bufs.a.data_ptr() and call.inp.numel() == 2 * KIB
+        with pytest.raises(ValueError, match="all-reduce variant"):
+            p.call("all_gather", op, 4 * KIB)
 
 
 def test_skipped_cells_are_symmpool_pipelines_below_their_floor_and_the_op_above_low_latency():
@@ -135,6 +136,7 @@ def test_skipped_cells_are_symmpool_pipelines_below_their_floor_and_the_op_above
     assert not run.skipped("symmpool", "two-step 32M", MIB, args)
     assert not run.skipped("symmpool", peers.SYMMPOOL_OP, peers.SYMMPOOL_OP_MAX_BYTES, args)
     assert run.skipped("symmpool", peers.SYMMPOOL_OP, 4 * peers.SYMMPOOL_OP_MAX_BYTES, args)
+    assert not run.skipped("symmpool", peers.SYMMPOOL_OP_IN_PLACE, 1 << 30, args)  # symmetric buffers: any size
     assert not run.skipped("symmpool", peers.ALL_GATHER_IN_PLACE, KIB, args)
     assert not run.skipped("symmpool", None, KIB, args)
     assert not run.skipped("nccl", peers.ALL_GATHER_IN_PLACE, KIB, args)
@@ -564,6 +566,11 @@ def test_a_symmpool_variant_must_run_its_own_algorithm():
         return run.result_row("symmpool", peers.SYMMPOOL_OP, "all_reduce", KIB, "eager", 2, [[1.0]], correct=True,
                               calls_issued=10, symm_collectives=10, algorithms_ran=ran)
     assert run.problems([op({"low-latency": 10})]) == []
+    in_place_op = run.result_row("symmpool", peers.SYMMPOOL_OP_IN_PLACE, "all_reduce", MIB, "eager", 2, [[1.0]],
+                                 correct=True, calls_issued=10, symm_collectives=10, algorithms_ran={"two-shot": 10})
+    assert run.problems([in_place_op]) == []  # the table's choice at any size
+    assert run.problems([{**in_place_op, "symm_collectives": 9}]) == [
+        "symmpool torch.ops.symmpool in place all_reduce 1048576 B eager: 9 of 10 calls ran on symmpool, expected 10"]
     assert run.problems([op({"two-shot": 10})]) == [
         "symmpool torch.ops.symmpool all_reduce 1024 B eager: ran {'two-shot': 10}, expected 10 x low-latency"]
     assert run.problems([row({"two-shot": 10})]) == [
