@@ -467,6 +467,15 @@ CUresult fake_cuStreamBatchMemOp(CUstream, unsigned int count, CUstreamBatchMemO
                op.waitValue.flags == CU_STREAM_WAIT_VALUE_GEQ) {
       const cuuint32_t now = *reinterpret_cast<const volatile cuuint32_t*>(op.waitValue.address);
       if (static_cast<std::int32_t>(now - op.waitValue.value) < 0) return CUDA_ERROR_ILLEGAL_STATE;
+    } else if (op.operation == CU_STREAM_MEM_OP_WRITE_VALUE_64 &&
+               op.writeValue.flags == CU_STREAM_WRITE_VALUE_DEFAULT) {
+      if (op.writeValue.address % 8 != 0) return CUDA_ERROR_INVALID_VALUE;
+      *reinterpret_cast<volatile cuuint64_t*>(op.writeValue.address) = op.writeValue.value64;
+    } else if (op.operation == CU_STREAM_MEM_OP_WAIT_VALUE_64 &&
+               op.waitValue.flags == CU_STREAM_WAIT_VALUE_GEQ) {
+      if (op.waitValue.address % 8 != 0) return CUDA_ERROR_INVALID_VALUE;
+      const cuuint64_t now = *reinterpret_cast<const volatile cuuint64_t*>(op.waitValue.address);
+      if (static_cast<std::int64_t>(now - op.waitValue.value64) < 0) return CUDA_ERROR_ILLEGAL_STATE;
     } else {
       return CUDA_ERROR_NOT_SUPPORTED;
     }

@@ -34,8 +34,8 @@ constexpr std::size_t kEpochBytes =
 constexpr std::size_t kPacketsOffset = 16384;
 static_assert(kPadBytes + kEpochBytes <= detail::kStartWordsOffset,
               "pads and epochs come before the start words");
-static_assert(detail::kCallWordsOffset + std::size_t{detail::kMaxRanks} * 8 <= kPacketsOffset,
-              "the start words and call words come before the packets");
+static_assert(detail::kCheckedPairsOffset + std::size_t{detail::kMaxRanks} * 16 <= kPacketsOffset,
+              "the start words, call words and checked pairs come before the packets");
 
 // Bytes per rank whose packets fit in `slot_bytes`: two regions of `world`
 // slots, each packet (16 bytes) carrying 8 bytes.
@@ -44,6 +44,15 @@ std::size_t low_latency_capacity(std::size_t slot_bytes, int world) {
   const std::size_t per_slot = (slot_bytes - kPacketsOffset) / (2 * static_cast<std::size_t>(world));
   const std::size_t fits = per_slot / detail::kPacketBytes * 8;
   return fits < Communicator::kLowLatencyMaxBytes ? fits : Communicator::kLowLatencyMaxBytes;
+}
+
+// A rank's checked pairs and call words in the pads `pads` (ours or a
+// peer's, as mapped here): peer_pointers.hpp's layout.
+std::uint64_t* checked_pairs_of(std::uint32_t* pads) {
+  return reinterpret_cast<std::uint64_t*>(reinterpret_cast<char*>(pads) + detail::kCheckedPairsOffset);
+}
+std::uint64_t* call_words_of(std::uint32_t* pads) {
+  return reinterpret_cast<std::uint64_t*>(reinterpret_cast<char*>(pads) + detail::kCallWordsOffset);
 }
 
 }  // namespace
@@ -125,8 +134,9 @@ void Communicator::barrier(cudaStream_t stream, BarrierKind kind) {
 
 void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   const int n = world();
-  // A kernel barrier compares the call's digest at the call's first
-  // meeting; stream-op barriers check arrival only.
+  // A call's first meeting compares the call's digest: a kernel barrier
+  // at once, a stream-op one as a checked meeting (whose wait a digest that
+  // differs holds until the watchdog's timeout tells it).
   const std::uint32_t call = call_check_->take();
   // Stream-op barriers carry an epoch counted on the host, which a graph
   // would replay unchanged (every replay after the first would pass at
@@ -141,19 +151,41 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   // SM-free: write our epoch into each peer's pad, then wait on our own
   // (the watchdog first: no wait may be enqueued without its timeout).
   detail::StreamOpWatchdog& watchdog = stream_op_watchdog();
-  const DriverApi& drv = real_driver();
-  const std::uint32_t epoch = ++stream_op_epoch_;
-  auto cu = reinterpret_cast<CUstream>(stream);
-  constexpr int row = detail::kStreamOpBarrierRow * kMaxRanks;
-  std::array<CUdeviceptr, kMaxRanks> to_peers{}, mine{};
-  for (int p = 0; p < n; ++p) {
-    to_peers[static_cast<std::size_t>(p)] = reinterpret_cast<CUdeviceptr>(peer_pads_.peer[p] + row + rank());
-    mine[static_cast<std::size_t>(p)] = reinterpret_cast<CUdeviceptr>(pads_ + row + p);
+  if (call != 0 && !watchdog.checks_calls()) {  // the first meeting must compare: a kernel does
+    detail::PeerSignals signals = peer_signals();
+    signals.call = call;
+    signals.call_number = call_check_->number();
+    SYMMPOOL_CUDA_TRY(detail::launch_barrier(signals, n, kernel_epoch_, stream));
+    return;
   }
+  std::array<CUdeviceptr, kMaxRanks> to_peers{}, mine{};
   detail::StreamOpBatch batch;  // one driver call for the whole barrier
-  detail::add_barrier(batch, to_peers.data(), mine.data(), n, epoch,
-                      watchdog.issue(detail::StreamOpWatchdog::kBarrierChannel, epoch));
-  batch.enqueue(drv, cu);
+  if (call != 0) {
+    // A call's first meeting compares the ranks' digests as it meets:
+    // a checked meeting, on its own epochs and pairs of 64-bit words.
+    const std::uint32_t epoch = ++stream_op_checked_epoch_;
+    std::array<CUdeviceptr, kMaxRanks> call_words{};
+    for (int p = 0; p < n; ++p) {
+      const auto i = static_cast<std::size_t>(p);
+      to_peers[i] = reinterpret_cast<CUdeviceptr>(checked_pairs_of(peer_pads_.peer[p]) + 2 * rank());
+      mine[i] = reinterpret_cast<CUdeviceptr>(checked_pairs_of(pads_) + 2 * p);
+      call_words[i] = reinterpret_cast<CUdeviceptr>(call_words_of(peer_pads_.peer[p]) + rank());
+    }
+    detail::add_checked_meeting(batch, to_peers.data(), mine.data(), call_words.data(), n, epoch, call,
+                                call_check_->number(),
+                                watchdog.issue(detail::StreamOpWatchdog::kCheckedChannel, epoch));
+  } else {
+    const std::uint32_t epoch = ++stream_op_epoch_;
+    constexpr int row = detail::kStreamOpBarrierRow * kMaxRanks;
+    for (int p = 0; p < n; ++p) {
+      to_peers[static_cast<std::size_t>(p)] =
+          reinterpret_cast<CUdeviceptr>(peer_pads_.peer[p] + row + rank());
+      mine[static_cast<std::size_t>(p)] = reinterpret_cast<CUdeviceptr>(pads_ + row + p);
+    }
+    detail::add_barrier(batch, to_peers.data(), mine.data(), n, epoch,
+                        watchdog.issue(detail::StreamOpWatchdog::kBarrierChannel, epoch));
+  }
+  batch.enqueue(real_driver(), reinterpret_cast<CUstream>(stream));
 }
 
 detail::StreamOpWatchdog& Communicator::stream_op_watchdog() {
@@ -162,9 +194,10 @@ detail::StreamOpWatchdog& Communicator::stream_op_watchdog() {
     constexpr int kBarrierRow = detail::kStreamOpBarrierRow * kMaxRanks;
     constexpr int kSignalRow = detail::kStreamOpSignalRow * kMaxRanks;
     watchdog_ = std::make_unique<detail::StreamOpWatchdog>(
-        real_driver(), allocator_.device(), pads_ + kBarrierRow, pads_ + kSignalRow, world(), error_flag_,
-        failed_word_, std::chrono::seconds(timeout_seconds_),
-        [this](int missing) { monitor_->fail_missing(missing); });
+        real_driver(), allocator_.device(), rank(), pads_ + kBarrierRow, pads_ + kSignalRow,
+        checked_pairs_of(pads_), world(), error_flag_, failed_word_, std::chrono::seconds(timeout_seconds_),
+        [this](int missing) { monitor_->fail_missing(missing); },
+        [this](int differing) { monitor_->fail_differing(differing); });
   }
   return *watchdog_;
 }

@@ -38,6 +38,22 @@ void StreamOpBatch::wait_at_least(CUdeviceptr address, std::uint32_t value) {
   set(add().waitValue, CU_STREAM_MEM_OP_WAIT_VALUE_32, address, value, CU_STREAM_WAIT_VALUE_GEQ);
 }
 
+void StreamOpBatch::write64(CUdeviceptr address, std::uint64_t value) {
+  CUstreamBatchMemOpParams& op = add();
+  op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+  op.writeValue.address = address;
+  op.writeValue.value64 = value;
+  op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+}
+
+void StreamOpBatch::wait_at_least64(CUdeviceptr address, std::uint64_t value) {
+  CUstreamBatchMemOpParams& op = add();
+  op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+  op.waitValue.address = address;
+  op.waitValue.value64 = value;
+  op.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+}
+
 void StreamOpBatch::enqueue(const DriverApi& drv, CUstream stream) {
   if (count_ == 0) return;
   const auto count = static_cast<unsigned int>(count_);
@@ -51,6 +67,23 @@ void add_barrier(StreamOpBatch& batch, const CUdeviceptr* to_peers, const CUdevi
   batch.write(notes.reached, value);
   for (int r = 0; r < ranks; ++r) batch.wait_at_least(mine[r], value);
   batch.write(notes.passed, value);
+}
+
+void add_checked_meeting(StreamOpBatch& batch, const CUdeviceptr* to_peers, const CUdeviceptr* mine,
+                         const CUdeviceptr* call_words, int ranks, std::uint32_t epoch, std::uint32_t digest,
+                         std::uint32_t call_number, WatchNotes notes) {
+  const std::uint64_t low = checked_low(epoch, digest), high = checked_high(epoch, digest);
+  for (int r = 0; r < ranks; ++r) batch.write64(call_words[r], (std::uint64_t{call_number} << 32) | digest);
+  for (int r = 0; r < ranks; ++r) {
+    batch.write64(to_peers[r], low);
+    batch.write64(to_peers[r] + sizeof(std::uint64_t), high);
+  }
+  batch.write(notes.reached, epoch);
+  for (int r = 0; r < ranks; ++r) {
+    batch.wait_at_least64(mine[r], low);
+    batch.wait_at_least64(mine[r] + sizeof(std::uint64_t), high);
+  }
+  batch.write(notes.passed, epoch);
 }
 
 void add_watched_wait(StreamOpBatch& batch, CUdeviceptr slot, std::uint32_t value, WatchNotes notes) {

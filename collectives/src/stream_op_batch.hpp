@@ -17,8 +17,8 @@ namespace symmpool::detail {
 
 class StreamOpBatch {
  public:
-  // A barrier's worth: a write to and a wait on each rank, and two notes.
-  static constexpr int kCapacity = 2 * kMaxRanks + 2;
+  // A checked meeting's worth: three writes to and two waits on each rank, and two notes.
+  static constexpr int kCapacity = 5 * kMaxRanks + 2;
   static_assert(kCapacity < 256, "cuStreamBatchMemOp takes fewer than 256 operations");
 
   // Writes `value` to the word at `address` once the stream's earlier work
@@ -27,6 +27,10 @@ class StreamOpBatch {
   // Holds the stream until the word at `address` is at or past `value`
   // (compared modulo 2^32, as cuStreamWaitValue32's GEQ does).
   void wait_at_least(CUdeviceptr address, std::uint32_t value);
+  // The same on 64-bit words (8-byte aligned; compared modulo 2^64). The
+  // device must take 64-bit stream memops (checked_meetings_supported).
+  void write64(CUdeviceptr address, std::uint64_t value);
+  void wait_at_least64(CUdeviceptr address, std::uint64_t value);
   // One driver call for every operation added, in order; empties the batch.
   // Throws symmpool::cuda_error naming the call when the driver refuses it.
   void enqueue(const DriverApi& drv, CUstream stream);
@@ -52,6 +56,31 @@ struct WatchNotes {
 // every rank's slot of our pad (`mine[r]`), the passed note.
 void add_barrier(StreamOpBatch& batch, const CUdeviceptr* to_peers, const CUdeviceptr* mine, int ranks,
                  std::uint32_t value, WatchNotes notes);
+
+// A call's first meeting by stream memops that also compares the ranks'
+// call digests, with waits that only go on (GEQ), so the watchdog can
+// release them as it does a barrier's. Each rank writes two 64-bit words
+// into its pair of slots on every rank: checked_low(epoch, digest) and
+// checked_high(epoch, digest); each waits for at least both of its own
+// values in every rank's pair. At one epoch the first holds only where the
+// peer's digest is at least ours, the second only where it is at most ours:
+// both, only where they are equal. A later epoch passes both, but a peer
+// gets there only through this meeting, having found our digest equal to
+// its own. `to_peers[r]` and `mine[r]`: rank r's pair (low word first).
+// A rank at another call blocks the wait until the watchdog's timeout,
+// which tells it (a digest that differs) from a rank that never came.
+// Each rank's call word (`call_words[r]`: ours in rank r's pads) gets the
+// call's number and digest first, as a barrier kernel announces them, so
+// a peer meeting in a kernel sees at once that this rank is at another call.
+constexpr std::uint64_t checked_low(std::uint32_t epoch, std::uint32_t digest) {
+  return (std::uint64_t{epoch} << 32) | digest;
+}
+constexpr std::uint64_t checked_high(std::uint32_t epoch, std::uint32_t digest) {
+  return (std::uint64_t{epoch} << 32) | static_cast<std::uint32_t>(~digest);
+}
+void add_checked_meeting(StreamOpBatch& batch, const CUdeviceptr* to_peers, const CUdeviceptr* mine,
+                         const CUdeviceptr* call_words, int ranks, std::uint32_t epoch, std::uint32_t digest,
+                         std::uint32_t call_number, WatchNotes notes);
 
 // One wait for `value` at `slot` between the watchdog's notes.
 void add_watched_wait(StreamOpBatch& batch, CUdeviceptr slot, std::uint32_t value, WatchNotes notes);

@@ -10,16 +10,19 @@
 
 namespace symmpool::detail {
 
-StreamOpWatchdog::StreamOpWatchdog(const DriverApi& drv, int device, std::uint32_t* barrier_row,
-                                   std::uint32_t* signal_row, int world, const int* error_flag,
-                                   std::uint32_t* failed_word, std::chrono::seconds timeout,
-                                   std::function<void(int)> on_timeout)
+StreamOpWatchdog::StreamOpWatchdog(const DriverApi& drv, int device, int rank, std::uint32_t* barrier_row,
+                                   std::uint32_t* signal_row, std::uint64_t* checked_pairs, int world,
+                                   const int* error_flag, std::uint32_t* failed_word,
+                                   std::chrono::seconds timeout, std::function<void(int)> on_timeout,
+                                   std::function<void(int)> on_differing)
     : drv_(drv),
       device_(device),
       error_flag_(error_flag),
       failed_word_(failed_word),
+      rank_(rank),
       timeout_(timeout),
-      on_timeout_(std::move(on_timeout)) {
+      on_timeout_(std::move(on_timeout)),
+      on_differing_(std::move(on_differing)) {
   channels_[kBarrierChannel].slots = barrier_row;
   channels_[kBarrierChannel].count = world;
   for (int p = 0; p < world; ++p) {
@@ -28,13 +31,19 @@ StreamOpWatchdog::StreamOpWatchdog(const DriverApi& drv, int device, std::uint32
     c.first_rank = p;
     c.count = 1;
   }
-  channel_count_ = 1 + world;
-  SYMMPOOL_CUDA_TRY(
-      cudaHostAlloc(reinterpret_cast<void**>(&words_), kWords * sizeof(std::uint32_t), cudaHostAllocMapped));
+  channels_[kCheckedChannel].pairs = checked_pairs;
+  channels_[kCheckedChannel].count = world;
+  CUdevice dev = 0;
+  int wide = 0;
+  SYMMPOOL_CU_TRY(drv_, cuDeviceGet(&dev, device));
+  SYMMPOOL_CU_TRY(drv_, cuDeviceGetAttribute(&wide, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev));
+  checks_calls_ = wide != 0;
+  SYMMPOOL_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&words_), kPinnedBytes, cudaHostAllocMapped));
   for (int i = 0; i < kWords; ++i) words_[i] = 0;
   reached_ = words_;
   passed_ = words_ + kChannels;
   seen_ = words_ + 2 * kChannels;
+  seen_pairs_ = reinterpret_cast<std::uint64_t*>(words_ + kWords);
   void* device_view = nullptr;
   const cudaError_t mapped = cudaHostGetDevicePointer(&device_view, words_, 0);
   if (mapped != cudaSuccess) cudaFreeHost(words_);
@@ -86,12 +95,13 @@ void StreamOpWatchdog::watch() {
     return;
   }
   started_.set_value();
-  for (int i = 0; i < channel_count_; ++i) channels_[static_cast<std::size_t>(i)].clock.since = Clock::now();
+  for (Channel& c : channels_) c.clock.since = Clock::now();
   bool reported = false;
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stop_; })) {
     const bool failed = *static_cast<const volatile int*>(error_flag_) != 0;
-    for (int i = 0; i < channel_count_; ++i) {
+    for (int i = 0; i < kChannels; ++i) {
+      if (channels_[static_cast<std::size_t>(i)].count == 0) continue;  // a peer beyond the world
       try {
         check(channels_[static_cast<std::size_t>(i)], i, failed, side);
       } catch (const std::exception& e) {  // tried again at the next tick
@@ -137,7 +147,10 @@ void StreamOpWatchdog::check(Channel& c, int index, bool failed, cudaStream_t si
       return;
     case ChannelVerdict::kRelease:
       try {
-        release(c, issued, /*blame=*/false, side);
+        if (c.pairs)
+          release_pairs(c, issued, /*blame=*/false, side);
+        else
+          release(c, issued, /*blame=*/false, side);
       } catch (...) {
         c.clock.released = released_before;  // not released: again at the next tick
         throw;
@@ -148,9 +161,55 @@ void StreamOpWatchdog::check(Channel& c, int index, bool failed, cudaStream_t si
       // issue order; signals from one peer are waited for in one order), so
       // the one stalled is the first after the last that passed: a rank is
       // to blame when its slot has not reached that one's value.
-      release(c, passed + 1, /*blame=*/true, side);
+      if (c.pairs)
+        release_pairs(c, passed + 1, /*blame=*/true, side);
+      else
+        release(c, passed + 1, /*blame=*/true, side);
       return;
   }
+}
+
+PairVerdict judge_pair(std::uint64_t low, std::uint64_t high, std::uint32_t epoch, std::uint32_t digest) {
+  if (static_cast<std::int32_t>(static_cast<std::uint32_t>(low >> 32) - epoch) < 0)
+    return PairVerdict::kMissing;
+  const bool passes = static_cast<std::int64_t>(low - checked_low(epoch, digest)) >= 0 &&
+                      static_cast<std::int64_t>(high - checked_high(epoch, digest)) >= 0;
+  return passes ? PairVerdict::kArrived : PairVerdict::kAtAnotherCall;
+}
+
+void StreamOpWatchdog::release_pairs(Channel& channel, std::uint32_t epoch, bool blame, cudaStream_t side) {
+  const std::uint32_t issued = channel.issued.load();
+  const auto bytes = static_cast<std::size_t>(channel.count) * 2 * sizeof(std::uint64_t);
+  SYMMPOOL_CUDA_TRY(cudaMemcpyAsync(seen_pairs_, channel.pairs, bytes, cudaMemcpyDeviceToHost, side));
+  SYMMPOOL_CUDA_TRY(cudaStreamSynchronize(side));
+  // Our own pair holds our values of the meeting our stream sits at: our digest.
+  const std::uint64_t ours = seen_pairs_[2 * rank_];
+  const bool ours_known = static_cast<std::uint32_t>(ours >> 32) == epoch;
+  const auto digest = static_cast<std::uint32_t>(ours);
+  StreamOpBatch batch;
+  for (int r = 0; r < channel.count; ++r) {
+    const PairVerdict verdict = judge_pair(seen_pairs_[2 * r], seen_pairs_[2 * r + 1], epoch, digest);
+    if (blame && verdict == PairVerdict::kArrived) continue;
+    if (blame) {
+      // On record (or the process aborted) before the stream goes on.
+      if (verdict == PairVerdict::kAtAnotherCall && ours_known)
+        on_differing_(r);
+      else
+        on_timeout_(r);
+    }
+    // The largest values of the last meeting issued: every wait issued passes.
+    const CUdeviceptr pair = reinterpret_cast<CUdeviceptr>(channel.pairs + 2 * r);
+    batch.write64(pair, checked_low(issued, ~std::uint32_t{0}));
+    batch.write64(pair + sizeof(std::uint64_t), checked_high(issued, 0));
+  }
+  if (batch.size() == 0) return;
+  // The kernels told first (stream order on `side`): whatever failed, the
+  // kernels after these waits leave peers alone.
+  SYMMPOOL_CU_TRY(drv_, cuStreamWriteValue32(reinterpret_cast<CUstream>(side),
+                                             reinterpret_cast<CUdeviceptr>(failed_word_), 1,
+                                             CU_STREAM_WRITE_VALUE_DEFAULT));
+  batch.enqueue(drv_, reinterpret_cast<CUstream>(side));
+  SYMMPOOL_CUDA_TRY(cudaStreamSynchronize(side));
 }
 
 void StreamOpWatchdog::release(Channel& channel, std::uint32_t below, bool blame, cudaStream_t side) {

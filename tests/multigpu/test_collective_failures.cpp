@@ -453,6 +453,76 @@ TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
   EXPECT_EQ(result, "");
 }
 
+// Copy-engine all-gathers whose meetings are stream memops (no kernel to
+// compare digests): a call's first meeting is a checked one, whose waits
+// pass only where the ranks' digests are equal. Ranks at other offsets
+// both stop there, and the watchdog names the call that differs once the
+// timeout is up, instead of letting the copies pair the wrong buffers. A
+// peer meeting in a kernel learns of the other call at once from its call
+// word; the rank meeting by stream memops waits out the timeout.
+TEST(Collectives, StreamOpAllGathersAtOtherOffsetsFailEveryRankAfterTheTimeout) {
+  SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
+  shared_store_dir();
+  const BarrierTimeout timeout;
+  std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
+    int failures = 0;
+    RankSetup setup(rank);
+    auto& [device, store, alloc, s] = setup;
+    constexpr std::size_t kBytes = kTwoShotLarge;
+    auto* a = static_cast<char*>(alloc.allocate(kBytes, reinterpret_cast<CUstream>(s)));
+    auto* b = static_cast<char*>(alloc.allocate(kBytes, reinterpret_cast<CUstream>(s)));
+    RANK_CUDA(cudaMemsetAsync(a, 0, kBytes, s));
+    RANK_CUDA(cudaMemsetAsync(b, 0, kBytes, s));
+    auto all_gather = [&](Communicator& c, char* x) {  // in place, by stream-op meetings
+      c.all_gather(x + rank * (kBytes / 2), x, kBytes / 2, s, Algorithm::kCopyEnginePush,
+                   BarrierKind::kStreamOps);
+    };
+    auto all_reduce = [&](Communicator& c, char* x) {  // between barrier kernels
+      c.all_reduce(x, x, kBytes / 4, DataType::kFloat32, ReduceOp::kSum, s, Algorithm::kTwoShot);
+    };
+    struct Case {
+      const char* name;
+      bool rank1_all_reduces;
+      std::string expected[2];
+      double at_most_s[2];
+    };
+    const Case cases[] = {
+        {"stream-op all-gathers at other offsets",
+         false,
+         {"rank 1 is at another call", "rank 0 is at another call"},
+         {kTimeout + 1.5, kTimeout + 1.5}},
+        {"a stream-op all-gather against an all-reduce between barrier kernels",
+         true,
+         {"all_gather #", "rank 0 is at another call"},
+         {kTimeout + 1.5, 3.0}},
+    };
+    int g = 0;
+    for (const Case& c : cases) {
+      SymmetricGroup group(real_driver(), alloc, store, "stream-op offsets" + std::to_string(g++), rank,
+                           world, group_options({}, /*bracketed=*/true));
+      Communicator& comm = group.communicator();
+      const bool gathers = rank == 0 || !c.rank1_all_reduces;
+      for (char* x : {a, b}) {  // alike on both ranks: every verdict cached, the meetings checked once
+        all_gather(comm, x);
+        if (c.rank1_all_reduces) all_reduce(comm, x);
+      }
+      RANK_CUDA(cudaStreamSynchronize(s));
+      comm.check_errors();
+      // Rank 0 takes b where rank 1 takes a.
+      const Raised raised = raised_by(comm, s, [&] {
+        char* x = rank == 0 ? b : a;
+        if (gathers)
+          all_gather(comm, x);
+        else
+          all_reduce(comm, x);
+      });
+      failures += failures_of(rank, c.name, raised, c.expected[rank], c.at_most_s[rank]);
+    }
+    return failures;
+  });
+  EXPECT_EQ(result, "");
+}
+
 // A peer that comes after the others gave up on it (TORCH_NCCL_ASYNC_ERROR_
 // HANDLING=0: the failed rank goes on, and its queued kernels drain and
 // signal): the late rank raises too, naming the rank that had failed. It

@@ -17,8 +17,10 @@ inline std::string to_string(DataType t) {
 
 enum class BarrierKind {
   kKernel,     // one tiny kernel; safe inside CUDA graphs (its epoch lives on the device)
-  kStreamOps,  // cuStreamWriteValue32 / cuStreamWaitValue32: no SM at all; while a stream is
-               // captured into a graph, kKernel is used instead (a host epoch would replay)
+  kStreamOps,  // stream memory operations: no SM at all. A call's first meeting compares the
+               // ranks' calls as a kernel does, but a call that differs is told only once the
+               // barrier timeout is up. While a stream is captured into a graph, kKernel is
+               // used instead (a host epoch would replay)
 };
 
 enum class Algorithm {

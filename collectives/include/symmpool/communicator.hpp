@@ -284,6 +284,7 @@ class Communicator {
   std::optional<Algorithm> reduce_scatter_preference_;         // SYMMPOOL_REDUCE_SCATTER_ALGORITHM
   int two_step_piece_bytes_ = 0;                               // SYMMPOOL_TWO_STEP_PIECE_BYTES
   std::uint32_t stream_op_epoch_ = 0;                          // host-side counter of stream-op barriers
+  std::uint32_t stream_op_checked_epoch_ = 0;                  // ... and of checked (first) meetings
   std::array<std::uint32_t, kMaxRanks> stream_op_sent_{};      // host-side, per peer: eager signal()s
   std::array<std::uint32_t, kMaxRanks> stream_op_received_{};  // host-side, per peer: eager wait()s
   detail::PadPointers peer_pads_{};                            // every rank's pads, mapped here

@@ -47,6 +47,9 @@ constexpr std::size_t kStartWordsOffset = 5120;
 // peers elsewhere (a fused kernel's start words, a barrier kernel's row)
 // and never signal this wait.
 constexpr std::size_t kCallWordsOffset = kStartWordsOffset + std::size_t{kMaxSyncBlocks} * kMaxRanks * 8;
+// Checked meetings' pairs (stream_op_batch.hpp): 64-bit words [kMaxRanks][2]
+// at this byte offset of every rank's pads, rank r's pair written by rank r.
+constexpr std::size_t kCheckedPairsOffset = kCallWordsOffset + std::size_t{kMaxRanks} * 8;
 
 // How a communicator's kernels report a failure and learn of one.
 struct FailureWords {
