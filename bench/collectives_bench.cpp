@@ -5,7 +5,12 @@
 //     (in place, as torch's allreduce);
 //     counter busbw in GB/s as nccl-tests defines it; impl: nccl, symmpool
 //     (the algorithm table's choice) or symmpool-<algorithm> (one variant),
-//     bf16; nccl-fp32 and symmpool-fp32: the same reductions on fp32
+//     bf16; nccl-fp32 and symmpool-fp32: the same reductions on fp32; for the
+//     all-gather also in place (symmpool-in-place..., nccl-in-place: each
+//     rank's input its own slice of the output, FSDP2's way) and what its time
+//     is made of (peer-copy: the bytes a rank receives pulled by bare copies;
+//     barriers-only: the two meetings alone). Each timing starts with the
+//     ranks met on the devices (an NCCL all-reduce of one float).
 //   AllGatherGraph/..., ReduceScatterGraph/..., AllReduceGraph/...: per-op
 //     latency of 20 ops captured in one CUDA graph (all-reduce also at 1 and
 //     32 KiB, with symmpool-ll, the low-latency algorithm, up to its limit)
@@ -58,8 +63,17 @@ struct Rank {
   symmpool::CachingAllocator* alloc = nullptr;
   Communicator* comm = nullptr;
   symmpool::SymmetricHeap* heap = nullptr;
+  float* start_word = nullptr;  // start_together()'s one float
 };
 Rank R;
+
+// Ranks start a timing together on the devices, as bench/peers does: an
+// NCCL all-reduce of one float just before the start event. Without it a
+// single timed call (64 MiB and up) paid the hosts' skew at its first
+// meeting, which a bare copy, meeting no one, never pays.
+void start_together() {
+  BENCH_NCCL(ncclAllReduce(R.start_word, R.start_word, 1, ncclFloat32, ncclSum, R.nccl, R.stream));
+}
 
 enum class Op { kAllGather, kReduceScatter, kAllReduce };
 
@@ -99,13 +113,35 @@ ncclDataType_t nccl_type(DataType t) {
 constexpr Impl kNccl{"nccl", true, Algorithm::kAuto};
 constexpr Impl kSymmpool{"symmpool", false, Algorithm::kAuto};
 
+Impl with_probe(const char* name, Impl::Probe kind, BarrierKind barrier = BarrierKind::kKernel) {
+  Impl impl{name, false, Algorithm::kAuto, barrier};
+  impl.probe = kind;
+  return impl;
+}
+
+Impl in_place(Impl impl) {
+  impl.in_place = true;
+  return impl;
+}
+
 // Variants measured next to the table's choice, so the table can be checked.
+// The all-gather's also show what its time is made of: in place as FSDP2
+// calls it (each rank's input its own slice of the output), the bare copies
+// alone (the ceiling) and the two meetings alone.
 std::vector<Impl> variants(Op op) {
   if (op == Op::kAllGather)
     return {{"symmpool-ce-pull", false, Algorithm::kCopyEnginePull},
             {"symmpool-ce-push", false, Algorithm::kCopyEnginePush},
             {"symmpool-ce-push-streamops", false, Algorithm::kCopyEnginePush, BarrierKind::kStreamOps},
-            {"symmpool-kernel", false, Algorithm::kKernel}};
+            {"symmpool-kernel", false, Algorithm::kKernel},
+            in_place({"symmpool-in-place", false, Algorithm::kAuto}),
+            in_place({"nccl-in-place", true, Algorithm::kAuto}),
+            in_place({"symmpool-in-place-streamops", false, Algorithm::kAuto, BarrierKind::kStreamOps}),
+            in_place({"symmpool-in-place-kernel", false, Algorithm::kKernel}),
+            in_place({"symmpool-in-place-ce-pull", false, Algorithm::kCopyEnginePull}),
+            with_probe("peer-copy", Impl::Probe::kPeerCopy),
+            with_probe("barriers-only", Impl::Probe::kBarriersOnly),
+            with_probe("barriers-only-streamops", Impl::Probe::kBarriersOnly, BarrierKind::kStreamOps)};
   if (op == Op::kReduceScatter)
     return {{"symmpool-1shot", false, Algorithm::kOneShot},
             {"symmpool-2step", false, Algorithm::kTwoStep},
@@ -257,13 +293,14 @@ void release(const Buffers& b) {
 
 // Times `reps` ops between two events per iteration.
 void Bandwidth(benchmark::State& state, Op op, Impl impl, std::size_t bytes, int reps) {
-  Buffers b = make_buffers(op, bytes, symmpool::element_size(impl.type));
+  Buffers b = make_buffers(op, bytes, symmpool::element_size(impl.type), impl.in_place);
   for (int i = 0; i < 3; ++i) run_once(op, impl, b);  // warm up (and symmetry checks)
   cudaEvent_t start, stop;
   BENCH_CUDA(cudaEventCreate(&start));
   BENCH_CUDA(cudaEventCreate(&stop));
   double seconds = 0;
   for (auto _ : state) {
+    start_together();
     BENCH_CUDA(cudaEventRecord(start, R.stream));
     for (int i = 0; i < reps; ++i) run_once(op, impl, b);
     BENCH_CUDA(cudaEventRecord(stop, R.stream));
@@ -285,7 +322,7 @@ void Bandwidth(benchmark::State& state, Op op, Impl impl, std::size_t bytes, int
 // Latency inside a CUDA graph of `reps` ops.
 void GraphLatency(benchmark::State& state, Op op, Impl impl, std::size_t bytes) {
   constexpr int reps = 20;
-  Buffers b = make_buffers(op, bytes, symmpool::element_size(impl.type));
+  Buffers b = make_buffers(op, bytes, symmpool::element_size(impl.type), impl.in_place);
   run_once(op, impl, b);  // symmetry checks and heap sync happen outside the capture
   BENCH_CUDA(cudaStreamSynchronize(R.stream));
   cudaGraph_t graph;
@@ -299,6 +336,7 @@ void GraphLatency(benchmark::State& state, Op op, Impl impl, std::size_t bytes) 
   BENCH_CUDA(cudaEventCreate(&start));
   BENCH_CUDA(cudaEventCreate(&stop));
   for (auto _ : state) {
+    start_together();
     BENCH_CUDA(cudaEventRecord(start, R.stream));
     BENCH_CUDA(cudaGraphLaunch(exec, R.stream));
     BENCH_CUDA(cudaEventRecord(stop, R.stream));
@@ -493,20 +531,6 @@ void register_all() {
       }
     }
   }
-  auto probe = [](const char* name, Impl::Probe kind) {
-    Impl impl{name, false, Algorithm::kAuto};
-    impl.probe = kind;
-    return impl;
-  };
-  auto in_place = [](const char* name, bool nccl) {
-    Impl impl{name, nccl, Algorithm::kAuto};
-    impl.in_place = true;
-    return impl;
-  };
-  auto stream_ops = [](Impl impl) {
-    impl.barrier = BarrierKind::kStreamOps;
-    return impl;
-  };
   const std::vector<std::pair<Op, Impl>> contention = {
       {Op::kAllGather, kNccl},
       {Op::kAllGather, kSymmpool},
@@ -517,15 +541,17 @@ void register_all() {
       {Op::kAllGather,
        {"symmpool-ce-pull-streamops", false, Algorithm::kCopyEnginePull, BarrierKind::kStreamOps}},
       // The ceiling: the same bytes pulled by the copy engines with no meeting at all.
-      {Op::kAllGather, probe("peer-copy", Impl::Probe::kPeerCopy)},
-      {Op::kAllGather, probe("peer-copy-then-memset", Impl::Probe::kPeerCopyThenMemset)},
-      {Op::kAllGather, probe("barriers-only", Impl::Probe::kBarriersOnly)},
-      {Op::kAllGather, stream_ops(probe("barriers-only-streamops", Impl::Probe::kBarriersOnly))},
-      {Op::kAllGather, probe("barrier-copy-barrier", Impl::Probe::kStaged)},
-      {Op::kAllGather, probe("local-copy", Impl::Probe::kLocalCopy)},
-      {Op::kAllGather, in_place("nccl-in-place", true)},
-      {Op::kAllGather, in_place("symmpool-in-place", false)},
-      {Op::kAllGather, stream_ops(in_place("symmpool-in-place-streamops", false))},
+      {Op::kAllGather, with_probe("peer-copy", Impl::Probe::kPeerCopy)},
+      {Op::kAllGather, with_probe("peer-copy-then-memset", Impl::Probe::kPeerCopyThenMemset)},
+      {Op::kAllGather, with_probe("barriers-only", Impl::Probe::kBarriersOnly)},
+      {Op::kAllGather,
+       with_probe("barriers-only-streamops", Impl::Probe::kBarriersOnly, BarrierKind::kStreamOps)},
+      {Op::kAllGather, with_probe("barrier-copy-barrier", Impl::Probe::kStaged)},
+      {Op::kAllGather, with_probe("local-copy", Impl::Probe::kLocalCopy)},
+      {Op::kAllGather, in_place({"nccl-in-place", true, Algorithm::kAuto})},
+      {Op::kAllGather, in_place({"symmpool-in-place", false, Algorithm::kAuto})},
+      {Op::kAllGather,
+       in_place({"symmpool-in-place-streamops", false, Algorithm::kAuto, BarrierKind::kStreamOps})},
       {Op::kReduceScatter, kNccl},
       {Op::kReduceScatter, kSymmpool},
       {Op::kReduceScatter, {"symmpool-2step", false, Algorithm::kTwoStep}},
@@ -602,6 +628,8 @@ int main(int argc, char** argv) {
         symmpool::SymmetricGroup group(symmpool::real_driver(), *R.alloc, store, "bench", rank, world);
         R.comm = &group.communicator();
         R.heap = &group.heap();
+        BENCH_CUDA(cudaMalloc(&R.start_word, sizeof(float)));
+        BENCH_CUDA(cudaMemset(R.start_word, 0, sizeof(float)));
 
         std::vector<char*> my_args = args;
         if (rank != 0)  // only rank 0 writes files
@@ -621,6 +649,7 @@ int main(int argc, char** argv) {
         }
         benchmark::Shutdown();
         BENCH_CUDA(cudaStreamSynchronize(R.stream));
+        BENCH_CUDA(cudaFree(R.start_word));
         return 0;
       });
   if (!failures.empty()) {

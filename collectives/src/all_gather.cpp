@@ -64,9 +64,12 @@ void Communicator::enqueue_all_gather(const void* in, void* out, std::size_t byt
   // Out of place, our own slice is a copy within this GPU that no peer
   // reads or writes: it needs no barrier, and on a stream of its own it runs
   // beside the copies over NVLink (after them, it added its whole time).
+  // It starts after the first meeting: a copy within one GPU runs on SMs,
+  // and begun before it, it held the barrier kernel back until it was done
+  // (an out-of-place call then took the in-place time plus the whole copy).
   detail::CopyStreams& lanes = copies_->for_call(capturing());
-  if (!in_place) lanes.start_local({detail::at(out, slice(me)), in, bytes_per_rank}, stream);
   enqueue_barrier(stream, kind);  // inputs ready and outputs free everywhere
+  if (!in_place) lanes.start_local({detail::at(out, slice(me)), in, bytes_per_rank}, stream);
   lanes.issue(copies, stream);
   if (!in_place) lanes.join_local(stream);
   enqueue_barrier(stream, kind);  // every copy landed; nobody reuses a buffer a peer still reads
