@@ -10,7 +10,7 @@ spec = importlib.util.spec_from_file_location("readme_table", ROOT / "bench/peer
 readme_table = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(readme_table)
 
-CITED = "peers_h200x2_2026-11-27_low-latency-128k-every-peer.json"
+CITED = "peers_h200x2_2026-11-27_own-slice-after-first-meeting-every-peer.json"
 
 
 def test_the_readme_table_is_the_cited_file():
