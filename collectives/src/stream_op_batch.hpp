@@ -64,14 +64,16 @@ void add_barrier(StreamOpBatch& batch, const CUdeviceptr* to_peers, const CUdevi
 // checked_high(epoch, digest); each waits for at least both of its own
 // values in every rank's pair. At one epoch the first holds only where the
 // peer's digest is at least ours, the second only where it is at most ours:
-// both, only where they are equal. A later epoch passes both, but a peer
-// gets there only through this meeting, having found our digest equal to
-// its own. `to_peers[r]` and `mine[r]`: rank r's pair (low word first).
-// A rank at another call blocks the wait until the watchdog's timeout,
-// which tells it (a digest that differs) from a rank that never came.
-// Each rank's call word (`call_words[r]`: ours in rank r's pads) gets the
-// call's number and digest first, as a barrier kernel announces them, so
-// a peer meeting in a kernel sees at once that this rank is at another call.
+// both, only where they are equal. A later epoch passes both: a peer gets
+// there through this meeting, having found our digest equal to its own, or
+// (the limit these meetings share with plain stream-op barriers) once its
+// communicator failed and its watchdog let its waits go, when its stream's
+// queued meetings still write (a failed rank's kernels signal no one). A
+// rank that then passes unchecked fails at its next meeting with that peer. `to_peers[r]` and `mine[r]`: rank
+// r's pair (low word first). A rank at another call blocks the wait until the watchdog's timeout, which tells
+// it (a digest that differs) from a rank that never came. Each rank's call word (`call_words[r]`: ours in
+// rank r's pads) gets the call's number and digest first, as a barrier kernel announces them, so a peer
+// meeting in a kernel sees at once that this rank is at another call.
 constexpr std::uint64_t checked_low(std::uint32_t epoch, std::uint32_t digest) {
   return (std::uint64_t{epoch} << 32) | digest;
 }

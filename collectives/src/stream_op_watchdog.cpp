@@ -120,11 +120,11 @@ ChannelVerdict judge_channel(ChannelClock& clock, std::uint32_t issued, std::uin
     clock.since = now;
     return ChannelVerdict::kWaiting;
   }
-  if (failed) {
-    if (clock.released == issued) return ChannelVerdict::kWaiting;
-    clock.released = issued;
-    return ChannelVerdict::kRelease;
-  }
+  // Every tick while waits remain, not once: a peer's write that lands after
+  // a release (its stream got to the meeting later) can take a slot below
+  // the awaited value again, and a wait the watchdog had let go would then
+  // hold its stream for good.
+  if (failed) return ChannelVerdict::kRelease;
   const bool in_waits = reached != passed;  // the GPU sits at the wait for passed + 1
   if (!in_waits || reached != clock.last_reached || passed != clock.last_passed) {
     clock.last_reached = reached;
@@ -141,20 +141,14 @@ void StreamOpWatchdog::check(Channel& c, int index, bool failed, cudaStream_t si
   const std::uint32_t issued = c.issued.load();
   const std::uint32_t reached = static_cast<volatile std::uint32_t*>(reached_)[index];
   const std::uint32_t passed = static_cast<volatile std::uint32_t*>(passed_)[index];
-  const std::uint32_t released_before = c.clock.released;
   switch (judge_channel(c.clock, issued, reached, passed, failed, Clock::now(), timeout_)) {
     case ChannelVerdict::kWaiting:
       return;
-    case ChannelVerdict::kRelease:
-      try {
-        if (c.pairs)
-          release_pairs(c, issued, /*blame=*/false, side);
-        else
-          release(c, issued, /*blame=*/false, side);
-      } catch (...) {
-        c.clock.released = released_before;  // not released: again at the next tick
-        throw;
-      }
+    case ChannelVerdict::kRelease:  // a throw: again at the next tick
+      if (c.pairs)
+        release_pairs(c, issued, /*blame=*/false, side);
+      else
+        release(c, issued, /*blame=*/false, side);
       return;
     case ChannelVerdict::kTimedOut:
       // Waits on one channel pass in the order issued (barriers follow the
@@ -188,11 +182,13 @@ void StreamOpWatchdog::release_pairs(Channel& channel, std::uint32_t epoch, bool
   const auto digest = static_cast<std::uint32_t>(ours);
   StreamOpBatch batch;
   for (int r = 0; r < channel.count; ++r) {
-    const PairVerdict verdict = judge_pair(seen_pairs_[2 * r], seen_pairs_[2 * r + 1], epoch, digest);
+    PairVerdict verdict = judge_pair(seen_pairs_[2 * r], seen_pairs_[2 * r + 1], epoch, digest);
+    // Without our digest only the epochs tell: a rank that reached the meeting is not blamed.
+    if (!ours_known && verdict == PairVerdict::kAtAnotherCall) verdict = PairVerdict::kArrived;
     if (blame && verdict == PairVerdict::kArrived) continue;
     if (blame) {
       // On record (or the process aborted) before the stream goes on.
-      if (verdict == PairVerdict::kAtAnotherCall && ours_known)
+      if (verdict == PairVerdict::kAtAnotherCall)
         on_differing_(r);
       else
         on_timeout_(r);

@@ -37,14 +37,13 @@ namespace symmpool::detail {
 // One channel's progress as the watchdog saw it at its last tick.
 struct ChannelClock {
   std::uint32_t last_reached = 0, last_passed = 0;
-  std::uint32_t released = 0;  // after a failure: the last value let through
   std::chrono::steady_clock::time_point since{};
 };
 
 enum class ChannelVerdict {
   kWaiting,   // idle, moving, or its stream is elsewhere (not in its waits)
   kTimedOut,  // its stream sat in a wait for the timeout: blame who is behind
-  kRelease,   // the communicator failed: let every wait issued pass (once per batch)
+  kRelease,   // the communicator failed: let every wait issued pass (every tick while any remain)
 };
 
 // A rank's pair of a checked meeting (stream_op_batch.hpp) as our slots hold

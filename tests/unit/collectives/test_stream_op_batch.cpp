@@ -104,7 +104,8 @@ TEST_F(StreamOpBatchTest, ACheckedMeetingOfTheLargestGroupFits) {
   std::array<std::uint64_t, detail::kMaxRanks> calls{};
   std::array<CUdeviceptr, detail::kMaxRanks> to{}, mine{}, call_words{};
   for (std::size_t r = 0; r < to.size(); ++r) {
-    to[r] = mine[r] = reinterpret_cast<CUdeviceptr>(&pairs[2 * r]);  // every rank is us: the waits hold
+    to[r] = mine[r] = reinterpret_cast<CUdeviceptr>(
+        &pairs[2 * r]);  // each pair written where it is awaited: the waits pass
     call_words[r] = reinterpret_cast<CUdeviceptr>(&calls[r]);
   }
   StreamOpBatch batch;
