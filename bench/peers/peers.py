@@ -139,25 +139,19 @@ class C10dPeer:
         return [None] + in_place + functional + [v for v, o in self.variant_groups if o == op]
 
     def call(self, op: str, variant, nbytes: int) -> Call:
-        if variant == SYMMPOOL_OP:
+        if variant in (SYMMPOOL_OP, SYMMPOOL_OP_IN_PLACE):
             if op != "all_reduce" or not self.functional_op:
-                raise ValueError(f"{self.name}: {SYMMPOOL_OP} is an all-reduce variant of a peer made with it")
+                raise ValueError(f"{self.name}: {variant} is an all-reduce variant of a peer made with it")
             inp, _ = self.buffers.views(op, nbytes, self.world, in_place=True)
             group_name = self.group.group_name
 
-            def run_op():
+            def run_op():  # a new tensor each call
                 return torch.ops.symmpool.all_reduce(inp, "sum", group_name)
-            return Call(inp, run_op, poison=None)  # a new tensor each call
-        if variant == SYMMPOOL_OP_IN_PLACE:
-            if op != "all_reduce" or not self.functional_op:
-                raise ValueError(f"{self.name}: {SYMMPOOL_OP_IN_PLACE} is an all-reduce variant of a peer made with it")
-            inp, _ = self.buffers.views(op, nbytes, self.world, in_place=True)
-            group_name = self.group.group_name
 
             def run_in_place():
                 torch.ops.symmpool.all_reduce_(inp, "sum", group_name)
                 return inp
-            return Call(inp, run_in_place, poison=None)
+            return Call(inp, run_op if variant == SYMMPOOL_OP else run_in_place, poison=None)
         if variant == ALL_GATHER_IN_PLACE:
             if op != "all_gather" or self.rank is None:
                 raise ValueError(f"{self.name}: {ALL_GATHER_IN_PLACE} is an all-gather variant given a rank")

@@ -4,19 +4,23 @@
 
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace symmpool::detail {
 
 namespace {
 
 // The write and wait parameters are two members of one union, alike in the
-// fields set here.
-template <typename Params>
-void set(Params& op, CUstreamBatchMemOpType operation, CUdeviceptr address, std::uint32_t value,
-         unsigned int flags) {
+// fields set here; a 64-bit operation's value goes into value64.
+template <typename Params, typename Value>
+void set(Params& op, CUstreamBatchMemOpType operation, CUdeviceptr address, Value value, unsigned int flags) {
+  static_assert(std::is_same_v<Value, std::uint32_t> || std::is_same_v<Value, std::uint64_t>);
   op.operation = operation;
   op.address = address;
-  op.value = value;
+  if constexpr (std::is_same_v<Value, std::uint64_t>)
+    op.value64 = value;
+  else
+    op.value = value;
   op.flags = flags;
 }
 
@@ -39,19 +43,11 @@ void StreamOpBatch::wait_at_least(CUdeviceptr address, std::uint32_t value) {
 }
 
 void StreamOpBatch::write64(CUdeviceptr address, std::uint64_t value) {
-  CUstreamBatchMemOpParams& op = add();
-  op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
-  op.writeValue.address = address;
-  op.writeValue.value64 = value;
-  op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  set(add().writeValue, CU_STREAM_MEM_OP_WRITE_VALUE_64, address, value, CU_STREAM_WRITE_VALUE_DEFAULT);
 }
 
 void StreamOpBatch::wait_at_least64(CUdeviceptr address, std::uint64_t value) {
-  CUstreamBatchMemOpParams& op = add();
-  op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
-  op.waitValue.address = address;
-  op.waitValue.value64 = value;
-  op.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  set(add().waitValue, CU_STREAM_MEM_OP_WAIT_VALUE_64, address, value, CU_STREAM_WAIT_VALUE_GEQ);
 }
 
 void StreamOpBatch::enqueue(const DriverApi& drv, CUstream stream) {

@@ -103,6 +103,12 @@ struct RankSetup {
                                                         group_options({}, kTwoShotCases[g].bracketed)));
     return formed;
   }
+  // `bytes` of the allocator's memory, zeroed on the stream.
+  char* zeroed(std::size_t bytes) {
+    void* p = alloc.allocate(bytes, reinterpret_cast<CUstream>(s));
+    if (cudaMemsetAsync(p, 0, bytes, s) != cudaSuccess) throw std::runtime_error("cudaMemsetAsync failed");
+    return static_cast<char*>(p);
+  }
 
   int device;
   FileStore store;
@@ -387,10 +393,8 @@ TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
     RankSetup setup(rank);
     auto& [device, store, alloc, s] = setup;
     constexpr std::size_t kLarge = kTwoShotLarge;
-    auto* a = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
-    auto* b = static_cast<char*>(alloc.allocate(kLarge, reinterpret_cast<CUstream>(s)));
-    RANK_CUDA(cudaMemsetAsync(a, 0, kLarge, s));
-    RANK_CUDA(cudaMemsetAsync(b, 0, kLarge, s));
+    char* a = setup.zeroed(kLarge);
+    char* b = setup.zeroed(kLarge);
     auto all_reduce = [&](std::size_t bytes) {
       return [&, bytes](Communicator& c, char* x) {
         c.all_reduce(x, x, bytes / 4, DataType::kFloat32, ReduceOp::kSum, s, Algorithm::kTwoShot);
@@ -469,10 +473,8 @@ TEST(Collectives, StreamOpAllGathersAtOtherOffsetsFailEveryRankAfterTheTimeout) 
     RankSetup setup(rank);
     auto& [device, store, alloc, s] = setup;
     constexpr std::size_t kBytes = kTwoShotLarge;
-    auto* a = static_cast<char*>(alloc.allocate(kBytes, reinterpret_cast<CUstream>(s)));
-    auto* b = static_cast<char*>(alloc.allocate(kBytes, reinterpret_cast<CUstream>(s)));
-    RANK_CUDA(cudaMemsetAsync(a, 0, kBytes, s));
-    RANK_CUDA(cudaMemsetAsync(b, 0, kBytes, s));
+    char* a = setup.zeroed(kBytes);
+    char* b = setup.zeroed(kBytes);
     auto all_gather = [&](Communicator& c, char* x) {  // in place, by stream-op meetings
       c.all_gather(x + rank * (kBytes / 2), x, kBytes / 2, s, Algorithm::kCopyEnginePush,
                    BarrierKind::kStreamOps);
