@@ -436,6 +436,27 @@ CUresult fake_cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status
   return CUDA_SUCCESS;
 }
 
+CUresult fake_cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                     CUgraph* graph, const CUgraphNode** dependencies,
+                                     const CUgraphEdgeData** edge_data, std::size_t* count) {
+  FAKE_ENTER("cuStreamGetCaptureInfo");
+  const bool capturing = s.capturing.count(stream) != 0;
+  *status = capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  if (id) *id = capturing ? 1 : 0;
+  if (graph) *graph = nullptr;
+  if (dependencies) *dependencies = nullptr;
+  if (edge_data) *edge_data = nullptr;
+  if (count) *count = 0;
+  return CUDA_SUCCESS;
+}
+
+// No kernel runs without a GPU: a launch through the fake table is refused.
+CUresult fake_cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void**, void**) {
+  FAKE_ENTER("cuLaunchKernel");
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 CUresult fake_cuEventDestroy(CUevent e) {
   FAKE_ENTER("cuEventDestroy");
   return s.events.erase(reinterpret_cast<std::uintptr_t>(e)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;

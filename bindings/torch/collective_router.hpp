@@ -9,6 +9,7 @@
 
 #include <symmpool/collective_routing.hpp>
 #include <symmpool/communicator.hpp>
+#include <symmpool/driver_api.hpp>
 #include <symmpool/environment.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -16,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -55,11 +57,18 @@ class CollectiveRouter {
                                 std::optional<DataType> type, c10d::ReduceOp::RedOpType op,
                                 RouteDecision eligible);
   void record(CollectiveKind kind, std::size_t bytes, RouteDecision decision) const;
+  // Whether the context current on this thread is the one a call on
+  // `device` last ran in (then `device` is the current device).
+  bool in_device_context(c10::DeviceIndex device) const;
 
   const c10d::Backend& group_;
   RoutingSettings settings_;
   bool trace_ = false;
   CommunicatorOf communicator_;
+  // The context of the last call's device, as the device guard left it
+  // current; calls come from any thread.
+  std::atomic<CUcontext> device_context_{nullptr};
+  std::atomic<c10::DeviceIndex> context_device_{-1};
 };
 
 // Calls the symm backends of this process routed, by reason.

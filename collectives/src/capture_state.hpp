@@ -3,6 +3,7 @@
 // collective asks once, when it begins (IssueOrder), and hands the answer
 // down: every driver query costs host time on the eager hot path.
 
+#include <symmpool/driver_api.hpp>
 #include <symmpool/error.hpp>
 
 #include <cuda_runtime_api.h>
@@ -17,12 +18,16 @@ inline bool is_capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// The active capture `stream` belongs to, or 0 outside captures (ids start at 1).
+// The active capture `stream` belongs to, or 0 outside captures (ids start
+// at 1). Asked of the driver: the runtime's wrapper cost about 0.3 us more
+// per eager call (py-spy, 8 KiB all-reduce on 2 H200s).
 inline unsigned long long capture_of(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  unsigned long long id = 0;
-  SYMMPOOL_CUDA_TRY(cudaStreamGetCaptureInfo(stream, &status, &id));
-  return status == cudaStreamCaptureStatusActive ? id : 0;
+  const DriverApi& drv = real_driver();
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  SYMMPOOL_CU_TRY(drv, cuStreamGetCaptureInfo(reinterpret_cast<CUstream>(stream), &status, &id, nullptr,
+                                              nullptr, nullptr, nullptr));
+  return status == CU_STREAM_CAPTURE_STATUS_ACTIVE ? id : 0;
 }
 
 // Two sets of a collective's side streams, one for eager calls and one for

@@ -19,13 +19,16 @@ constexpr std::chrono::milliseconds kPollInterval{20};
 // this many are outstanding (the GPU is far behind the host).
 constexpr std::size_t kMaxEntries = 4096;
 
-// Finished entries are retired (their events queried and let go) once this
-// many more are in flight than after the last retiring, not on every record:
-// a query on each collective was about a tenth of its host time (py-spy,
-// 2x H200). Counted from the last retiring, not from zero: with the GPU
-// more than a batch behind the host, a fixed threshold stayed crossed and
-// every record queried again (py-spy, H100: 6% of an eager all-reduce).
-constexpr std::size_t kRetireBatch = 32;
+// Finished entries are retired (their events queried and let go) by the
+// monitor's thread at every poll. The caller's thread retires only once
+// this many more are in flight than after the last retiring, as
+// backpressure when the host issues faster than the thread polls: a retire
+// on the caller's thread every 32 calls still took 3% of an eager 8 KiB
+// all-reduce's host time (py-spy, 2x H200; a query on each call, a tenth).
+// Counted from the last retiring, not from zero: with the GPU more than a
+// batch behind the host, a fixed threshold stayed crossed and every record
+// queried again (py-spy, H100: 6% of an eager all-reduce).
+constexpr std::size_t kRetireBatch = 1024;
 
 int volatile_read(const int& word) { return *static_cast<const volatile int*>(&word); }
 void volatile_write(int& word, int value) { *static_cast<volatile int*>(&word) = value; }
@@ -154,6 +157,13 @@ void FailureMonitor::retire_finished() {
   (void)cudaGetLastError();  // cudaErrorNotReady is not an error to keep
 }
 
+void FailureMonitor::retire_on_this_thread() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (entries_.empty()) return;  // no CUDA call while nothing is in flight
+  retire_finished();
+  retire_at_ = entries_.size() + kRetireBatch;
+}
+
 // The oldest collective whose end the GPU has not reached: the one stuck on
 // the barrier that gave up (kernels wait for the acknowledgement).
 std::string FailureMonitor::describe_unfinished() {
@@ -220,6 +230,7 @@ void FailureMonitor::watch() {
     lock.unlock();
     try {
       poll();
+      retire_on_this_thread();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "symmpool: failure monitor: %s\n", e.what());
     }

@@ -84,6 +84,7 @@ class FailureMonitor {
   void push(Entry entry, bool captured);  // under mutex_
   void watch();
   void retire_finished();             // under mutex_
+  void retire_on_this_thread();       // the monitor's, at every poll
   bool finished(const Entry& entry);  // under mutex_
   void finish_failure(const std::string& message);
 

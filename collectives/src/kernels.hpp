@@ -85,7 +85,8 @@ struct LowLatencyLaunch {
   std::uint32_t* epoch = nullptr;
   FailureWords failure;  // as PeerSignals': error_flag set to 1 + a rank whose packets never came
 };
-cudaError_t launch_low_latency_all_reduce(const LowLatencyLaunch& launch, cudaStream_t stream);
+// Throws symmpool::cuda_error where the launch fails.
+void launch_low_latency_all_reduce(const LowLatencyLaunch& launch, cudaStream_t stream);
 
 // dst[p * bytes, (p + 1) * bytes) = src_p[0, bytes) for every p < world.
 cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, char* dst, std::size_t bytes,

@@ -1,8 +1,9 @@
-// The failure monitor retires finished collectives' events as eager calls
-// are recorded; an eager call may come from the thread of an open capture
-// in global mode (torch.cuda.graph's default), where cudaEventQuery is
-// refused and would invalidate the capture. It names the oldest call the
-// GPU has not finished, and queries few events to find it.
+// The failure monitor retires finished collectives' events on its own
+// thread, and on the caller's when many are in flight; an eager call may
+// come from the thread of an open capture in global mode (torch.cuda.graph's
+// default), where cudaEventQuery is refused and would invalidate the
+// capture. It names the oldest call the GPU has not finished, and queries
+// few events to find it.
 
 #include "event_pool.hpp"
 #include "failure_monitor.hpp"
@@ -75,8 +76,11 @@ TEST_F(FailureMonitorOnGpu, RecordingEagerCallsLeavesAGlobalCaptureValid) {
   CUDA_OK(cudaMalloc(&buffer, 4096));
   CUDA_OK(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal));
   CUDA_OK(cudaMemsetAsync(buffer, 0, 4096, captured));
-  for (int call = 0; call < 100; ++call)  // enough to retire finished ones several times
+  // Enough for the caller's thread to retire finished ones twice (every
+  // 1024 in flight), then time for the monitor's thread to retire at its polls.
+  for (int call = 0; call < 2100; ++call)
     monitor().record("all_gather", 4096, pool->record(eager), /*captured=*/false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   cudaGraph_t graph = nullptr;
   EXPECT_EQ(cudaStreamEndCapture(captured, &graph), cudaSuccess) << "the eager calls invalidated the capture";
   (void)cudaGetLastError();
@@ -116,11 +120,11 @@ TEST_F(FailureMonitorOnGpu, NamesTheOldestUnfinishedCallBehindFinishedOnesOfBoth
 
 // Each cudaEventQuery took about 2 us of an eager call's host time: with
 // the GPU keeping up, the newest finished collective vouches for the
-// others (one query per 32 calls, not one per call).
+// others (one query per retire, not one per call).
 TEST_F(FailureMonitorOnGpu, RetiringFinishedCollectivesQueriesFewEvents) {
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  constexpr int kCalls = 1000;
+  constexpr int kCalls = 2500;  // the caller's thread retires twice, the monitor's at its polls
   for (int call = 0; call < kCalls; ++call) {
     monitor().record("all_reduce", 8192, pool->record(stream), false);
     CUDA_OK(cudaStreamSynchronize(stream));
@@ -140,11 +144,30 @@ TEST_F(FailureMonitorOnGpu, CollectivesTheGpuHasNotReachedCostTwoQueriesARetire)
     for (int call = 0; call < kCalls; ++call)
       monitor().record("all_reduce", 8192, pool->record(held.get()), false);
     EXPECT_EQ(monitor().describe_unfinished(), "all_reduce #1 (8192 bytes; 1000 collectives issued)");
-    const std::uint64_t retires = kCalls / 32 + 2;  // every 32 records, and describe_unfinished's
+    // Retires come every 1024 records, one a poll (20 ms) and from
+    // describe_unfinished: fewer than one every 32 records, this bound.
+    const std::uint64_t retires = kCalls / 32 + 2;
     EXPECT_LE(monitor().event_queries(), 2 * retires);
   }
   EXPECT_EQ(monitor().describe_unfinished().rfind("a collective (none issued eagerly is unfinished", 0), 0u)
       << monitor().describe_unfinished();
+}
+
+// Finished calls go back to the pool without another call recorded: the
+// monitor's thread retires them (before, the caller's thread did, every 32
+// records, on the eager call's host time).
+TEST_F(FailureMonitorOnGpu, TheMonitorsThreadRetiresFinishedCalls) {
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr std::size_t kCalls = 10;
+  for (std::size_t call = 0; call < kCalls; ++call)
+    monitor().record("all_reduce", 8192, pool->record(stream), false);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (pool->spare() < kCalls && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(pool->spare(), kCalls) << "finished calls still held their events";
+  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 }  // namespace symmpool::test

@@ -54,6 +54,8 @@ namespace symmpool {
   X(cuEventDestroy, 4000)                     \
   X(cuStreamWaitEvent, 3020)                  \
   X(cuStreamIsCapturing, 10000)               \
+  X(cuStreamGetCaptureInfo, 12030)            \
+  X(cuLaunchKernel, 4000)                     \
   X(cuThreadExchangeStreamCaptureMode, 10010) \
   X(cuStreamWriteValue32, 11070)              \
   X(cuStreamWaitValue32, 11070)               \
