@@ -72,14 +72,11 @@ RouteDecision CollectiveRouter::run_on_symmpool(CollectiveKind kind, const at::T
   // cudaGetDevice still 0.6 us (py-spy, an eager 8 KiB all-reduce on 2
   // H200s). The current context, read from the driver, is a thread-local.
   std::optional<c10::cuda::CUDAGuard> guard;
-  if (!in_device_context(device.index())) {
+  if (!in_device_context()) {
     guard.emplace(device);
     CUcontext current = nullptr;
-    if (real_driver().cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != nullptr) {
-      device_context_.store(nullptr);  // never a pair from two different calls
-      context_device_.store(device.index());
+    if (real_driver().cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != nullptr)
       device_context_.store(current);
-    }
   }
   Communicator* comm = call_translating_errors([&] { return communicator_(device.index()); });
   if (!comm) return nccl(RouteReason::kGroupSpansNodes);
@@ -117,10 +114,10 @@ RouteDecision CollectiveRouter::run_on_symmpool(CollectiveKind kind, const at::T
   return eligible;
 }
 
-bool CollectiveRouter::in_device_context(c10::DeviceIndex device) const {
+bool CollectiveRouter::in_device_context() const {
   CUcontext current = nullptr;
   if (real_driver().cuCtxGetCurrent(&current) != CUDA_SUCCESS || current == nullptr) return false;
-  return current == device_context_.load() && context_device_.load() == device;
+  return current == device_context_.load();
 }
 
 void CollectiveRouter::route_several(CollectiveKind kind, const std::vector<at::Tensor>& tensors) {

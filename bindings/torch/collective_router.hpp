@@ -57,18 +57,19 @@ class CollectiveRouter {
                                 std::optional<DataType> type, c10d::ReduceOp::RedOpType op,
                                 RouteDecision eligible);
   void record(CollectiveKind kind, std::size_t bytes, RouteDecision decision) const;
-  // Whether the context current on this thread is the one a call on
-  // `device` last ran in (then `device` is the current device).
-  bool in_device_context(c10::DeviceIndex device) const;
+  // Whether the context current on this thread is the one the last call
+  // ran in, under a guard of its device: then that device is current for
+  // the driver and the runtime (every c10 call here names it anyway).
+  bool in_device_context() const;
 
   const c10d::Backend& group_;
   RoutingSettings settings_;
   bool trace_ = false;
   CommunicatorOf communicator_;
-  // The context of the last call's device, as the device guard left it
-  // current; calls come from any thread.
+  // The context a device guard last made current here: a group runs on one
+  // device (SymmBackend refuses a second), so it is that device's. Calls
+  // come from any thread.
   std::atomic<CUcontext> device_context_{nullptr};
-  std::atomic<c10::DeviceIndex> context_device_{-1};
 };
 
 // Calls the symm backends of this process routed, by reason.

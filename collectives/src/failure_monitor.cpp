@@ -115,7 +115,7 @@ bool FailureMonitor::finished(const Entry& entry) {
 // eager 8 KiB all-reduce's host time: py-spy, 2x H200); in between, probes
 // back from the newest (2, 4, ... calls back) and a bisection. Point-to-
 // point calls are outside that order and are queried one by one.
-void FailureMonitor::retire_finished() {
+void FailureMonitor::retire_finished(std::vector<Entry>* retired) {
   // The caller's thread may be capturing in global mode (torch.cuda.graph),
   // which refuses cudaEventQuery and would invalidate the capture.
   RelaxedCaptureMode relaxed;
@@ -152,15 +152,18 @@ void FailureMonitor::retire_finished() {
     const Entry& e = entries_.front();
     const bool ended = e.peer < 0 ? done > 0 && position <= last_done : e.done && finished(e);
     if (!ended) break;
+    if (retired) retired->push_back(std::move(entries_.front()));
     entries_.pop_front();  // its event goes back to the pool once no Work holds it either
   }
   (void)cudaGetLastError();  // cudaErrorNotReady is not an error to keep
 }
 
 void FailureMonitor::retire_on_this_thread() {
+  if (!thread_retires_) return;
+  std::vector<Entry> retired;  // let go after the lock: record() waits on it meanwhile
   std::lock_guard<std::mutex> lock(mutex_);
   if (entries_.empty()) return;  // no CUDA call while nothing is in flight
-  retire_finished();
+  retire_finished(&retired);
   retire_at_ = entries_.size() + kRetireBatch;
 }
 

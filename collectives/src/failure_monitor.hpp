@@ -18,6 +18,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -30,6 +31,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace symmpool::detail {
 
@@ -72,6 +74,10 @@ class FailureMonitor {
   // cudaEventQuery calls made to retire finished calls (a test's measure of
   // their host cost: about 2 us each on an H200 host).
   std::uint64_t event_queries() const;
+  // Tests: finished calls are retired on the caller's thread only (every
+  // 1024 records), so that the queries they count do not depend on when
+  // the monitor's thread polls.
+  void retire_on_callers_thread_only_for_testing() { thread_retires_ = false; }
 
  private:
   struct Entry {
@@ -83,7 +89,9 @@ class FailureMonitor {
   };
   void push(Entry entry, bool captured);  // under mutex_
   void watch();
-  void retire_finished();             // under mutex_
+  // Under mutex_. Entries retired go to `retired` where given (to be let
+  // go after the lock: each gives its event back to the pool).
+  void retire_finished(std::vector<Entry>* retired = nullptr);
   void retire_on_this_thread();       // the monitor's, at every poll
   bool finished(const Entry& entry);  // under mutex_
   void finish_failure(const std::string& message);
@@ -96,6 +104,7 @@ class FailureMonitor {
 
   mutable std::mutex mutex_;  // entries_, next_seq_
   std::deque<Entry> entries_;
+  std::atomic<bool> thread_retires_{true};
   std::size_t retire_at_ = 0;  // entries_ size at which record retires finished ones next
   std::uint64_t event_queries_ = 0;
   std::uint64_t next_seq_ = 1;

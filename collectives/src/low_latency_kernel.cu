@@ -157,7 +157,9 @@ bool aligned8(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 7) 
 // per type): cudaLaunchKernelEx cost about 0.45 us more per eager call than
 // the cuLaunchKernelEx under it, and <<<>>> a cudaGetLastError besides
 // (py-spy, 8 KiB all-reduce on 2 H200s). cuLaunchKernel returns the launch's
-// error itself and loads the kernel into the current context.
+// error itself; a CUkernel runs in the context of the stream it is launched
+// on (loaded there on first use, as <<<>>> does under lazy loading), so one
+// handle serves every device.
 template <typename T>
 void low_latency_as(const LowLatencyLaunch& a, cudaStream_t stream) {
   static const CUfunction kernel = [] {

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <memory>
 #include <thread>
+#include <vector>
 
 namespace symmpool::test {
 
@@ -76,11 +77,15 @@ TEST_F(FailureMonitorOnGpu, RecordingEagerCallsLeavesAGlobalCaptureValid) {
   CUDA_OK(cudaMalloc(&buffer, 4096));
   CUDA_OK(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal));
   CUDA_OK(cudaMemsetAsync(buffer, 0, 4096, captured));
-  // Enough for the caller's thread to retire finished ones twice (every
-  // 1024 in flight), then time for the monitor's thread to retire at its polls.
-  for (int call = 0; call < 2100; ++call)
+  // Time for the monitor's thread to retire finished ones at its polls,
+  // then enough for the caller's thread to retire twice (every 1024 in
+  // flight) once the monitor's no longer does.
+  for (int call = 0; call < 100; ++call)
     monitor().record("all_gather", 4096, pool->record(eager), /*captured=*/false);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  monitor().retire_on_callers_thread_only_for_testing();
+  for (int call = 0; call < 2100; ++call)
+    monitor().record("all_gather", 4096, pool->record(eager), /*captured=*/false);
   cudaGraph_t graph = nullptr;
   EXPECT_EQ(cudaStreamEndCapture(captured, &graph), cudaSuccess) << "the eager calls invalidated the capture";
   (void)cudaGetLastError();
@@ -124,7 +129,8 @@ TEST_F(FailureMonitorOnGpu, NamesTheOldestUnfinishedCallBehindFinishedOnesOfBoth
 TEST_F(FailureMonitorOnGpu, RetiringFinishedCollectivesQueriesFewEvents) {
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  constexpr int kCalls = 2500;  // the caller's thread retires twice, the monitor's at its polls
+  monitor().retire_on_callers_thread_only_for_testing();
+  constexpr int kCalls = 2500;  // the caller's thread retires twice
   for (int call = 0; call < kCalls; ++call) {
     monitor().record("all_reduce", 8192, pool->record(stream), false);
     CUDA_OK(cudaStreamSynchronize(stream));
@@ -138,15 +144,14 @@ TEST_F(FailureMonitorOnGpu, RetiringFinishedCollectivesQueriesFewEvents) {
 // With the GPU behind every call (a stalled peer), each retire takes two
 // queries (the newest, the oldest), not a probe for every power of two.
 TEST_F(FailureMonitorOnGpu, CollectivesTheGpuHasNotReachedCostTwoQueriesARetire) {
-  constexpr int kCalls = 1000;
+  monitor().retire_on_callers_thread_only_for_testing();
+  constexpr int kCalls = 4000;  // fewer than the 4096 entries kept
   {
     HeldStream held;
     for (int call = 0; call < kCalls; ++call)
       monitor().record("all_reduce", 8192, pool->record(held.get()), false);
-    EXPECT_EQ(monitor().describe_unfinished(), "all_reduce #1 (8192 bytes; 1000 collectives issued)");
-    // Retires come every 1024 records, one a poll (20 ms) and from
-    // describe_unfinished: fewer than one every 32 records, this bound.
-    const std::uint64_t retires = kCalls / 32 + 2;
+    EXPECT_EQ(monitor().describe_unfinished(), "all_reduce #1 (8192 bytes; 4000 collectives issued)");
+    const std::uint64_t retires = kCalls / 1024 + 1;  // every 1024 records, and describe_unfinished's
     EXPECT_LE(monitor().event_queries(), 2 * retires);
   }
   EXPECT_EQ(monitor().describe_unfinished().rfind("a collective (none issued eagerly is unfinished", 0), 0u)
@@ -160,9 +165,16 @@ TEST_F(FailureMonitorOnGpu, TheMonitorsThreadRetiresFinishedCalls) {
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   constexpr std::size_t kCalls = 10;
-  for (std::size_t call = 0; call < kCalls; ++call)
-    monitor().record("all_reduce", 8192, pool->record(stream), false);
-  CUDA_OK(cudaStreamSynchronize(stream));
+  {
+    // Held here until all are recorded: a poll meanwhile must not give one
+    // back for the next record to reuse (then fewer than kCalls exist).
+    std::vector<detail::SharedEvent> held;
+    for (std::size_t call = 0; call < kCalls; ++call) {
+      held.push_back(pool->record(stream));
+      monitor().record("all_reduce", 8192, held.back(), false);
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+  }
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (pool->spare() < kCalls && std::chrono::steady_clock::now() < give_up)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -54,7 +54,7 @@ namespace symmpool {
   X(cuEventDestroy, 4000)                     \
   X(cuStreamWaitEvent, 3020)                  \
   X(cuStreamIsCapturing, 10000)               \
-  X(cuStreamGetCaptureInfo, 12030)            \
+  X(cuStreamGetCaptureInfo, 12030) /* _v3 */  \
   X(cuLaunchKernel, 4000)                     \
   X(cuThreadExchangeStreamCaptureMode, 10010) \
   X(cuStreamWriteValue32, 11070)              \
