@@ -6,6 +6,7 @@
 // peer_memory.cpp serves patterns users write themselves.
 
 #include "call_check.hpp"
+#include "call_end_word.hpp"
 #include "capture_state.hpp"
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
@@ -98,12 +99,13 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   copies_ = std::make_unique<detail::EagerAndCaptured<detail::CopyStreams>>(options.copy_streams);
   pipelines_ = std::make_unique<detail::EagerAndCaptured<detail::StreamPipeline>>();
   events_ = detail::EventPool::make();
-  order_ = std::make_unique<detail::IssueOrder>();
+  end_word_ = detail::CallEndWord::make_if_supported(allocator_.device());
+  order_ = std::make_unique<detail::IssueOrder>(end_word_.get());
   if (!on_failure)
     on_failure = [](const std::string& message) { std::fprintf(stderr, "%s\n", message.c_str()); };
   monitor_ = std::make_unique<detail::FailureMonitor>(allocator_.device(), rank(), world(),
                                                       std::chrono::seconds(timeout_seconds_), error_words_,
-                                                      std::move(on_failure));
+                                                      std::move(on_failure), end_word_.get());
   undo.dismiss();
 }
 
@@ -162,6 +164,7 @@ void Communicator::in_order(cudaStream_t stream, const char* op, std::size_t byt
                             const std::function<void()>& enqueue) {
   const unsigned long long capture = order_->begin(stream);
   call_capture_ = capture;
+  call_ends_at_word_ = false;
   detail::ScopeExit call_ended([this] { call_capture_ = 0; });
   try {
     // A rank that ran its last call elsewhere first proves that its peers
@@ -180,6 +183,13 @@ void Communicator::in_order(cudaStream_t stream, const char* op, std::size_t byt
   } catch (const std::exception& e) {
     monitor_->fail(std::string(op) + " of " + std::to_string(bytes) + " bytes: " + e.what());
     throw collective_error(monitor_->record_of_failure()->message());
+  }
+  if (call_ends_at_word_) {  // its kernel writes calls_ into the end word as its last act
+    order_->end_at_word(stream, calls_);
+    monitor_->record_ending_at_word(op, bytes, calls_);
+    last_call_ended_at_word_ = true;
+    word_ended_call_stream_ = stream;
+    return;
   }
   // One event marks the end for the next collective, the flight record and
   // the caller's Work.
@@ -202,8 +212,26 @@ void Communicator::count_call_run_elsewhere() {
   exchange_next_check_ = true;
 }
 
+detail::SharedEvent Communicator::take_end_of_last_call() {
+  if (!end_of_last_call_ && last_call_ended_at_word_) {
+    // Nothing was enqueued since the call: an event now marks its end. On
+    // the communicator's device, whichever the caller has current.
+    int caller_device = -1;
+    SYMMPOOL_CUDA_TRY(cudaGetDevice(&caller_device));
+    const bool switched = caller_device != allocator_.device();
+    if (switched) SYMMPOOL_CUDA_TRY(cudaSetDevice(allocator_.device()));
+    detail::ScopeExit back([&] {
+      if (switched) cudaSetDevice(caller_device);
+    });
+    end_of_last_call_ = events_->record(word_ended_call_stream_);
+  }
+  last_call_ended_at_word_ = false;
+  return std::move(end_of_last_call_);
+}
+
 void Communicator::begin_call(const char* op) {
   end_of_last_call_.reset();  // a call that enqueues nothing has no end
+  last_call_ended_at_word_ = false;
   call_op_ = op;
   ++calls_;
   call_check_->begin(calls_, op);

@@ -53,12 +53,13 @@ bool FailureRecord::set(const std::string& message) {
 }
 
 FailureMonitor::FailureMonitor(int device, int rank, int world, std::chrono::seconds timeout,
-                               ErrorWords* words, Handler handler)
+                               ErrorWords* words, Handler handler, const CallEndWord* end_word)
     : device_(device),
       rank_(rank),
       world_(world),
       timeout_(timeout),
       words_(words),
+      end_word_(end_word),
       handler_(std::move(handler)) {
   thread_ = std::thread([this] { watch(); });
 }
@@ -75,6 +76,11 @@ FailureMonitor::~FailureMonitor() {
 void FailureMonitor::record(const char* op, std::size_t bytes, SharedEvent done, bool captured) {
   std::lock_guard<std::mutex> lock(mutex_);
   push({next_seq_++, op, bytes, -1, std::move(done)}, captured);
+}
+
+void FailureMonitor::record_ending_at_word(const char* op, std::size_t bytes, std::uint64_t call) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  push({next_seq_++, op, bytes, -1, {}, call}, false);
 }
 
 void FailureMonitor::record_point_to_point(const char* op, int peer, SharedEvent done, bool captured) {
@@ -103,6 +109,7 @@ std::uint64_t FailureMonitor::event_queries() const {
 }
 
 bool FailureMonitor::finished(const Entry& entry) {
+  if (entry.ends_at_call != 0) return end_word_->reached(entry.ends_at_call);
   ++event_queries_;
   return cudaEventQuery(entry.done.get()) == cudaSuccess;
 }
@@ -121,7 +128,7 @@ void FailureMonitor::retire_finished(std::vector<Entry>* retired) {
   RelaxedCaptureMode relaxed;
   std::vector<std::size_t> collectives;  // positions in entries_
   for (std::size_t i = 0; i < entries_.size(); ++i)
-    if (entries_[i].peer < 0 && entries_[i].done) collectives.push_back(i);
+    if (entries_[i].peer < 0 && (entries_[i].done || entries_[i].ends_at_call != 0)) collectives.push_back(i);
   const std::size_t n = collectives.size();
   auto finished_at = [&](std::size_t k) { return finished(entries_[collectives[k]]); };
   std::size_t done = 0, not_done = n;  // collectives [0, done) finished, [not_done, n) not

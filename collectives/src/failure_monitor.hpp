@@ -2,8 +2,9 @@
 // Makes a communicator's failures loud and sticky, the way ProcessGroupNCCL's
 // watchdog and flight recorder do for NCCL:
 // - a flight record of the collectives issued (sequence number, operation,
-//   bytes) and a CUDA event at each one's end, so a failure names the
-//   collective that never finished;
+//   bytes) and each one's end (a CUDA event, or for an eager low-latency
+//   all-reduce the call number its kernel writes last: CallEndWord), so a
+//   failure names the collective that never finished;
 // - a thread that notices when a barrier gave up on a peer (the kernels and
 //   the stream-op watchdog write the missing rank into the error words),
 //   records the error once for good and calls the owner's handler (the torch
@@ -11,6 +12,7 @@
 //   asks) before it lets the stalled kernel go on. So no stream gets past a
 //   failed collective before the failure is on record.
 
+#include "call_end_word.hpp"
 #include "error_words.hpp"
 
 #include <symmpool/detail/failure_record.hpp>
@@ -40,9 +42,11 @@ class FailureMonitor {
   using Handler = std::function<void(const std::string&)>;
 
   // `words`: host-mapped ErrorWords the kernels write; `handler` is called
-  // once, from the monitor's thread or the caller's, with the error text.
+  // once, from the monitor's thread or the caller's, with the error text;
+  // `end_word`: where calls that report their own end end (may be null),
+  // outlives us.
   FailureMonitor(int device, int rank, int world, std::chrono::seconds timeout, ErrorWords* words,
-                 Handler handler);
+                 Handler handler, const CallEndWord* end_word = nullptr);
   ~FailureMonitor();
   FailureMonitor(const FailureMonitor&) = delete;
   FailureMonitor& operator=(const FailureMonitor&) = delete;
@@ -50,6 +54,9 @@ class FailureMonitor {
   // After collective `op` of `bytes` was enqueued (eager: it ends at `done`)
   // or captured into a graph (`done` is ignored: replays are not tracked).
   void record(const char* op, std::size_t bytes, SharedEvent done, bool captured);
+  // The same for an eager collective that ends when the end word reaches
+  // `call` (the communicator's number for it).
+  void record_ending_at_word(const char* op, std::size_t bytes, std::uint64_t call);
   // The same for a point-to-point `op` ("signal" or "wait") with `peer`.
   // Numbered per op and peer, apart from the collectives: ranks signal and
   // wait different numbers of times, and the collectives' numbers must stay
@@ -84,8 +91,9 @@ class FailureMonitor {
     std::uint64_t seq;  // of the collectives, or of `op` with `peer`
     const char* op;
     std::size_t bytes;
-    int peer;          // -1 for collectives
-    SharedEvent done;  // its end
+    int peer;                        // -1 for collectives
+    SharedEvent done;                // its end, or
+    std::uint64_t ends_at_call = 0;  // nonzero: it ended once the end word reached this
   };
   void push(Entry entry, bool captured);  // under mutex_
   void watch();
@@ -99,6 +107,7 @@ class FailureMonitor {
   const int device_, rank_, world_;
   const std::chrono::seconds timeout_;
   ErrorWords* const words_;
+  const CallEndWord* const end_word_;
   const Handler handler_;
   std::shared_ptr<FailureRecord> failure_ = std::make_shared<FailureRecord>();
 

@@ -13,7 +13,12 @@ unsigned long long IssueOrder::begin(cudaStream_t stream) {
   // A stream runs its own work in order: only a change of stream needs the
   // wait (cudaStreamPerThread names a different stream in each thread).
   const bool same_stream = stream == eager_stream_ && stream != cudaStreamPerThread;
-  if (capture == 0 && eager_ && !same_stream) SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, eager_.get(), 0));
+  if (capture == 0 && !same_stream) {
+    if (eager_call_ != 0)
+      end_word_->make_wait(stream, eager_call_);
+    else if (eager_)
+      SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, eager_.get(), 0));
+  }
   if (capture != 0 && capture == capture_id_)
     SYMMPOOL_CUDA_TRY(cudaStreamWaitEvent(stream, captured_.get(), 0));
   return capture;
@@ -22,11 +27,18 @@ unsigned long long IssueOrder::begin(cudaStream_t stream) {
 void IssueOrder::end(cudaStream_t stream, unsigned long long capture, SharedEvent done) {
   if (capture == 0) {
     eager_ = std::move(done);
+    eager_call_ = 0;
     eager_stream_ = stream;
   } else {
     captured_ = std::move(done);
     capture_id_ = capture;
   }
+}
+
+void IssueOrder::end_at_word(cudaStream_t stream, std::uint64_t call) {
+  eager_.reset();
+  eager_call_ = call;
+  eager_stream_ = stream;
 }
 
 }  // namespace symmpool::detail

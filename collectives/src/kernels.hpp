@@ -84,6 +84,10 @@ struct LowLatencyLaunch {
   // This rank's, device-side: [0] the last call's epoch, [1] blocks done with this call.
   std::uint32_t* epoch = nullptr;
   FailureWords failure;  // as PeerSignals': error_flag set to 1 + a rank whose packets never came
+  // Eager calls: the last block writes `call` here as the kernel's last act
+  // (CallEndWord); null in captures and where the call ends elsewhere.
+  std::uint64_t* end_word = nullptr;
+  std::uint64_t call = 0;
 };
 // Throws symmpool::cuda_error where the launch fails.
 void launch_low_latency_all_reduce(const LowLatencyLaunch& launch, cudaStream_t stream);

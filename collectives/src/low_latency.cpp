@@ -4,6 +4,7 @@
 // so the input and output may be any device memory: nothing is read from a
 // peer's buffers, and no symmetry check is needed.
 
+#include "call_end_word.hpp"
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
 #include "kernels.hpp"
@@ -32,7 +33,15 @@ void Communicator::low_latency_all_reduce(const Reduction& r) {
   launch.slot_packets = low_latency_max_bytes_ / 8;
   launch.epoch = low_latency_epoch_;
   launch.failure = failure_words();
+  // An eager call whose kernel is its last work ends at the end word, with
+  // no event to record (in_order).
+  const bool ends_at_word = end_word_ && !aliased && !capturing();
+  if (ends_at_word) {
+    launch.end_word = end_word_->for_kernel();
+    launch.call = calls_;
+  }
   detail::launch_low_latency_all_reduce(launch, r.stream);
+  call_ends_at_word_ = ends_at_word;
   if (aliased) detail::copy_on(r.stream, r.out, launch.out, r.bytes());
   detail::count_algorithm(Algorithm::kLowLatency);
 }

@@ -63,6 +63,25 @@ __device__ __forceinline__ void store_unit(T* out, std::size_t u, std::size_t co
     if (first + j < count) out[first + j] = e[j];
 }
 
+// The block's last act: the last block to get here moves the epoch on and,
+// for a call that ends at the end word, writes the call's number there.
+// Every block's outputs are visible before the word: each block fences
+// before it counts itself done, and the last one fences for the system
+// before it writes.
+__device__ void count_block_done(const LowLatencyLaunch& a, std::uint32_t epoch) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (a.end_word) __threadfence();
+  if (atomicAdd(&a.epoch[1], 1u) == gridDim.x - 1) {
+    a.epoch[1] = 0;
+    a.epoch[0] = epoch;
+    if (a.end_word) {
+      __threadfence_system();
+      *static_cast<volatile std::uint64_t*>(a.end_word) = a.call;
+    }
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     low_latency_all_reduce_kernel(LowLatencyLaunch a, bool in_aligned, bool out_aligned) {
@@ -73,8 +92,14 @@ __global__ void __launch_bounds__(kThreads)
   std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(a.epoch) + 1;
   // A failed rank sends no packets: a late peer must not sum them as if
   // this call had run here (it times out instead, naming this rank). Read
-  // after the epoch, so that both loads are in flight together.
-  if (has_failed(a.failure)) return;
+  // after the epoch, so that both loads are in flight together; once a
+  // block, so that its threads agree. The block still counts itself done:
+  // a call that ends at the end word must write it, or a stream waiting
+  // for it would wait for good.
+  __shared__ bool failed_before;
+  if (threadIdx.x == 0) failed_before = has_failed(a.failure);
+  __syncthreads();
+  if (failed_before) return count_block_done(a, epoch);
   if (epoch == 0) epoch = 2;
   const std::size_t parity = epoch & 1u;
   const std::size_t units = (a.count * sizeof(T) + 7) / 8;
@@ -144,11 +169,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  __syncthreads();
-  if (threadIdx.x == 0 && atomicAdd(&a.epoch[1], 1u) == gridDim.x - 1) {
-    a.epoch[1] = 0;
-    a.epoch[0] = epoch;
-  }
+  count_block_done(a, epoch);
 }
 
 bool aligned8(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 7) == 0; }

@@ -5,6 +5,7 @@
 // capture. It names the oldest call the GPU has not finished, and queries
 // few events to find it.
 
+#include "call_end_word.hpp"
 #include "event_pool.hpp"
 #include "failure_monitor.hpp"
 #include "gpu_skip.hpp"
@@ -179,6 +180,39 @@ TEST_F(FailureMonitorOnGpu, TheMonitorsThreadRetiresFinishedCalls) {
   while (pool->spare() < kCalls && std::chrono::steady_clock::now() < give_up)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(pool->spare(), kCalls) << "finished calls still held their events";
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+// Calls whose kernel reports its own end (an eager low-latency all-reduce)
+// record no event: they are finished once the end word reaches their
+// number, and the oldest one it has not reached is the one named.
+TEST_F(FailureMonitorOnGpu, CallsEndingAtTheWordFinishWhenItReachesThem) {
+  auto word = detail::CallEndWord::make_if_supported(0);
+  if (!word) GTEST_SKIP() << "GPU 0 takes no 64-bit stream memops";
+  detail::ErrorWords words{};
+  detail::FailureMonitor monitor(0, 0, 2, std::chrono::seconds(5), &words, detail::FailureMonitor::Handler{},
+                                 word.get());
+  for (std::uint64_t call = 1; call <= 5; ++call) monitor.record_ending_at_word("all_reduce", 8192, call);
+  EXPECT_EQ(monitor.describe_unfinished(), "all_reduce #1 (8192 bytes; 5 collectives issued)");
+  __atomic_store_n(word->for_kernel(), std::uint64_t{3}, __ATOMIC_RELEASE);  // as the kernel of call 3 does
+  EXPECT_EQ(monitor.describe_unfinished(), "all_reduce #4 (8192 bytes; 5 collectives issued)");
+  __atomic_store_n(word->for_kernel(), std::uint64_t{5}, __ATOMIC_RELEASE);
+  EXPECT_EQ(monitor.describe_unfinished().rfind("a collective (none issued eagerly is unfinished", 0), 0u)
+      << monitor.describe_unfinished();
+  EXPECT_EQ(monitor.event_queries(), 0u) << "no event to query";
+}
+
+// Another stream waits for such a call with a stream memop on the word.
+TEST_F(FailureMonitorOnGpu, AStreamWaitsForTheEndWord) {
+  auto word = detail::CallEndWord::make_if_supported(0);
+  if (!word) GTEST_SKIP() << "GPU 0 takes no 64-bit stream memops";
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  word->make_wait(stream, 7);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady) << "passed before the word reached 7";
+  __atomic_store_n(word->for_kernel(), std::uint64_t{7}, __ATOMIC_RELEASE);
+  CUDA_OK(cudaStreamSynchronize(stream));
   CUDA_OK(cudaStreamDestroy(stream));
 }
 

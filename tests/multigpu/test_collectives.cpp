@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -404,6 +405,23 @@ int low_latency_in_sequence(Ctx& c) {
     failures += upload(c, inputs[0], rank_data(seeds[0], rank, largest, t));
   }
 
+  // An eager call leaves the caller's Work an end to wait on, on the legacy
+  // default stream (a null handle) too, and only once.
+  for (cudaStream_t stream : {c.stream, cudaStream_t{nullptr}}) {
+    const std::size_t n = 1001;
+    const char* where = stream == nullptr ? "the default stream" : "a stream";
+    failures += poison(c, outs, n * 2);
+    RANK_CUDA(cudaStreamSynchronize(c.stream));
+    c.comm->all_reduce(inputs[0], outs, n, t, ReduceOp::kSum, stream, Algorithm::kLowLatency);
+    const detail::SharedEvent end = c.comm->take_end_of_last_call();
+    RANK_EXPECT(end != nullptr, "low-latency all_reduce on %s left no end to take", where);
+    RANK_EXPECT(c.comm->take_end_of_last_call() == nullptr,
+                "low-latency all_reduce on %s: its end taken twice", where);
+    RANK_CUDA(end ? cudaEventSynchronize(end.get()) : cudaStreamSynchronize(stream));
+    failures += check(c, outs, expected_reduction(seeds[0], world, largest, 0, n, t, ReduceOp::kSum),
+                      std::string("low-latency all_reduce on ") + where + ", its end taken", t, n);
+  }
+
   constexpr int kCaptured = 5;  // three sizes, two inputs, two regions: every pairing in turn
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -532,7 +550,9 @@ int eager_calls_during_a_capture(Ctx& c) {
 // stream: here each reduction reads what the all-gather just before it
 // wrote, on another stream held back by 20 ms of host work. Without that
 // order the reductions would read the poisoned outputs (or the ranks'
-// barriers would pair different collectives).
+// barriers would pair different collectives). First, a low-latency
+// all-reduce of what one just reduced: an eager one records no event, and
+// the next call on another stream waits for its kernel's end word.
 int collectives_on_two_streams(Ctx& c) {
   const int rank = c.rank, world = c.world;
   int failures = 0;
@@ -546,14 +566,25 @@ int collectives_on_two_streams(Ctx& c) {
   void* large = dev(c, total);
   void* small_sum = dev(c, bytes);
   void* large_sum = dev(c, bytes);
+  // Several blocks (the end word is written by the last to finish), and
+  // an odd count: 16 KiB + 3 elements, or what the low-latency slot takes.
+  const std::size_t ar_n = std::min<std::size_t>(16384 + 3, c.comm->low_latency_max_bytes() / 2 - 1);
+  const std::size_t ar_bytes = ar_n * 2;
+  void* ar_in = dev(c, ar_bytes);
+  void* ar_sum = dev(c, ar_bytes);
+  void* ar_twice = dev(c, ar_bytes);
   for (int round = 0; round < 4; ++round) {
     const unsigned seed = 7000 + static_cast<unsigned>(round);
     failures += upload(c, in, rank_data(seed, rank, n, t));
+    failures += upload(c, ar_in, rank_data(seed + 100, rank, ar_n, t));
     for (void* o : {small, large}) failures += poison(c, o, total);
     for (void* o : {small_sum, large_sum}) failures += poison(c, o, bytes);
+    for (void* o : {ar_sum, ar_twice}) failures += poison(c, o, ar_bytes);
     RANK_CUDA(cudaStreamSynchronize(c.stream));
     RANK_CUDA(cudaLaunchHostFunc(
         gather_stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }, nullptr));
+    c.comm->all_reduce(ar_in, ar_sum, ar_n, t, ReduceOp::kSum, gather_stream, Algorithm::kLowLatency);
+    c.comm->all_reduce(ar_sum, ar_twice, ar_n, t, ReduceOp::kSum, reduce_stream, Algorithm::kLowLatency);
     c.comm->all_gather(in, small, bytes, gather_stream, Algorithm::kKernel);
     c.comm->reduce_scatter(small, small_sum, n, t, ReduceOp::kSum, reduce_stream, Algorithm::kOneShot);
     c.comm->all_gather(in, large, bytes, gather_stream, Algorithm::kCopyEnginePush, BarrierKind::kStreamOps);
@@ -572,12 +603,18 @@ int collectives_on_two_streams(Ctx& c) {
       const std::size_t from = static_cast<std::size_t>(rank) * n + i;
       store(summed, i, t, static_cast<float>(world) * load(gathered, from, t));
     }
+    const Bytes ar_summed = expected_reduction(seed + 100, world, ar_n, 0, ar_n, t, ReduceOp::kSum);
+    Bytes ar_doubled(ar_bytes);  // every rank holds the same sum: world times it, rounded once
+    for (std::size_t i = 0; i < ar_n; ++i)
+      store(ar_doubled, i, t, static_cast<float>(world) * load(ar_summed, i, t));
+    failures += check(c, ar_sum, ar_summed, "low-latency all_reduce on a stream held back", t, ar_n);
+    failures += check(c, ar_twice, ar_doubled, "low-latency all_reduce of it on a second stream", t, ar_n);
     failures += check(c, small, gathered, "all_gather (kernel) on a second stream", t, n);
     failures += check(c, large, gathered, "all_gather (copy-engine push) on a second stream", t, n);
     failures += check(c, small_sum, summed, "reduce_scatter (one-shot) of the all_gather before it", t, n);
     failures += check(c, large_sum, summed, "reduce_scatter (two-step) of the all_gather before it", t, n);
   }
-  for (void* p : {in, small, large, small_sum, large_sum}) release(c, p);
+  for (void* p : {in, small, large, small_sum, large_sum, ar_in, ar_sum, ar_twice}) release(c, p);
   RANK_CUDA(cudaStreamDestroy(gather_stream));
   RANK_CUDA(cudaStreamDestroy(reduce_stream));
   return failures;

@@ -53,6 +53,7 @@ namespace symmpool {
 
 namespace detail {
 class CallCheck;
+class CallEndWord;
 class CopyStreams;
 template <class Lanes>
 class EagerAndCaptured;
@@ -159,8 +160,10 @@ class Communicator {
   // The end of the collective just issued on this communicator (which one
   // thread at a time uses, as a NCCL communicator), recorded on its stream
   // (a c10d Work waits on it); null when that call enqueued nothing. Taken
-  // once: a second call gets null.
-  detail::SharedEvent take_end_of_last_call() { return std::move(end_of_last_call_); }
+  // once: a second call gets null. Call it before anything else is enqueued
+  // on the call's stream: a call whose kernel reports its own end (an eager
+  // low-latency all-reduce) records no event, and gets one here.
+  detail::SharedEvent take_end_of_last_call();
 
   // Whether [ptr, ptr + bytes) lies in this rank's heap: local, no exchange.
   // A buffer outside is never symmetric, decided without asking the peers,
@@ -295,8 +298,16 @@ class Communicator {
   // Where copy-engine copies are issued, and the two-step algorithms' streams.
   std::unique_ptr<detail::EagerAndCaptured<detail::CopyStreams>> copies_;
   std::unique_ptr<detail::EagerAndCaptured<detail::StreamPipeline>> pipelines_;
-  std::shared_ptr<detail::EventPool> events_;           // the ends of calls: one event each, shared
-  detail::SharedEvent end_of_last_call_;                // until the caller takes it
+  std::shared_ptr<detail::EventPool> events_;  // the ends of calls: one event each, shared
+  detail::SharedEvent end_of_last_call_;       // until the caller takes it
+  // Where eager calls whose kernel reports its own end end (null: the
+  // device takes no 64-bit stream memops, and every call records an event).
+  std::unique_ptr<detail::CallEndWord> end_word_;
+  bool call_ends_at_word_ = false;  // set by the current call's enqueue
+  // The last call ended at the word, on this stream (the legacy default
+  // stream is a null handle: hence the flag).
+  bool last_call_ended_at_word_ = false;
+  cudaStream_t word_ended_call_stream_ = nullptr;
   std::unique_ptr<detail::IssueOrder> order_;           // collectives run in the order issued
   unsigned long long call_capture_ = 0;                 // the capture in_order's enqueue goes into (0: eager)
   std::unique_ptr<detail::StreamOpWatchdog> watchdog_;  // times out stream-op waits
