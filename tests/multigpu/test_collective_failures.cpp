@@ -142,6 +142,26 @@ Raised raised_by(Communicator& comm, cudaStream_t s, const std::function<void()>
   return r;
 }
 
+// A collective call of the tests below on a communicator and a buffer.
+using BufferCall = std::function<void(Communicator&, char*)>;
+
+// One case of the tests of buffers at other offsets, in a group of its own
+// named `group`: `warm` runs alike on both ranks on buffers a and b (every
+// verdict cached from then on), then rank 0 runs `raise` on b where rank 1
+// runs it on a. What that raised; throws where the warm-up fails.
+Raised raised_at_other_offsets(RankSetup& setup, int rank, int world, const std::string& group,
+                               bool bracketed, char* a, char* b, const BufferCall& warm,
+                               const BufferCall& raise) {
+  SymmetricGroup formed(real_driver(), setup.alloc, setup.store, group, rank, world,
+                        group_options({}, bracketed));
+  Communicator& comm = formed.communicator();
+  for (char* x : {a, b}) warm(comm, x);
+  const cudaError_t e = cudaStreamSynchronize(setup.s);
+  if (e != cudaSuccess) throw std::runtime_error(std::string("warm-up: ") + cudaGetErrorString(e));
+  comm.check_errors();
+  return raised_by(comm, setup.s, [&] { raise(comm, rank == 0 ? b : a); });
+}
+
 // Prints what `name` raised on `rank` and counts what is amiss: nothing
 // raised (the calls went through), no `expected` in the error, or raised
 // only after `at_most_s`.
@@ -395,20 +415,20 @@ TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
     constexpr std::size_t kLarge = kTwoShotLarge;
     char* a = setup.zeroed(kLarge);
     char* b = setup.zeroed(kLarge);
-    auto all_reduce = [&](std::size_t bytes) {
+    auto all_reduce = [&](std::size_t bytes) -> BufferCall {
       return [&, bytes](Communicator& c, char* x) {
         c.all_reduce(x, x, bytes / 4, DataType::kFloat32, ReduceOp::kSum, s, Algorithm::kTwoShot);
       };
     };
-    auto all_gather = [&](Algorithm algorithm) {  // in place, 4 KiB per rank
+    auto all_gather = [&](Algorithm algorithm) -> BufferCall {  // in place, 4 KiB per rank
       return
           [&, algorithm](Communicator& c, char* x) { c.all_gather(x + rank * 4096, x, 4096, s, algorithm); };
     };
     struct Case {
       const char* name;
-      std::function<void(Communicator&, char*)> call;
-      std::function<void(Communicator&, char*)> rank0_call;  // empty: `call`
-      bool bracketed = false;                                // as TwoShotCase's
+      BufferCall call;
+      BufferCall rank0_call;   // empty: `call`
+      bool bracketed = false;  // as TwoShotCase's
     };
     const Case cases[] = {
         {"two-shot all-reduce, one fused kernel", all_reduce(16384), {}},
@@ -435,20 +455,13 @@ TEST(Collectives, BuffersAtOtherOffsetsFailEveryRankEvenWithCachedVerdicts) {
     };
     int g = 0;
     for (const Case& c : cases) {
-      SymmetricGroup group(real_driver(), alloc, store, "offsets" + std::to_string(g++), rank, world,
-                           group_options({}, c.bracketed));
-      Communicator& comm = group.communicator();
-      // Alike on both ranks: each buffer's verdicts are cached from here on.
-      for (const auto* call : {&c.call, &c.rank0_call}) {
-        if (!*call) continue;
-        (*call)(comm, a);
-        (*call)(comm, b);
-      }
-      RANK_CUDA(cudaStreamSynchronize(s));
-      comm.check_errors();
-      // Rank 0 takes b where rank 1 takes a.
-      const auto& mine = rank == 0 && c.rank0_call ? c.rank0_call : c.call;
-      const Raised raised = raised_by(comm, s, [&] { mine(comm, rank == 0 ? b : a); });
+      const BufferCall both = [&](Communicator& comm, char* x) {
+        c.call(comm, x);
+        if (c.rank0_call) c.rank0_call(comm, x);
+      };
+      const BufferCall& mine = rank == 0 && c.rank0_call ? c.rank0_call : c.call;
+      const Raised raised = raised_at_other_offsets(setup, rank, world, "offsets" + std::to_string(g++),
+                                                    c.bracketed, a, b, both, mine);
       failures +=
           failures_of(rank, c.name, raised, "rank " + std::to_string(1 - rank) + " is at another call", 3.0);
     }
@@ -475,11 +488,11 @@ TEST(Collectives, StreamOpAllGathersAtOtherOffsetsFailEveryRankAfterTheTimeout) 
     constexpr std::size_t kBytes = kTwoShotLarge;
     char* a = setup.zeroed(kBytes);
     char* b = setup.zeroed(kBytes);
-    auto all_gather = [&](Communicator& c, char* x) {  // in place, by stream-op meetings
+    const BufferCall all_gather = [&](Communicator& c, char* x) {  // in place, by stream-op meetings
       c.all_gather(x + rank * (kBytes / 2), x, kBytes / 2, s, Algorithm::kCopyEnginePush,
                    BarrierKind::kStreamOps);
     };
-    auto all_reduce = [&](Communicator& c, char* x) {  // between barrier kernels
+    const BufferCall all_reduce = [&](Communicator& c, char* x) {  // between barrier kernels
       c.all_reduce(x, x, kBytes / 4, DataType::kFloat32, ReduceOp::kSum, s, Algorithm::kTwoShot);
     };
     struct Case {
@@ -500,24 +513,14 @@ TEST(Collectives, StreamOpAllGathersAtOtherOffsetsFailEveryRankAfterTheTimeout) 
     };
     int g = 0;
     for (const Case& c : cases) {
-      SymmetricGroup group(real_driver(), alloc, store, "stream-op offsets" + std::to_string(g++), rank,
-                           world, group_options({}, /*bracketed=*/true));
-      Communicator& comm = group.communicator();
-      const bool gathers = rank == 0 || !c.rank1_all_reduces;
-      for (char* x : {a, b}) {  // alike on both ranks: every verdict cached, the meetings checked once
+      const BufferCall both = [&](Communicator& comm, char* x) {  // the meetings checked once
         all_gather(comm, x);
         if (c.rank1_all_reduces) all_reduce(comm, x);
-      }
-      RANK_CUDA(cudaStreamSynchronize(s));
-      comm.check_errors();
-      // Rank 0 takes b where rank 1 takes a.
-      const Raised raised = raised_by(comm, s, [&] {
-        char* x = rank == 0 ? b : a;
-        if (gathers)
-          all_gather(comm, x);
-        else
-          all_reduce(comm, x);
-      });
+      };
+      const bool gathers = rank == 0 || !c.rank1_all_reduces;
+      const Raised raised =
+          raised_at_other_offsets(setup, rank, world, "stream-op offsets" + std::to_string(g++),
+                                  /*bracketed=*/true, a, b, both, gathers ? all_gather : all_reduce);
       failures += failures_of(rank, c.name, raised, c.expected[rank], c.at_most_s[rank]);
     }
     return failures;
