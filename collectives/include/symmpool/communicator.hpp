@@ -160,9 +160,11 @@ class Communicator {
   // The end of the collective just issued on this communicator (which one
   // thread at a time uses, as a NCCL communicator), recorded on its stream
   // (a c10d Work waits on it); null when that call enqueued nothing. Taken
-  // once: a second call gets null. Call it before anything else is enqueued
-  // on the call's stream: a call whose kernel reports its own end (an eager
-  // low-latency all-reduce) records no event, and gets one here.
+  // once: a second call gets null. Call it from the thread that made the
+  // call (cudaStreamPerThread names another stream elsewhere) before
+  // anything else is enqueued on the call's stream: a call whose kernel
+  // reports its own end (an eager low-latency all-reduce) records no event,
+  // and gets one here, which would also cover work enqueued in between.
   detail::SharedEvent take_end_of_last_call();
 
   // Whether [ptr, ptr + bytes) lies in this rank's heap: local, no exchange.
