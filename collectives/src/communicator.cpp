@@ -13,6 +13,7 @@
 #include "event_pool.hpp"
 #include "failure_monitor.hpp"
 #include "issue_order.hpp"
+#include "on_device.hpp"
 #include "relaxed_capture.hpp"
 #include "stream_op_watchdog.hpp"
 #include "stream_pipeline.hpp"
@@ -113,13 +114,7 @@ Communicator::~Communicator() {
   // On our device, whichever one the destroying thread has current (a group
   // torn down from another thread, or one made without set_device): a sync
   // of another device would let kernels still using the pads run on.
-  int caller_device = -1;
-  const bool switched = cudaGetDevice(&caller_device) == cudaSuccess &&
-                        caller_device != allocator_.device() &&
-                        cudaSetDevice(allocator_.device()) == cudaSuccess;
-  detail::ScopeExit back_to_caller_device([&] {
-    if (switched) cudaSetDevice(caller_device);
-  });
+  const detail::OnDevice on_our_device(allocator_.device(), std::nothrow);
   // The watchdog, still running, frees streams stuck on a dead peer. Where the
   // sync fails (a sticky error, a capture open on this thread), kernels may
   // still use the pads unmapped below: say so rather than pass in silence.
@@ -187,7 +182,6 @@ void Communicator::in_order(cudaStream_t stream, const char* op, std::size_t byt
   if (call_ends_at_word_) {  // its kernel writes calls_ into the end word as its last act
     order_->end_at_word(stream, calls_);
     monitor_->record_ending_at_word(op, bytes, calls_);
-    last_call_ended_at_word_ = true;
     word_ended_call_stream_ = stream;
     return;
   }
@@ -213,25 +207,19 @@ void Communicator::count_call_run_elsewhere() {
 }
 
 detail::SharedEvent Communicator::take_end_of_last_call() {
-  if (!end_of_last_call_ && last_call_ended_at_word_) {
-    // Nothing was enqueued since the call: an event now marks its end. On
-    // the communicator's device, whichever the caller has current.
-    int caller_device = -1;
-    SYMMPOOL_CUDA_TRY(cudaGetDevice(&caller_device));
-    const bool switched = caller_device != allocator_.device();
-    if (switched) SYMMPOOL_CUDA_TRY(cudaSetDevice(allocator_.device()));
-    detail::ScopeExit back([&] {
-      if (switched) cudaSetDevice(caller_device);
-    });
-    end_of_last_call_ = events_->record(word_ended_call_stream_);
+  if (!end_of_last_call_ && word_ended_call_stream_) {
+    // Nothing was enqueued since the call: an event now marks its end (the
+    // pool may make one: on our device, whichever the caller has current).
+    const detail::OnDevice on_our_device(allocator_.device());
+    end_of_last_call_ = events_->record(*word_ended_call_stream_);
   }
-  last_call_ended_at_word_ = false;
+  word_ended_call_stream_.reset();
   return std::move(end_of_last_call_);
 }
 
 void Communicator::begin_call(const char* op) {
   end_of_last_call_.reset();  // a call that enqueues nothing has no end
-  last_call_ended_at_word_ = false;
+  word_ended_call_stream_.reset();
   call_op_ = op;
   ++calls_;
   call_check_->begin(calls_, op);

@@ -306,10 +306,9 @@ class Communicator {
   // device takes no 64-bit stream memops, and every call records an event).
   std::unique_ptr<detail::CallEndWord> end_word_;
   bool call_ends_at_word_ = false;  // set by the current call's enqueue
-  // The last call ended at the word, on this stream (the legacy default
-  // stream is a null handle: hence the flag).
-  bool last_call_ended_at_word_ = false;
-  cudaStream_t word_ended_call_stream_ = nullptr;
+  // The last call's stream, where it ended at the word (the legacy default
+  // stream is a null handle: empty means none).
+  std::optional<cudaStream_t> word_ended_call_stream_;
   std::unique_ptr<detail::IssueOrder> order_;           // collectives run in the order issued
   unsigned long long call_capture_ = 0;                 // the capture in_order's enqueue goes into (0: eager)
   std::unique_ptr<detail::StreamOpWatchdog> watchdog_;  // times out stream-op waits
