@@ -22,7 +22,8 @@ class OnDevice {
   }
   // Where CUDA refuses, stays where it is (a destructor's way: it goes on).
   OnDevice(int device, std::nothrow_t) noexcept {
-    switched_ = cudaGetDevice(&caller_) == cudaSuccess && caller_ != device && cudaSetDevice(device) == cudaSuccess;
+    switched_ =
+        cudaGetDevice(&caller_) == cudaSuccess && caller_ != device && cudaSetDevice(device) == cudaSuccess;
   }
   ~OnDevice() {
     if (switched_) cudaSetDevice(caller_);
