@@ -50,7 +50,10 @@ __device__ __forceinline__ void mark_failed(const FailureWords& f) {
 
 // Holds the stream until the host has the failure on record (and has
 // aborted, where asked): nothing after this collective may run as if it had
-// succeeded. Bounded, in case the host never looks.
+// succeeded. Bounded, in case the host never looks. A kernel that finds
+// its communicator failed when it starts holds too (at once where the
+// failure is on record already): on a stream not ordered after the failed
+// call, its Work could otherwise end as a success before the host knows.
 __device__ __forceinline__ void hold_until_acknowledged(const FailureWords& f) {
   const long long gave_up = clock64();
   while (*static_cast<volatile int*>(f.error_flag + 1) == 0 && clock64() - gave_up < f.timeout_cycles) {
@@ -96,6 +99,7 @@ __device__ __forceinline__ bool wait_until(Arrived arrived, int peer, const Fail
       if (has_failed(f) || *static_cast<volatile int*>(f.error_flag) != 0) {
         mark_failed(f);
         give_up();
+        hold_until_acknowledged(f);  // on record before this stream goes on
         return false;
       }
       next_look = now + kFlagLookCycles;

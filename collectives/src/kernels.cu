@@ -120,6 +120,7 @@ __device__ __forceinline__ bool signal_and_wait(const PeerSignals& s, int world,
   if (t >= world) return true;
   if (failed_before) {
     mark_us_failed_for(s, t);
+    hold_until_acknowledged(s.failure);
     return false;
   }
   if (call != 0) {
@@ -172,7 +173,10 @@ __device__ __forceinline__ bool start_meeting(const PeerSignals& s, int world, s
   if (call != 0 && !failed_before) announce_call(s, t, call);
   StartWord(start_words(pick(s.peers.peer, t))[slot + s.rank])
       .store((std::uint64_t{value} << 32) | ours, cuda::std::memory_order_relaxed);
-  if (failed_before) return false;
+  if (failed_before) {
+    hold_until_acknowledged(s.failure);
+    return false;
+  }
   StartWord word(start_words(s.my_pads)[slot + t]);
   std::uint64_t seen = 0;
   unsigned spins = 0;
@@ -240,7 +244,11 @@ struct BlockMeeting {
   // end). Without sync, the barrier before the kernel met the peers: only
   // the failed word is read.
   __device__ __forceinline__ bool start() {
-    if (!sync.enabled) return !has_failed(sync.signals.failure);
+    if (!sync.enabled) {
+      if (!has_failed(sync.signals.failure)) return true;
+      hold_until_acknowledged(sync.signals.failure);
+      return false;
+    }
     bool same_call = true;
     if (threadIdx.x < world) {
       epoch = sync.block_epochs[blockIdx.x];

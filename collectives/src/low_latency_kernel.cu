@@ -99,8 +99,11 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ bool failed_before;
   if (threadIdx.x == 0) failed_before = has_failed(a.failure);
   __syncthreads();
-  if (failed_before) return count_block_done(a, epoch);
   if (epoch == 0) epoch = 2;
+  if (failed_before) {
+    hold_until_acknowledged(a.failure);
+    return count_block_done(a, epoch);
+  }
   const std::size_t parity = epoch & 1u;
   const std::size_t units = (a.count * sizeof(T) + 7) / 8;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;

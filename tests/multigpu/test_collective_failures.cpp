@@ -1,7 +1,8 @@
 // How symmpool's collectives fail when the group is broken: a peer that
 // stops coming times out with an error naming it (and work queued behind
 // drains without touching its peers; a rank later than the timeout fails
-// too), ranks whose calls
+// too; a graph replayed beside the failed call ends only once the failure
+// is on record), ranks whose calls
 // differ (or whose buffers lie at other offsets) fail instead of pairing
 // them, a communicator that fails to form leaves nothing behind, and ranks
 // that share a GPU are refused when their heap forms; and what must not
@@ -20,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -557,6 +559,132 @@ TEST(Collectives, APeerLaterThanTheTimeoutFailsInsteadOfPassing) {
       failures += rank == 0 ? failures_of(rank, c.name, raised, "rank 1 did not arrive", kTimeout + 1.5)
                             : failures_of(rank, c.name, raised, "rank 0 had failed before", 3.0);
     }
+    return failures;
+  });
+  EXPECT_EQ(result, "");
+}
+
+// A captured collective replayed beside an eager call that fails (graphs
+// are not ordered against eager calls: IssueOrder orders the eager ones)
+// ends only once the failure is on record and the handler returned (the
+// torch backend aborts there). Its kernels once returned at once where they
+// found the communicator failed, at their start or during a wait: the
+// replay's stream drained while the host knew nothing, and a Work or event
+// waited on there read as a success. Here the handler takes 1.5 s; a replay
+// gated to start once the failure is marked (the kernels' start), or
+// waiting beside the failing barrier (a wait that gives up early), must not
+// drain before it returned.
+TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
+  SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
+  shared_store_dir();
+  const BarrierTimeout timeout;
+  std::string result = run_ranks(2, 150, [&](int rank, int world, Rendezvous&) {
+    int failures = 0;
+    constexpr int kPatience = 3;  // seconds: each case waits it out once
+    ::setenv("SYMMPOOL_BARRIER_TIMEOUT", std::to_string(kPatience).c_str(), 1);
+    RankSetup setup(rank);
+    auto& [device, store, alloc, s] = setup;
+    cudaStream_t replays = nullptr;
+    RANK_CUDA(cudaStreamCreateWithFlags(&replays, cudaStreamNonBlocking));
+    constexpr std::size_t kBytes = std::size_t{4} << 20;  // 2 MiB a peer: between barriers where bracketed
+    char* buffer = setup.zeroed(kBytes);
+    struct Case {
+      const char* name;
+      bool bracketed;
+      bool gated;  // replayed once the failure is marked, else waiting beside the failing barrier
+      std::function<void(Communicator&, cudaStream_t)> call;
+    };
+    auto all_reduce = [&](std::size_t bytes, Algorithm algorithm) {
+      return [=](Communicator& c, cudaStream_t on) {
+        c.all_reduce(buffer, buffer, bytes / 4, DataType::kFloat32, ReduceOp::kSum, on, algorithm);
+      };
+    };
+    auto barrier = [](Communicator& c, cudaStream_t on) { c.barrier(on, BarrierKind::kKernel); };
+    const Case cases[] = {
+        {"kernel barrier replayed after the failure", false, true, barrier},
+        {"kernel barrier waiting beside the failing one", false, false, barrier},
+        {"fused two-shot all-reduce", false, true, all_reduce(16384, Algorithm::kTwoShot)},
+        {"two-shot all-reduce between barriers", true, true, all_reduce(kBytes, Algorithm::kTwoShot)},
+        {"low-latency all-reduce", false, true, all_reduce(4096, Algorithm::kLowLatency)},
+    };
+    constexpr int kCases = sizeof(cases) / sizeof(cases[0]);
+    // Rank 0's handler: opens the gate, then takes its time.
+    struct Handled {
+      std::atomic<bool> done{false};
+    };
+    Handled handled[kCases];
+    volatile int* gate = nullptr;  // host-mapped: gated replays wait for it on the GPU
+    RANK_CUDA(cudaHostAlloc(const_cast<int**>(&gate), sizeof(int), cudaHostAllocMapped));
+    void* gate_on_device = nullptr;
+    RANK_CUDA(cudaHostGetDevicePointer(&gate_on_device, const_cast<int*>(gate), 0));
+    std::vector<std::unique_ptr<SymmetricGroup>> groups;
+    for (int g = 0; g < kCases; ++g) {
+      Handled* h = &handled[g];
+      auto slow = [h, gate](const std::string&) {
+        *gate = 1;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        h->done = true;
+      };
+      groups.push_back(std::make_unique<SymmetricGroup>(real_driver(), alloc, store, "beside" + std::to_string(g),
+                                                        rank, world, group_options(slow, cases[g].bracketed)));
+    }
+    // Both ranks: each call once eagerly (verdicts and scratch outside the
+    // capture), then captured.
+    std::vector<cudaGraphExec_t> graphs;
+    for (int g = 0; g < kCases; ++g) {
+      Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
+      cases[g].call(comm, replays);
+      RANK_CUDA(cudaStreamSynchronize(replays));
+      comm.check_errors();
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      RANK_CUDA(cudaStreamBeginCapture(replays, cudaStreamCaptureModeThreadLocal));
+      cases[g].call(comm, replays);
+      RANK_CUDA(cudaStreamEndCapture(replays, &graph));
+      RANK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      RANK_CUDA(cudaGraphDestroy(graph));
+      graphs.push_back(exec);
+    }
+    if (rank == 1) {  // stays, calling nothing, until rank 0 is done
+      store.get("test/beside-done", std::chrono::seconds(120));
+    } else {
+      for (int g = 0; g < kCases; ++g) {
+        const Case& c = cases[g];
+        Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
+        *gate = 0;
+        if (c.gated) {
+          const CUresult held = real_driver().cuStreamWaitValue32(
+              reinterpret_cast<CUstream>(replays), reinterpret_cast<CUdeviceptr>(gate_on_device), 1,
+              CU_STREAM_WAIT_VALUE_GEQ);
+          RANK_EXPECT(held == CUDA_SUCCESS, "cuStreamWaitValue32: %d", static_cast<int>(held));
+        } else {
+          barrier(comm, s);  // first: it gives up first, the replay's wait sees it
+        }
+        RANK_CUDA(cudaGraphLaunch(graphs[static_cast<std::size_t>(g)], replays));
+        if (c.gated) barrier(comm, s);  // rank 1 never comes
+        // Nothing waits forever: polled, and given up on after three timeouts.
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3 * kPatience + 10);
+        cudaError_t e = cudaErrorNotReady;
+        while ((e = cudaStreamQuery(replays)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        const bool handler_returned = handled[g].done;
+        if (e == cudaErrorNotReady) {
+          RANK_EXPECT(false, "%s: the replay never drained", c.name);
+          *gate = 1;
+          RANK_CUDA(cudaStreamSynchronize(replays));
+        } else {
+          RANK_EXPECT(e == cudaSuccess, "%s: the replay's stream: %s", c.name, cudaGetErrorString(e));
+          RANK_EXPECT(handler_returned, "%s: the replay ended before the failure was handled", c.name);
+        }
+        failures += failures_of(rank, c.name, raised_by(comm, s, [] {}), "rank 1 did not arrive",
+                                kPatience + 3.0);
+      }
+      store.set("test/beside-done", "");
+    }
+    for (cudaGraphExec_t exec : graphs) RANK_CUDA(cudaGraphExecDestroy(exec));
+    groups.clear();
+    RANK_CUDA(cudaFreeHost(const_cast<int*>(gate)));
+    RANK_CUDA(cudaStreamDestroy(replays));
     return failures;
   });
   EXPECT_EQ(result, "");
