@@ -571,9 +571,9 @@ TEST(Collectives, APeerLaterThanTheTimeoutFailsInsteadOfPassing) {
 // found the communicator failed, at their start or during a wait: the
 // replay's stream drained while the host knew nothing, and a Work or event
 // waited on there read as a success. Here the handler takes 1.5 s; a replay
-// gated to start once the failure is marked (the kernels' start), or
-// waiting beside the failing barrier (a wait that gives up early), must not
-// drain before it returned.
+// that starts once the failure is marked (the kernels' start), or 1 s into
+// the failing barrier's wait (a wait that gives up early: it starts later,
+// so it cannot time out first), must not drain before it returned.
 TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
   SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
   shared_store_dir();
@@ -591,7 +591,7 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
     struct Case {
       const char* name;
       bool bracketed;
-      bool gated;  // replayed once the failure is marked, else waiting beside the failing barrier
+      bool during_the_wait;  // the replay starts 1 s into the failing barrier's wait, else once it failed
       std::function<void(Communicator&, cudaStream_t)> call;
     };
     auto all_reduce = [&](std::size_t bytes, Algorithm algorithm) {
@@ -601,11 +601,11 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
     };
     auto barrier = [](Communicator& c, cudaStream_t on) { c.barrier(on, BarrierKind::kKernel); };
     const Case cases[] = {
-        {"kernel barrier replayed after the failure", false, true, barrier},
-        {"kernel barrier waiting beside the failing one", false, false, barrier},
-        {"fused two-shot all-reduce", false, true, all_reduce(16384, Algorithm::kTwoShot)},
-        {"two-shot all-reduce between barriers", true, true, all_reduce(kBytes, Algorithm::kTwoShot)},
-        {"low-latency all-reduce", false, true, all_reduce(4096, Algorithm::kLowLatency)},
+        {"kernel barrier replayed after the failure", false, false, barrier},
+        {"kernel barrier waiting beside the failing one", false, true, barrier},
+        {"fused two-shot all-reduce", false, false, all_reduce(16384, Algorithm::kTwoShot)},
+        {"two-shot all-reduce between barriers", true, false, all_reduce(kBytes, Algorithm::kTwoShot)},
+        {"low-latency all-reduce", false, false, all_reduce(4096, Algorithm::kLowLatency)},
     };
     constexpr int kCases = sizeof(cases) / sizeof(cases[0]);
     // Rank 0's handler: opens the gate, then takes its time.
@@ -613,7 +613,7 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
       std::atomic<bool> done{false};
     };
     Handled handled[kCases];
-    volatile int* gate = nullptr;  // host-mapped: gated replays wait for it on the GPU
+    volatile int* gate = nullptr;  // host-mapped: the replays wait for it on the GPU
     RANK_CUDA(cudaHostAlloc(const_cast<int**>(&gate), sizeof(int), cudaHostAllocMapped));
     void* gate_on_device = nullptr;
     RANK_CUDA(cudaHostGetDevicePointer(&gate_on_device, const_cast<int*>(gate), 0));
@@ -652,16 +652,16 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
         const Case& c = cases[g];
         Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
         *gate = 0;
-        if (c.gated) {
-          const CUresult held = real_driver().cuStreamWaitValue32(
-              reinterpret_cast<CUstream>(replays), reinterpret_cast<CUdeviceptr>(gate_on_device), 1,
-              CU_STREAM_WAIT_VALUE_GEQ);
-          RANK_EXPECT(held == CUDA_SUCCESS, "cuStreamWaitValue32: %d", static_cast<int>(held));
-        } else {
-          barrier(comm, s);  // first: it gives up first, the replay's wait sees it
-        }
+        const CUresult held = real_driver().cuStreamWaitValue32(
+            reinterpret_cast<CUstream>(replays), reinterpret_cast<CUdeviceptr>(gate_on_device), 1,
+            CU_STREAM_WAIT_VALUE_GEQ);
+        RANK_EXPECT(held == CUDA_SUCCESS, "cuStreamWaitValue32: %d", static_cast<int>(held));
         RANK_CUDA(cudaGraphLaunch(graphs[static_cast<std::size_t>(g)], replays));
-        if (c.gated) barrier(comm, s);  // rank 1 never comes
+        barrier(comm, s);  // rank 1 never comes
+        if (c.during_the_wait) {  // the replay waits too, from later: the barrier gives up first
+          std::this_thread::sleep_for(std::chrono::seconds(1));
+          *gate = 1;
+        }
         // Nothing waits forever: polled, and given up on after three timeouts.
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3 * kPatience + 10);
         cudaError_t e = cudaErrorNotReady;
