@@ -625,8 +625,9 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1500));
         h->done = true;
       };
-      groups.push_back(std::make_unique<SymmetricGroup>(real_driver(), alloc, store, "beside" + std::to_string(g),
-                                                        rank, world, group_options(slow, cases[g].bracketed)));
+      groups.push_back(std::make_unique<SymmetricGroup>(real_driver(), alloc, store,
+                                                        "beside" + std::to_string(g), rank, world,
+                                                        group_options(slow, cases[g].bracketed)));
     }
     // Both ranks: each call once eagerly (verdicts and scratch outside the
     // capture), then captured.
@@ -652,20 +653,22 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
         const Case& c = cases[g];
         Communicator& comm = groups[static_cast<std::size_t>(g)]->communicator();
         *gate = 0;
-        const CUresult held = real_driver().cuStreamWaitValue32(
-            reinterpret_cast<CUstream>(replays), reinterpret_cast<CUdeviceptr>(gate_on_device), 1,
-            CU_STREAM_WAIT_VALUE_GEQ);
+        const CUresult held = real_driver().cuStreamWaitValue32(reinterpret_cast<CUstream>(replays),
+                                                                reinterpret_cast<CUdeviceptr>(gate_on_device),
+                                                                1, CU_STREAM_WAIT_VALUE_GEQ);
         RANK_EXPECT(held == CUDA_SUCCESS, "cuStreamWaitValue32: %d", static_cast<int>(held));
         RANK_CUDA(cudaGraphLaunch(graphs[static_cast<std::size_t>(g)], replays));
-        barrier(comm, s);  // rank 1 never comes
-        if (c.during_the_wait) {  // the replay waits too, from later: the barrier gives up first
+        barrier(comm, s);  // where rank 1 never comes
+        // Where the replay waits too, it starts later: the barrier gives up first.
+        if (c.during_the_wait) {
           std::this_thread::sleep_for(std::chrono::seconds(1));
           *gate = 1;
         }
         // Nothing waits forever: polled, and given up on after three timeouts.
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3 * kPatience + 10);
         cudaError_t e = cudaErrorNotReady;
-        while ((e = cudaStreamQuery(replays)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+        while ((e = cudaStreamQuery(replays)) == cudaErrorNotReady &&
+               std::chrono::steady_clock::now() < deadline)
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         const bool handler_returned = handled[g].done;
         if (e == cudaErrorNotReady) {
@@ -676,8 +679,8 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
           RANK_EXPECT(e == cudaSuccess, "%s: the replay's stream: %s", c.name, cudaGetErrorString(e));
           RANK_EXPECT(handler_returned, "%s: the replay ended before the failure was handled", c.name);
         }
-        failures += failures_of(rank, c.name, raised_by(comm, s, [] {}), "rank 1 did not arrive",
-                                kPatience + 3.0);
+        failures +=
+            failures_of(rank, c.name, raised_by(comm, s, [] {}), "rank 1 did not arrive", kPatience + 3.0);
       }
       store.set("test/beside-done", "");
     }
