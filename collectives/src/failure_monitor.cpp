@@ -219,8 +219,13 @@ void FailureMonitor::fail(const std::string& reason) {
 
 void FailureMonitor::finish_failure(const std::string& message) {
   std::lock_guard<std::mutex> lock(handling_);  // the first failure's handler runs before anyone acknowledges
+  // Acknowledged even where the handler throws: every kernel that finds the
+  // failed word holds until then, and would each wait out its timeout.
+  struct Acknowledge {
+    int& word;
+    ~Acknowledge() { volatile_write(word, 1); }
+  } acknowledge{words_->acknowledged};
   if (failure_->set(message) && handler_) handler_(message);
-  volatile_write(words_->acknowledged, 1);
 }
 
 void FailureMonitor::poll() {

@@ -573,7 +573,8 @@ TEST(Collectives, APeerLaterThanTheTimeoutFailsInsteadOfPassing) {
 // waited on there read as a success. Here the handler takes 1.5 s; a replay
 // that starts once the failure is marked (the kernels' start), or 1 s into
 // the failing barrier's wait (a wait that gives up early: it starts later,
-// so it cannot time out first), must not drain before it returned.
+// so it cannot time out first), must not drain before it returned, nor
+// much after (the acknowledgement lets it go, not the hold's timeout).
 TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
   SYMMPOOL_GPUS_OR_SHARED_OR_SKIP(gpus, 2);
   shared_store_dir();
@@ -609,8 +610,10 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
     };
     constexpr int kCases = sizeof(cases) / sizeof(cases[0]);
     // Rank 0's handler: opens the gate, then takes its time.
+    using Clock = std::chrono::steady_clock;
     struct Handled {
       std::atomic<bool> done{false};
+      std::atomic<Clock::rep> returned_at{0};  // Clock ticks
     };
     Handled handled[kCases];
     volatile int* gate = nullptr;  // host-mapped: the replays wait for it on the GPU
@@ -623,6 +626,7 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
       auto slow = [h, gate](const std::string&) {
         *gate = 1;
         std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        h->returned_at = Clock::now().time_since_epoch().count();
         h->done = true;
       };
       groups.push_back(std::make_unique<SymmetricGroup>(real_driver(), alloc, store,
@@ -671,6 +675,7 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
                std::chrono::steady_clock::now() < deadline)
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         const bool handler_returned = handled[g].done;
+        const Clock::time_point drained = Clock::now();
         if (e == cudaErrorNotReady) {
           RANK_EXPECT(false, "%s: the replay never drained", c.name);
           *gate = 1;
@@ -678,6 +683,13 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
         } else {
           RANK_EXPECT(e == cudaSuccess, "%s: the replay's stream: %s", c.name, cudaGetErrorString(e));
           RANK_EXPECT(handler_returned, "%s: the replay ended before the failure was handled", c.name);
+          // Let go by the acknowledgement, not by the hold's own timeout
+          // (kPatience after the gate opened: 1.5 s after the handler returned).
+          const double late = std::chrono::duration<double>(
+                                  drained - Clock::time_point(Clock::duration(handled[g].returned_at.load())))
+                                  .count();
+          RANK_EXPECT(!handler_returned || late < 1.0,
+                      "%s: the replay drained %.1f s after the handler returned", c.name, late);
         }
         failures +=
             failures_of(rank, c.name, raised_by(comm, s, [] {}), "rank 1 did not arrive", kPatience + 3.0);

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
 
 namespace symmpool::test {
@@ -50,6 +51,26 @@ TEST(FailureMonitor, AKernelsReportOfADifferingCallNamesTheRank) {
       << handled;
   EXPECT_EQ(words.acknowledged, 1);
   EXPECT_EQ(words.missing, detail::kCallsDiffer);
+}
+
+// A handler that throws still lets the stalled kernels go: every kernel
+// that finds the failed word holds until `acknowledged` (394cca6), which was
+// written only after the handler returned, so each queued kernel then
+// waited out a whole barrier timeout. The failure stays on record and the
+// handler's exception reaches the caller.
+TEST(FailureMonitor, AHandlerThatThrowsStillAcknowledges) {
+  detail::ErrorWords words{};
+  int handled_times = 0;
+  detail::FailureMonitor monitor(0, 0, 2, std::chrono::seconds(5), &words, [&](const std::string&) {
+    ++handled_times;
+    throw std::runtime_error("the handler failed");
+  });
+  EXPECT_THROW(monitor.fail_missing(1), std::runtime_error);
+  EXPECT_EQ(words.acknowledged, 1) << "the kernels would hold until their timeout";
+  EXPECT_EQ(words.missing, 2);
+  EXPECT_TRUE(monitor.record_of_failure()->failed());
+  monitor.poll();  // handled once: the record is set
+  EXPECT_EQ(handled_times, 1);
 }
 
 }  // namespace symmpool::test
