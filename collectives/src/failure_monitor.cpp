@@ -2,6 +2,7 @@
 
 #include "relaxed_capture.hpp"
 
+#include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
 
 #include <cstdio>
@@ -221,10 +222,7 @@ void FailureMonitor::finish_failure(const std::string& message) {
   std::lock_guard<std::mutex> lock(handling_);  // the first failure's handler runs before anyone acknowledges
   // Acknowledged even where the handler throws: every kernel that finds the
   // failed word holds until then, and would each wait out its timeout.
-  struct Acknowledge {
-    int& word;
-    ~Acknowledge() { volatile_write(word, 1); }
-  } acknowledge{words_->acknowledged};
+  const ScopeExit acknowledge([this] { volatile_write(words_->acknowledged, 1); });
   if (failure_->set(message) && handler_) handler_(message);
 }
 

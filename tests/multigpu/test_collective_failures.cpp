@@ -612,8 +612,7 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
     // Rank 0's handler: opens the gate, then takes its time.
     using Clock = std::chrono::steady_clock;
     struct Handled {
-      std::atomic<bool> done{false};
-      std::atomic<Clock::rep> returned_at{0};  // Clock ticks
+      std::atomic<Clock::rep> returned_at{0};  // Clock ticks; 0 while it has not returned
     };
     Handled handled[kCases];
     volatile int* gate = nullptr;  // host-mapped: the replays wait for it on the GPU
@@ -627,7 +626,6 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
         *gate = 1;
         std::this_thread::sleep_for(std::chrono::milliseconds(1500));
         h->returned_at = Clock::now().time_since_epoch().count();
-        h->done = true;
       };
       groups.push_back(std::make_unique<SymmetricGroup>(real_driver(), alloc, store,
                                                         "beside" + std::to_string(g), rank, world,
@@ -674,7 +672,8 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
         while ((e = cudaStreamQuery(replays)) == cudaErrorNotReady &&
                std::chrono::steady_clock::now() < deadline)
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        const bool handler_returned = handled[g].done;
+        const Clock::rep returned_at = handled[g].returned_at;
+        const bool handler_returned = returned_at != 0;
         const Clock::time_point drained = Clock::now();
         if (e == cudaErrorNotReady) {
           RANK_EXPECT(false, "%s: the replay never drained", c.name);
@@ -685,9 +684,9 @@ TEST(Collectives, AReplayBesideAFailedCallEndsOnlyOnceTheFailureIsOnRecord) {
           RANK_EXPECT(handler_returned, "%s: the replay ended before the failure was handled", c.name);
           // Let go by the acknowledgement, not by the hold's own timeout
           // (kPatience after the gate opened: 1.5 s after the handler returned).
-          const double late = std::chrono::duration<double>(
-                                  drained - Clock::time_point(Clock::duration(handled[g].returned_at.load())))
-                                  .count();
+          const double late =
+              std::chrono::duration<double>(drained - Clock::time_point(Clock::duration(returned_at)))
+                  .count();
           RANK_EXPECT(!handler_returned || late < 1.0,
                       "%s: the replay drained %.1f s after the handler returned", c.name, late);
         }
