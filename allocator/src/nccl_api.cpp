@@ -32,6 +32,13 @@ NcclApi load() {
   resolve(library, api.commRegister, "ncclCommRegister");
   resolve(library, api.commDeregister, "ncclCommDeregister");
   resolve(library, api.getErrorString, "ncclGetErrorString");
+  // Optional: windows came with 2.27; an older NCCL still registers locally.
+  api.commWindowRegister =
+      reinterpret_cast<decltype(api.commWindowRegister)>(dlsym(library, "ncclCommWindowRegister"));
+  api.commWindowDeregister =
+      reinterpret_cast<decltype(api.commWindowDeregister)>(dlsym(library, "ncclCommWindowDeregister"));
+  if (auto get_version = reinterpret_cast<decltype(&::ncclGetVersion)>(dlsym(library, "ncclGetVersion")))
+    if (get_version(&api.version) != ncclSuccess) api.version = 0;
   return api;
 }
 

@@ -54,6 +54,8 @@ struct State {
   std::function<void()> on_context_synchronize;
   std::set<std::uintptr_t> nccl_registrations;
   std::uintptr_t next_registration = 1;
+  std::set<std::uintptr_t> nccl_windows;
+  std::function<void()> on_window_register;
   std::vector<std::size_t> used;
 };
 
@@ -533,6 +535,32 @@ ncclResult_t fake_ncclCommDeregister(const ncclComm_t comm, void* handle) {
                                                                               : ncclInvalidArgument;
 }
 
+// NCCL's window registration is collective and ends in a barrier: the test's
+// hook runs where that barrier would wait, outside the fake's lock.
+ncclResult_t fake_ncclCommWindowRegister(ncclComm_t comm, void* buff, std::size_t size, ncclWindow_t* win,
+                                         int flags) {
+  std::function<void()> meanwhile;
+  {
+    FAKE_NCCL_ENTER("ncclCommWindowRegister");
+    if (comm == nullptr || buff == nullptr || size == 0 || flags != NCCL_WIN_COLL_SYMMETRIC)
+      return ncclInvalidArgument;
+    meanwhile = s.on_window_register;
+  }
+  if (meanwhile) meanwhile();
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  std::uintptr_t id = s.next_registration++;
+  s.nccl_windows.insert(id);
+  *win = reinterpret_cast<ncclWindow_t>(id);
+  return ncclSuccess;
+}
+
+ncclResult_t fake_ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  FAKE_NCCL_ENTER("ncclCommWindowDeregister");
+  if (comm == nullptr) return ncclInvalidArgument;
+  return s.nccl_windows.erase(reinterpret_cast<std::uintptr_t>(win)) ? ncclSuccess : ncclInvalidArgument;
+}
+
 const char* fake_ncclGetErrorString(ncclResult_t code) {
   return code == ncclSuccess ? "no error" : "fake NCCL error";
 }
@@ -564,6 +592,8 @@ void FakeDriver::reset(int device_count, FakeDeviceConfig config) {
   s.recorded_on.clear();
   s.stream_waits.clear();
   s.nccl_registrations.clear();
+  s.nccl_windows.clear();
+  s.on_window_register = nullptr;
   current_context = nullptr;
 }
 
@@ -573,7 +603,9 @@ const DriverApi& FakeDriver::api() const {
 }
 
 const NcclApi& FakeDriver::nccl() const {
-  static const NcclApi api{&fake_ncclCommRegister, &fake_ncclCommDeregister, &fake_ncclGetErrorString};
+  static const NcclApi api{&fake_ncclCommRegister,         &fake_ncclCommDeregister,
+                           &fake_ncclGetErrorString,       &fake_ncclCommWindowRegister,
+                           &fake_ncclCommWindowDeregister, NCCL_VERSION_CODE};
   return api;
 }
 
@@ -638,6 +670,13 @@ void FakeDriver::abort_nccl_communicators() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   s.nccl_registrations.clear();
+  s.nccl_windows.clear();
+}
+
+void FakeDriver::on_window_register(std::function<void()> meanwhile) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.on_window_register = std::move(meanwhile);
 }
 
 void FakeDriver::complete_events() {
@@ -662,5 +701,6 @@ std::size_t FakeDriver::live_mappings() const { FAKE_SIZE_OF(mappings); }
 std::size_t FakeDriver::live_reservations() const { FAKE_SIZE_OF(reservations); }
 std::size_t FakeDriver::live_events() const { FAKE_SIZE_OF(events); }
 std::size_t FakeDriver::live_nccl_registrations() const { FAKE_SIZE_OF(nccl_registrations); }
+std::size_t FakeDriver::live_nccl_windows() const { FAKE_SIZE_OF(nccl_windows); }
 
 }  // namespace symmpool::testing

@@ -191,6 +191,7 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
     peer_secret_[static_cast<std::size_t>(r)] = hellos.back()[4];
     peer_pid_[static_cast<std::size_t>(r)] = static_cast<pid_t>(std::stol(hellos.back()[5]));
     if (r != rank_) peer_pids.push_back(peer_pid_[static_cast<std::size_t>(r)]);
+    gpu_pci_.push_back(hellos.back()[2]);
   }
   server_->allow_pids(std::move(peer_pids));
   // Nodes first: PCI addresses repeat across nodes.
@@ -508,8 +509,61 @@ void SymmetricHeap::apply_listings(const std::vector<std::string>& listings, con
           "symmetric heap '" + group_ + "': rank " + std::to_string(r) +
           " could not map its peers' segments: " + verdicts[static_cast<std::size_t>(r)]);
   // Every rank has mapped what every other published: now it counts.
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (listed[static_cast<std::size_t>(rank_)]) synced_generation_ = generation;
+  }
+  tell_symmetric_observer();
+}
+
+std::vector<SymmetricSegment> SymmetricHeap::symmetric_segments() const {
+  std::vector<SymmetricSegment> segments;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (listed[static_cast<std::size_t>(rank_)]) synced_generation_ = generation;
+  std::lock_guard<std::mutex> peers_lock(peers_mutex_);
+  for (const std::uint64_t id : published_) {
+    auto it = local_.find(id);
+    if (it == local_.end()) continue;
+    const Piece& mine = it->second;
+    bool everywhere = true;
+    for (int r = 0; r < world_ && everywhere; ++r) {
+      if (r == rank_) continue;
+      const auto& theirs = peer_pieces_[static_cast<std::size_t>(r)];
+      auto at = theirs.find(mine.offset);
+      everywhere = at != theirs.end() && at->second.size == mine.size;
+    }
+    if (everywhere)
+      segments.push_back(
+          {reinterpret_cast<void*>(allocator_.va_base() + mine.offset), mine.offset, mine.size});
+  }
+  std::sort(segments.begin(), segments.end(),
+            [](const SymmetricSegment& a, const SymmetricSegment& b) { return a.offset < b.offset; });
+  return segments;
+}
+
+void SymmetricHeap::tell_symmetric_observer() {
+  if (!symmetric_observer_) return;
+  std::vector<SymmetricSegment> now = symmetric_segments();
+  if (now == told_) return;  // the same list on every rank, and what each last heard
+  // Every rank tells its observer now, or none does: inside a graph capture
+  // (device waits forbidden) NCCL's registration would end the capture.
+  const bool ready = !device_waits_forbidden_.load();
+  const std::vector<std::string> all = exchange("symmetric segments", ready ? "ready" : "deferred");
+  if (std::find(all.begin(), all.end(), "deferred") != all.end()) return;
+  symmetric_observer_->on_symmetric_segments(now);
+  told_ = std::move(now);
+}
+
+void SymmetricHeap::set_symmetric_observer(SymmetricSegmentObserver* observer) {
+  told_.clear();
+  symmetric_observer_ = observer;
+  if (observer) collective("set_symmetric_observer", [&] { tell_symmetric_observer(); });
+}
+
+std::vector<std::string> SymmetricHeap::exchange_among_ranks(const std::string& what,
+                                                             const std::string& mine) {
+  SYMMPOOL_EXPECTS(what.find('\n') == std::string::npos,
+                   "symmetric heap '" + group_ + "': an exchange's label must be one line");
+  return collective("exchange_among_ranks", [&] { return exchange(what, mine); });
 }
 
 // Our kernels and copies queued before now may still read or write a peer
@@ -546,7 +600,16 @@ void SymmetricHeap::sync() {
 
 std::size_t SymmetricHeap::release_cached() {
   const std::size_t released = collective("release_cached", [&] {
-    exchange("release", "");  // every rank is here: nobody uses a peer's segment now
+    exchange("release", "");                      // every rank is here: nobody uses a peer's segment now
+    if (symmetric_observer_ && !told_.empty()) {  // the same on every rank
+      // An observer's users (NCCL's kernels on its windows) finish first.
+      {
+        ContextGuard guard(drv_, allocator_.context());
+        SYMMPOOL_CU_TRY(drv_, cuCtxSynchronize());
+      }
+      symmetric_observer_->on_segments_releasing();
+      told_.clear();
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       published_.clear();  // peers drop what we release at the sync below

@@ -29,6 +29,33 @@ struct HeapOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};  // for every wait on a peer
 };
 
+// A segment that every rank of a heap maps at the same offset with the same size.
+struct SymmetricSegment {
+  void* ptr = nullptr;  // this rank's
+  std::size_t offset = 0;
+  std::size_t size = 0;
+  bool operator==(const SymmetricSegment& o) const {
+    return ptr == o.ptr && offset == o.offset && size == o.size;
+  }
+};
+
+// Hears, on every rank at the same points, which of a heap's segments are
+// symmetric: what NCCL's symmetric windows need (nccl_windows.hpp).
+class SymmetricSegmentObserver {
+ public:
+  virtual ~SymmetricSegmentObserver() = default;
+  // Collective: when attached, and after each sync every rank completed that
+  // changed them, the segments symmetric now, by offset: the same list on
+  // every rank. Never inside an allocation, outside the allocator's and the
+  // heap's locks; not while a graph capture forbids device waits (then at a
+  // later sync). A throw breaks the heap, as any failed collective step.
+  virtual void on_symmetric_segments(const std::vector<SymmetricSegment>& now) = 0;
+  // On every rank, in release_cached, once the device has finished its
+  // work and before any segment is unmapped. The next sync tells again
+  // which segments are symmetric.
+  virtual void on_segments_releasing() = 0;
+};
+
 // Host round trips every heap of this process made so far (each waits for
 // every peer's host to reach the same point): a steady training step that
 // keeps making them couples the ranks' hosts.
@@ -101,6 +128,16 @@ class SymmetricHeap final : public SegmentObserver {
   // the next sync(). release_internal gives it back (local).
   void* allocate_internal();
   void release_internal(void* ptr);
+
+  // Collective: from now on `observer` hears which segments are symmetric
+  // (at once, then after syncs that change them); null detaches (local).
+  // One at a time; it must outlive its attachment.
+  void set_symmetric_observer(SymmetricSegmentObserver* observer);
+  // Collective: every rank's `mine`, for an observer's own agreement. Ranks
+  // at another point (`what` differs) raise divergence_error naming both.
+  std::vector<std::string> exchange_among_ranks(const std::string& what, const std::string& mine);
+  // Each rank's GPU, by PCI address ("domain:bus:device.0").
+  const std::vector<std::string>& gpu_pci_addresses() const { return gpu_pci_; }
 
   // The first failure of a collective call, or empty while the heap is sound.
   std::string failure() const;
@@ -180,6 +217,11 @@ class SymmetricHeap final : public SegmentObserver {
   const Piece& peer_piece(const void* local, int peer, std::size_t bytes) const;
   int export_fd(std::uint64_t id);
   void mark_published();  // sync(), under mutex_: local_ is what the group now knows
+  // Published segments every peer maps at the same offset and size, by offset.
+  std::vector<SymmetricSegment> symmetric_segments() const;
+  // Tells the observer the symmetric segments where they changed since it
+  // last heard (the same decision on every rank). Inside a collective step.
+  void tell_symmetric_observer();
 
   const DriverApi& drv_;
   CachingAllocator& allocator_;
@@ -210,6 +252,10 @@ class SymmetricHeap final : public SegmentObserver {
   std::vector<pid_t> peer_pid_;           // each peer's pid: its FdServer's, checked on fetch
   std::unique_ptr<FdServer> server_;
   bool observing_ = false;
+  std::vector<std::string> gpu_pci_;  // each rank's, from the hellos
+  // Called by the thread making collective calls only (as the heap's rounds).
+  SymmetricSegmentObserver* symmetric_observer_ = nullptr;
+  std::vector<SymmetricSegment> told_;  // what it last heard
 };
 
 }  // namespace symmpool

@@ -3,6 +3,7 @@
 // really shared, so a rank reads what its peer wrote.
 
 #include "fake_fixture.hpp"
+#include "fake_rank.hpp"
 #include "process_group.hpp"
 #include "rank_checks.hpp"
 
@@ -24,14 +25,6 @@
 namespace symmpool::test {
 
 namespace {
-
-std::unique_ptr<CachingAllocator> fake_allocator(int device) {
-  FakeDriver::instance().reset(3);  // this process's own fake driver
-  ArenaOptions options;
-  options.env = Environment{};
-  return std::make_unique<CachingAllocator>(
-      std::make_unique<SegmentArena>(FakeDriver::instance().api(), device, options));
-}
 
 // Forms `group`'s heap on fake GPU `device`, expecting it to fail with E
 // whose message contains `expected`; 0 when it did, 1 (reported) otherwise.

@@ -30,7 +30,9 @@ class FakeDriver {
 
   void reset(int device_count = 2, FakeDeviceConfig config = {});
   const DriverApi& api() const;
-  const NcclApi& nccl() const;  // fake ncclCommRegister/Deregister, logged here too
+  // Fake ncclCommRegister/Deregister and ncclCommWindowRegister/Deregister,
+  // logged here too.
+  const NcclApi& nccl() const;
 
   // The next `count` calls of `function` after `skip` more calls fail with `code`.
   void fail(const std::string& function, int code, int count = 1, int skip = 0);
@@ -54,6 +56,9 @@ class FakeDriver {
   // Runs `meanwhile` inside every cuCtxSynchronize (empty: none), as other
   // threads run while a real device drains.
   void on_context_synchronize(std::function<void()> meanwhile);
+  // Runs `meanwhile` inside every ncclCommWindowRegister, where NCCL's
+  // bootstrap barrier waits for the peers (empty: none).
+  void on_window_register(std::function<void()> meanwhile);
 
   std::size_t used_memory(int device) const;  // bytes in live handles
   std::size_t live_handles() const;
@@ -61,6 +66,7 @@ class FakeDriver {
   std::size_t live_reservations() const;
   std::size_t live_events() const;
   std::size_t live_nccl_registrations() const;
+  std::size_t live_nccl_windows() const;
 };
 
 }  // namespace symmpool::testing
