@@ -33,7 +33,9 @@ Environment Environment::from_process() {
   env.symmpool_multicast_disabled = is_true("SYMMPOOL_DISABLE_MULTICAST");
   env.multicast_requested = is_true("SYMMPOOL_ENABLE_MULTICAST");
   env.collectives_always = lowered(std::getenv("SYMMPOOL_COLLECTIVES")) == "always";
+  env.collectives_nccl_windows = lowered(std::getenv("SYMMPOOL_COLLECTIVES")) == "nccl-windows";
   env.collectives_enabled = !is_false("SYMMPOOL_COLLECTIVES");
+  env.nccl_windows = !is_false("SYMMPOOL_NCCL_WINDOWS");
   env.debug_routing = is_true("SYMMPOOL_DEBUG_ROUTING");
   env.segment_moves = !is_false("SYMMPOOL_SEGMENT_MOVES");
   if (const char* v = std::getenv("SYMMPOOL_MAX_BLOCKS")) env.max_blocks = v;

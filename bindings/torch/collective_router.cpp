@@ -2,6 +2,7 @@
 
 #include "torch_errors.hpp"
 
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -15,6 +16,7 @@ namespace {
 
 // Every symm backend of the process counts here: memory_stats() reads them.
 std::array<std::atomic<std::uint64_t>, kRouteReasons> decisions{};
+std::atomic<std::uint64_t> on_windows{0};  // decisions whose engine is NCCL on windows
 
 std::optional<DataType> symmpool_type(at::ScalarType t) {
   switch (t) {
@@ -34,11 +36,13 @@ constexpr RouteDecision nccl(RouteReason reason) { return {Engine::kNccl, reason
 }  // namespace
 
 CollectiveRouter::CollectiveRouter(const c10d::Backend& group, const Environment& env,
-                                   CommunicatorOf communicator)
+                                   CommunicatorOf communicator, WindowsOf windows)
     : group_(group),
-      settings_{env.collectives_enabled, env.collectives_always},
+      settings_{env.collectives_enabled, env.collectives_always, env.collectives_nccl_windows},
+      nccl_windows_enabled_(env.nccl_windows),
       trace_(env.debug_routing),
-      communicator_(std::move(communicator)) {}
+      communicator_(std::move(communicator)),
+      windows_(std::move(windows)) {}
 
 RouteDecision CollectiveRouter::route(CollectiveKind kind, const at::Tensor& output, const at::Tensor& input,
                                       c10d::ReduceOp::RedOpType op) {
@@ -56,9 +60,15 @@ RouteDecision CollectiveRouter::route(CollectiveKind kind, const at::Tensor& out
   call.input_numel = input.numel();
   call.output_numel = output.numel();
   call.element_size = input.element_size();
+  // Only where the table has NCCL windows at this world size: the query
+  // costs a driver call.
+  if (has_nccl_window_ranges(call.world) && call.on_cuda)
+    call.captured = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
   RouteDecision decision = route_by_shape(call, settings_);
   if (decision.engine == Engine::kSymmpool)
     decision = run_on_symmpool(kind, output, input, type, op, decision);
+  else if (decision.engine == Engine::kNcclWindows || decision.reason == RouteReason::kTablePrefersNccl)
+    decision = run_on_nccl_windows(kind, output, input, decision);
   record(kind, table_bytes(call), decision);
   return decision;
 }
@@ -67,18 +77,8 @@ RouteDecision CollectiveRouter::run_on_symmpool(CollectiveKind kind, const at::T
                                                 const at::Tensor& input, std::optional<DataType> type,
                                                 c10d::ReduceOp::RedOpType op, RouteDecision eligible) {
   const at::Device device = input.device();
-  // The device is nearly always current already: a guard on every call cost
-  // two cudaGetDevice calls and a primary-context check, and one
-  // cudaGetDevice still 0.6 us (py-spy, an eager 8 KiB all-reduce on 2
-  // H200s). The current context, read from the driver, is a thread-local.
   std::optional<c10::cuda::CUDAGuard> guard;
-  if (!in_device_context()) {
-    guard.emplace(device);
-    CUcontext current = nullptr;
-    if (real_driver().cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != nullptr)
-      device_context_.store(current);
-  }
-  Communicator* comm = call_translating_errors([&] { return communicator_(device.index()); });
+  Communicator* comm = communicator_on(device, guard);
   if (!comm) return nccl(RouteReason::kGroupSpansNodes);
   // Plain tensors go to NCCL without asking the peers (they pass plain
   // tensors too, or the call numbers stop matching and the group fails),
@@ -114,6 +114,53 @@ RouteDecision CollectiveRouter::run_on_symmpool(CollectiveKind kind, const at::T
   return eligible;
 }
 
+RouteDecision CollectiveRouter::run_on_nccl_windows(CollectiveKind kind, const at::Tensor& output,
+                                                    const at::Tensor& input, RouteDecision asked) {
+  const RouteDecision without =
+      asked.engine == Engine::kNcclWindows ? nccl(RouteReason::kNoNcclWindows) : asked;
+  // A group of one has no peer to read: NCCL copies, windows or not.
+  if (!nccl_windows_enabled_ || (asked.engine == Engine::kNccl && group_.getSize() < 2)) return without;
+  // The group forms here, at the same call on every rank: its heap's
+  // segments become windows once NCCL's communicator exists too.
+  const at::Device device = input.device();
+  std::optional<c10::cuda::CUDAGuard> guard;
+  Communicator* comm = communicator_on(device, guard);
+  if (!comm) return nccl(RouteReason::kGroupSpansNodes);
+  // Windows form, and change, at collective points: every rank sees the same.
+  const NcclWindows* windows = windows_();
+  if (windows == nullptr || windows->empty()) return without;
+  if (!comm->in_heap(input.data_ptr(), input.nbytes()) ||
+      !comm->in_heap(output.data_ptr(), output.nbytes())) {
+    if (asked.engine == Engine::kNccl) return asked;  // plain tensors, as the table said
+    comm->count_call_run_elsewhere();
+    return nccl(RouteReason::kNotInHeap);
+  }
+  auto stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  try {
+    if (!comm->meet_before_nccl(to_string(kind), input.data_ptr(), input.nbytes(), output.data_ptr(),
+                                output.nbytes(), stream))
+      return nccl(RouteReason::kNotSymmetric);  // every rank saw the same check
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, e.what());  // a real failure: never hidden behind NCCL
+  }
+  return {Engine::kNcclWindows, asked.reason};
+}
+
+// The device is nearly always current already: a guard on every call cost
+// two cudaGetDevice calls and a primary-context check, and one cudaGetDevice
+// still 0.6 us (py-spy, an eager 8 KiB all-reduce on 2 H200s). The current
+// context, read from the driver, is a thread-local.
+Communicator* CollectiveRouter::communicator_on(const at::Device& device,
+                                                std::optional<c10::cuda::CUDAGuard>& guard) {
+  if (!in_device_context()) {
+    guard.emplace(device);
+    CUcontext current = nullptr;
+    if (real_driver().cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != nullptr)
+      device_context_.store(current);
+  }
+  return call_translating_errors([&] { return communicator_(device.index()); });
+}
+
 bool CollectiveRouter::in_device_context() const {
   CUcontext current = nullptr;
   if (real_driver().cuCtxGetCurrent(&current) != CUDA_SUCCESS || current == nullptr) return false;
@@ -130,13 +177,13 @@ void CollectiveRouter::route_several(CollectiveKind kind, const std::vector<at::
 void CollectiveRouter::record(CollectiveKind kind, std::size_t bytes, RouteDecision decision) const {
   const std::uint64_t seen =
       decisions[static_cast<int>(decision.reason)].fetch_add(1, std::memory_order_relaxed) + 1;
+  if (decision.engine == Engine::kNcclWindows) on_windows.fetch_add(1, std::memory_order_relaxed);
   if (!trace_) return;
   const std::string& name = group_.getGroupDesc().empty() ? group_.getGroupUid() : group_.getGroupDesc();
   std::fprintf(stderr,
                "[rank %d] symm routing: group %s (%d ranks) %s of %zu bytes -> %s: %s (%llu so far)\n",
                group_.getRank(), name.c_str(), group_.getSize(), to_string(kind), bytes,
-               decision.engine == Engine::kSymmpool ? "symmpool" : "NCCL", to_string(decision.reason),
-               static_cast<unsigned long long>(seen));
+               to_string(decision.engine), to_string(decision.reason), static_cast<unsigned long long>(seen));
 }
 
 std::array<std::uint64_t, kRouteReasons> routing_counts() {
@@ -147,6 +194,7 @@ std::array<std::uint64_t, kRouteReasons> routing_counts() {
 
 CollectiveCounts collective_counts() {
   CollectiveCounts counts;
+  counts.on_nccl_windows = on_windows.load(std::memory_order_relaxed);
   const auto by_reason = routing_counts();
   for (int r = 0; r < kRouteReasons; ++r) {
     const auto reason = static_cast<RouteReason>(r);

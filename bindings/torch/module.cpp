@@ -8,6 +8,7 @@
 #include "peer_memory.hpp"
 #include "symm_backend.hpp"
 #include "torch_errors.hpp"
+#include "window_staging.hpp"
 
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>
@@ -70,9 +71,24 @@ py::dict memory_stats(int device) {
   d["nccl_abandoned_registrations"] = reg.abandoned;
   d["nccl_registered_segments"] = reg.live;
   d["nccl_registered_bytes"] = reg.live_bytes;
+  // NCCL's symmetric windows over the heaps' symmetric segments.
+  auto win = symmpool::torch_ext::window_counts_of_all_backends();
+  d["nccl_windows"] = win.live;                                        // of the live groups
+  d["nccl_windows_in_process"] = symmpool::nccl_windows_in_process();  // groups being torn down too
+  d["nccl_window_bytes"] = win.live_bytes;
+  d["nccl_window_registrations"] = win.registrations;
+  d["nccl_window_deregistrations"] = win.deregistrations;
+  d["nccl_window_failed_deregistrations"] = win.failed_deregistrations;
+  d["nccl_window_refusals"] = win.refusals;
+  d["nccl_window_abandoned"] = win.abandoned;
+  d["nccl_window_register_ns"] = win.register_ns;
+  d["nccl_window_longest_register_ns"] = win.longest_register_ns;
   auto coll = symmpool::torch_ext::collective_counts();
   d["symm_collectives"] = coll.routed;
+  d["nccl_window_collectives"] = coll.on_nccl_windows;
   d["nccl_fallbacks"] = coll.fallbacks;
+  // NCCL calls whose window tensors went through plain copies (not checked symmetric).
+  d["staged_nccl_calls"] = symmpool::torch_ext::staged_nccl_calls();
   // Host round trips to the peers (symmetry verdicts, call checks, syncs), process-wide.
   d["heap_exchanges"] = symmpool::heap_exchanges();
   return d;

@@ -4,10 +4,12 @@
 #include "fused_workspace.hpp"
 #include "symm_work.hpp"
 #include "torch_errors.hpp"
+#include "window_staging.hpp"
 
 #include <symmpool/detail/failure_record.hpp>
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/error.hpp>
+#include <symmpool/nvlink_topology.hpp>
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -92,10 +94,13 @@ std::size_t graph_held_bytes(c10::DeviceIndex device) {
 SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          c10::intrusive_ptr<Options> options)
     : ProcessGroupNCCL(store, rank, size, std::move(options)),
-      router_(*this, Environment::from_process(),
-              [this](c10::DeviceIndex device) { return communicator(device); }),
+      router_(
+          *this, Environment::from_process(),
+          [this](c10::DeviceIndex device) { return communicator(device); },
+          [this] { return windows_view_.load(std::memory_order_acquire); }),
       collective_options_(call_translating_errors([] { return CollectiveOptions::from_environment(); })),
       store_for_heap_(store),
+      windows_enabled_(Environment::from_process().nccl_windows),
       serial_(next_backend_serial.fetch_add(1)) {
   blocking_wait_ = blocking_wait();
   std::lock_guard<std::mutex> lock(live_backends_mutex);
@@ -193,8 +198,14 @@ at::Tensor SymmBackend::allocate_symmetric(long size, at::TensorOptions options)
 
 void SymmBackend::register_if_ready(const at::Device& device) {
   if (!device.is_cuda()) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (aborted_ || hooks_.count(device.index())) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_ && !hooks_.count(device.index())) register_locally(device);
+  }
+  form_windows_if_ready(device);
+}
+
+void SymmBackend::register_locally(const at::Device& device) {
   std::shared_ptr<c10d::NCCLComm> nccl_comm = getNCCLComm(std::to_string(device.index()));
   if (!nccl_comm) return;  // no collective on it yet
   // getCommPtr reads the communicator of the current device.
@@ -213,7 +224,56 @@ void SymmBackend::register_if_ready(const at::Device& device) {
   hooks_.emplace(device.index(), std::move(hook));
 }
 
+void SymmBackend::form_windows_if_ready(const at::Device& device) {
+  if (windows_decided_ || !windows_enabled_ || !group_ || device.index() != heap_device_) return;
+  std::shared_ptr<c10d::NCCLComm> nccl_comm;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_) return;
+    nccl_comm = getNCCLComm(std::to_string(device.index()));
+  }
+  if (!nccl_comm) return;  // no NCCL collective on it yet: on every rank alike
+  windows_decided_ = true;
+  c10::cuda::CUDAGuard guard(device.index());
+  auto comm = reinterpret_cast<ncclComm_t>(getCommPtr());
+  SymmetricHeap& heap = group_->heap();
+  // Every rank says whether it can, so that all make them or none does.
+  std::string why_not;
+  if (!loaded_nccl().has_windows())
+    why_not = "the loaded NCCL (" + std::to_string(loaded_nccl().version) + ") has no ncclCommWindowRegister";
+  else
+    why_not = why_not_all_nvlink(heap.gpu_pci_addresses());
+  const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(getOptions()->timeout);
+  try {
+    const std::vector<std::string> all = heap.exchange_among_ranks("nccl windows", why_not);
+    for (std::size_t r = 0; r < all.size() && why_not.empty(); ++r)
+      if (!all[r].empty()) why_not = "rank " + std::to_string(r) + ": " + all[r];
+    if (!why_not.empty()) {
+      TORCH_WARN_ONCE("symm: no NCCL symmetric windows on this group (", why_not,
+                      "); NCCL keeps its local registrations");
+      return;
+    }
+    auto usable = [this, nccl_comm]() mutable { return checkForNCCLErrors(nccl_comm) == nullptr; };
+    windows_ = std::make_unique<NcclWindows>(heap, comm, loaded_nccl(), timeout, std::move(usable));
+    windows_view_.store(windows_.get(), std::memory_order_release);
+  } catch (const std::exception& e) {
+    // Sticky, as a failed collective: the ranks no longer agree on NCCL's windows.
+    const std::string message = std::string("symm: making NCCL windows failed on rank ") +
+                                std::to_string(getRank()) + ": " + e.what() + "; the group is unusable";
+    group_->communicator().abort(message);
+    TORCH_CHECK(false, message);
+  }
+}
+
 void SymmBackend::release_symmetric_state() noexcept {
+  if (windows_) {
+    windows_view_.store(nullptr, std::memory_order_release);
+    // NCCL's kernels may still read through the windows: they finish first.
+    if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
+      std::fprintf(stderr, "symmpool: device sync before deregistering NCCL windows failed: %s\n",
+                   cudaGetErrorString(e));
+    windows_.reset();  // before the heap it observes
+  }
   group_.reset();  // the communicator (it synchronizes the device), then the heap it maps through
   try {
     // After the device sync above (a workspace has a buffer only once the
@@ -241,6 +301,7 @@ void SymmBackend::abandon_registrations() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   aborted_ = true;  // register_if_ready makes no new hook for the aborted communicator
   for (auto& [device, hook] : hooks_) hook->abandon();
+  if (windows_) windows_->abandon();
 }
 
 RegistrationCounts SymmBackend::registration_counts() const {
@@ -254,6 +315,18 @@ RegistrationCounts registration_counts_of_all_backends() {
   std::lock_guard<std::mutex> lock(live_backends_mutex);
   RegistrationCounts total;
   for (const SymmBackend* b : live_backends) total += b->registration_counts();
+  return total;
+}
+
+WindowCounts SymmBackend::window_counts() const {
+  const NcclWindows* windows = windows_view_.load(std::memory_order_acquire);
+  return windows ? windows->counts() : WindowCounts{};
+}
+
+WindowCounts window_counts_of_all_backends() {
+  std::lock_guard<std::mutex> lock(live_backends_mutex);
+  WindowCounts total;
+  for (const SymmBackend* b : live_backends) total += b->window_counts();
   return total;
 }
 
@@ -273,16 +346,34 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::registering(const at::Device& device
   return work;
 }
 
+template <typename F>
+c10::intrusive_ptr<c10d::Work> SymmBackend::on_nccl(Engine engine, const std::vector<at::Tensor>& inputs,
+                                                    const std::vector<at::Tensor>& outputs, c10d::OpType type,
+                                                    F run) {
+  const NcclWindows* windows = windows_view_.load(std::memory_order_acquire);
+  if (engine == Engine::kNcclWindows || windows == nullptr) {
+    std::vector<at::Tensor> in = inputs, out = outputs;
+    return run(in, out);
+  }
+  StagedOutsideWindows staged(windows, inputs, outputs);
+  auto work = run(staged.inputs(), staged.outputs());
+  return staged.finish(std::move(work), type, failure_, blocking_wait_);
+}
+
 c10::intrusive_ptr<c10d::Work> SymmBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(!tensors.empty(), "symm allreduce: no tensors");
   return registering(tensors[0].device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
+    Engine engine = Engine::kNccl;
     if (tensors.size() > 1)
       router_.route_several(CollectiveKind::kAllReduce, tensors);
     else if (auto work = on_symmpool(CollectiveKind::kAllReduce, tensors[0], tensors[0], opts.reduceOp,
-                                     c10d::OpType::ALLREDUCE))
+                                     c10d::OpType::ALLREDUCE, &engine))
       return work;
-    return ProcessGroupNCCL::allreduce(tensors, opts);
+    return on_nccl(engine, tensors, tensors, c10d::OpType::ALLREDUCE,
+                   [&](std::vector<at::Tensor>&, std::vector<at::Tensor>& out) {
+                     return ProcessGroupNCCL::allreduce(out, opts);
+                   });
   });
 }
 
@@ -290,14 +381,16 @@ bool SymmBackend::all_reduce_now(at::Tensor& output, at::Tensor& input, const c1
   if (blocking_wait_) return false;
   c10::intrusive_ptr<c10d::Work> nccl_work =
       registering(input.device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
-        if (router_.route(CollectiveKind::kAllReduce, output, input, opts.reduceOp).engine ==
-            Engine::kSymmpool) {
+        const Engine engine = router_.route(CollectiveKind::kAllReduce, output, input, opts.reduceOp).engine;
+        if (engine == Engine::kSymmpool) {
           raise_if_failed();  // a failure found meanwhile, which SymmWork::wait() would raise
           return {};
         }
         output.copy_(input);
-        std::vector<at::Tensor> tensors{output};
-        return ProcessGroupNCCL::allreduce(tensors, opts);
+        return on_nccl(engine, {output}, {output}, c10d::OpType::ALLREDUCE,
+                       [&](std::vector<at::Tensor>&, std::vector<at::Tensor>& out) {
+                         return ProcessGroupNCCL::allreduce(out, opts);
+                       });
       });
   if (nccl_work) nccl_work->wait();
   return true;
@@ -306,10 +399,14 @@ bool SymmBackend::all_reduce_now(at::Tensor& output, at::Tensor& input, const c1
 c10::intrusive_ptr<c10d::Work> SymmBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions& opts) {
   return registering(input.device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
+    Engine engine = Engine::kNccl;
     if (auto work = on_symmpool(CollectiveKind::kAllGather, output, input, c10d::ReduceOp::SUM,
-                                c10d::OpType::_ALLGATHER_BASE))
+                                c10d::OpType::_ALLGATHER_BASE, &engine))
       return work;
-    return ProcessGroupNCCL::_allgather_base(output, input, opts);
+    return on_nccl(engine, {input}, {output}, c10d::OpType::_ALLGATHER_BASE,
+                   [&](std::vector<at::Tensor>& in, std::vector<at::Tensor>& out) {
+                     return ProcessGroupNCCL::_allgather_base(out[0], in[0], opts);
+                   });
   });
 }
 
@@ -318,17 +415,24 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::allgather_into_tensor_coalesced(
   TORCH_CHECK(!inputs.empty(), "symm allgather_into_tensor_coalesced: no tensors");
   return registering(inputs[0].device(), [&] {
     router_.route_several(CollectiveKind::kAllGather, outputs);
-    return ProcessGroupNCCL::allgather_into_tensor_coalesced(outputs, inputs, opts);
+    return on_nccl(Engine::kNccl, inputs, outputs, c10d::OpType::COALESCED,
+                   [&](std::vector<at::Tensor>& in, std::vector<at::Tensor>& out) {
+                     return ProcessGroupNCCL::allgather_into_tensor_coalesced(out, in, opts);
+                   });
   });
 }
 
 c10::intrusive_ptr<c10d::Work> SymmBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                  const c10d::ReduceScatterOptions& opts) {
   return registering(input.device(), [&]() -> c10::intrusive_ptr<c10d::Work> {
+    Engine engine = Engine::kNccl;
     if (auto work = on_symmpool(CollectiveKind::kReduceScatter, output, input, opts.reduceOp,
-                                c10d::OpType::_REDUCE_SCATTER_BASE))
+                                c10d::OpType::_REDUCE_SCATTER_BASE, &engine))
       return work;
-    return ProcessGroupNCCL::_reduce_scatter_base(output, input, opts);
+    return on_nccl(engine, {input}, {output}, c10d::OpType::_REDUCE_SCATTER_BASE,
+                   [&](std::vector<at::Tensor>& in, std::vector<at::Tensor>& out) {
+                     return ProcessGroupNCCL::_reduce_scatter_base(out[0], in[0], opts);
+                   });
   });
 }
 
@@ -338,7 +442,10 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::reduce_scatter_tensor_coalesced(
   TORCH_CHECK(!inputs.empty(), "symm reduce_scatter_tensor_coalesced: no tensors");
   return registering(inputs[0].device(), [&] {
     router_.route_several(CollectiveKind::kReduceScatter, inputs);
-    return ProcessGroupNCCL::reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+    return on_nccl(Engine::kNccl, inputs, outputs, c10d::OpType::COALESCED,
+                   [&](std::vector<at::Tensor>& in, std::vector<at::Tensor>& out) {
+                     return ProcessGroupNCCL::reduce_scatter_tensor_coalesced(out, in, opts);
+                   });
   });
 }
 
@@ -392,7 +499,8 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   options.forms_in_capture = is_capturing(c10::cuda::getCurrentCUDAStream(device));
   // Ranks that route a call to different engines would each wait for the
   // other in vain.
-  options.same_on_every_rank = {{"SYMMPOOL_COLLECTIVES", to_string(router_.settings())}};
+  options.same_on_every_rank = {{"SYMMPOOL_COLLECTIVES", to_string(router_.settings())},
+                                {"SYMMPOOL_NCCL_WINDOWS", windows_enabled_ ? "1" : "0"}};
   options.heap_timeout = timeout;
   options.barrier_timeout = timeout;
   // As ProcessGroupNCCL's watchdog: say what failed, then tear the process
@@ -452,8 +560,9 @@ Communicator* SymmBackend::peer_memory(c10::DeviceIndex device) {
 
 c10::intrusive_ptr<c10d::Work> SymmBackend::on_symmpool(CollectiveKind kind, at::Tensor& output,
                                                         at::Tensor& input, c10d::ReduceOp::RedOpType op,
-                                                        c10d::OpType type) {
-  if (router_.route(kind, output, input, op).engine == Engine::kNccl) return nullptr;
+                                                        c10d::OpType type, Engine* engine) {
+  *engine = router_.route(kind, output, input, op).engine;
+  if (*engine != Engine::kSymmpool) return nullptr;
   Communicator& comm = group_->communicator();
   return c10::make_intrusive<SymmWork>(std::vector<at::Tensor>{output}, type, comm.issued(),
                                        c10::cuda::getCurrentCUDAStream(output.device().index()),

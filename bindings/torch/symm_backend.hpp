@@ -15,10 +15,12 @@
 #include <symmpool/collective_options.hpp>
 #include <symmpool/detail/failure_record.hpp>
 #include <symmpool/nccl_registration.hpp>
+#include <symmpool/nccl_windows.hpp>
 #include <symmpool/symmetric_group.hpp>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -79,6 +81,7 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   void abort() override;
 
   RegistrationCounts registration_counts() const;
+  WindowCounts window_counts() const;
   // Unique in the process, never reused: Python keys state per backend on
   // it (a Python wrapper of this object is not kept alive, so identity of
   // wrappers says nothing, and an address may come back for a new group).
@@ -97,6 +100,12 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
 
  private:
   void register_if_ready(const at::Device& device);
+  void register_locally(const at::Device& device);  // under mutex_: the device's NcclRegistrationHook
+  // Collective: once the group's heap and NCCL communicator both exist (at
+  // the same call on every rank), its symmetric segments become NCCL
+  // windows where every rank can have them (nccl_windows.hpp), or the
+  // group goes on without, saying why once.
+  void form_windows_if_ready(const at::Device& device);
   template <typename F>
   c10::intrusive_ptr<c10d::Work> registering(const at::Device& device, F run);
   void detach_all() noexcept;
@@ -110,7 +119,13 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   Communicator* communicator(c10::DeviceIndex device);
   // The call's Work when the router ran it on symmpool; null when NCCL must.
   c10::intrusive_ptr<c10d::Work> on_symmpool(CollectiveKind kind, at::Tensor& output, at::Tensor& input,
-                                             c10d::ReduceOp::RedOpType op, c10d::OpType type);
+                                             c10d::ReduceOp::RedOpType op, c10d::OpType type, Engine* engine);
+  // NCCL's part of a call: `run(inputs, outputs)` enqueues it. Window memory
+  // reaches NCCL only on Engine::kNcclWindows (checked by the router);
+  // otherwise the call's window tensors are staged outside the windows.
+  template <typename F>
+  c10::intrusive_ptr<c10d::Work> on_nccl(Engine engine, const std::vector<at::Tensor>& inputs,
+                                         const std::vector<at::Tensor>& outputs, c10d::OpType type, F run);
 
   mutable std::mutex mutex_;
   std::map<c10::DeviceIndex, std::unique_ptr<NcclRegistrationHook>> hooks_;
@@ -122,7 +137,11 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   const CollectiveOptions collective_options_;
   c10::intrusive_ptr<c10d::Store> store_for_heap_;
   std::unique_ptr<Store> heap_store_;
-  std::unique_ptr<SymmetricGroup> group_;  // made by the first call that may run on symmpool
+  std::unique_ptr<SymmetricGroup> group_;                  // made by the first call that may run on symmpool
+  const bool windows_enabled_;                             // SYMMPOOL_NCCL_WINDOWS, as read when made
+  bool windows_decided_ = false;                           // form_windows_if_ready made them or gave up
+  std::unique_ptr<NcclWindows> windows_;                   // goes before group_, whose heap it observes
+  std::atomic<const NcclWindows*> windows_view_{nullptr};  // what the router reads, from any thread
   c10::DeviceIndex heap_device_ = -1;
   bool spans_nodes_ = false;    // found when the heap formed: every call goes to NCCL
   bool blocking_wait_ = false;  // TORCH_NCCL_BLOCKING_WAIT: wait() blocks the host
@@ -133,6 +152,7 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
 
 // Sum of the registration counts of every live symm backend of this process.
 RegistrationCounts registration_counts_of_all_backends();
+WindowCounts window_counts_of_all_backends();
 // Bytes of symm tensors allocated during a CUDA graph capture and freed since,
 // kept out of the cache for the graphs that may replay on them.
 std::size_t graph_held_bytes(c10::DeviceIndex device);

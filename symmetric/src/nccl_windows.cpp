@@ -3,6 +3,7 @@
 #include <symmpool/nccl_windows.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <memory>
@@ -19,6 +20,8 @@ std::string describe(const SymmetricSegment& s) {
 }
 
 // One line per rank's answer: "ok", "refused <why>" or "stuck <why>".
+std::atomic<std::size_t> live_in_process{0};
+
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);
@@ -64,6 +67,11 @@ bool NcclWindows::covers(const void* ptr, std::size_t bytes) const {
   return address - it->first <= it->second.size && bytes <= it->second.size - (address - it->first);
 }
 
+bool NcclWindows::empty() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return windows_.empty();
+}
+
 WindowCounts NcclWindows::counts() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return counts_;
@@ -77,6 +85,7 @@ std::string NcclWindows::last_refusal() const {
 std::size_t NcclWindows::abandon() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::size_t n = windows_.size();
+  live_in_process.fetch_sub(n);
   abandoned_ = true;
   counts_.abandoned += n;
   windows_.clear();
@@ -95,6 +104,7 @@ bool NcclWindows::still_usable() noexcept {
   }
   if (usable) return true;
   abandoned_ = true;
+  live_in_process.fetch_sub(windows_.size());
   counts_.abandoned += windows_.size();
   windows_.clear();
   counts_.live = 0;
@@ -112,7 +122,10 @@ void NcclWindows::deregister(const Window& window) noexcept {
   }
   --counts_.live;
   counts_.live_bytes -= window.size;
+  live_in_process.fetch_sub(1);
 }
+
+std::size_t nccl_windows_in_process() { return live_in_process.load(); }
 
 NcclWindows::Outcome NcclWindows::register_window(const SymmetricSegment& segment, ncclWindow_t* window,
                                                   std::string* why) {
@@ -126,6 +139,7 @@ NcclWindows::Outcome NcclWindows::register_window(const SymmetricSegment& segmen
     ncclWindow_t window = nullptr;
   };
   auto attempt = std::make_shared<Attempt>();
+  const auto start = std::chrono::steady_clock::now();
   std::thread([attempt, &nccl = nccl_, comm = comm_, segment] {
     ncclWindow_t made = nullptr;
     const ncclResult_t r =
@@ -141,6 +155,13 @@ NcclWindows::Outcome NcclWindows::register_window(const SymmetricSegment& segmen
     *why = "ncclCommWindowRegister of " + describe(segment) + " did not return within " +
            std::to_string(timeout_.count()) + " ms (a peer never reached NCCL's barrier)";
     return Outcome::kStuck;
+  }
+  const auto took = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+  {
+    std::lock_guard<std::mutex> counts_lock(mutex_);
+    counts_.register_ns += took;
+    counts_.longest_register_ns = std::max(counts_.longest_register_ns, took);
   }
   if (attempt->result != ncclSuccess) {
     *why = std::string("ncclCommWindowRegister: ") + nccl_.error_string(attempt->result);
@@ -210,12 +231,14 @@ void NcclWindows::on_symmetric_segments(const std::vector<SymmetricSegment>& now
     const auto address = reinterpret_cast<std::uintptr_t>(fresh[i].ptr);
     if (everywhere && !abandoned_) {
       windows_[address] = Window{made[i], fresh[i].offset, fresh[i].size};
+      live_in_process.fetch_add(1);
       ++counts_.registrations;
       ++counts_.live;
       counts_.live_bytes += fresh[i].size;
       continue;
     }
     if (made[i] != nullptr) {  // this rank has one its peers lack: it goes
+      live_in_process.fetch_add(1);
       ++counts_.live;
       counts_.live_bytes += fresh[i].size;
       if (!abandoned_) deregister(Window{made[i], fresh[i].offset, fresh[i].size});

@@ -9,6 +9,7 @@ import symmpool
 from launch import gpu_count, needs_gpu, needs_two, one_gpu_only, run_sharing_one_gpu, run_workers
 import dist_failures
 import dist_group_layouts
+import dist_nccl_windows
 import dist_workers
 
 
@@ -199,3 +200,10 @@ def test_tensors_on_two_devices_are_refused_by_name():
         "differing_preferences", "differing_pieces", "differing_routing"])
 def test_two_ranks_sharing_one_gpu(worker, args):
     run_sharing_one_gpu(worker, 2, *args, timeout=120)
+
+
+# One rank per GPU, any number of GPUs (one is enough: NCCL's window path
+# with a group of one; NCCL refuses two ranks on one GPU).
+@needs_gpu
+def test_nccl_windows_match_nccl_and_go_with_the_group():
+    run_workers(dist_nccl_windows.windows_match_nccl_and_go_with_the_group, gpu_count(), timeout=300)

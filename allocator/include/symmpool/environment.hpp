@@ -18,6 +18,12 @@ struct Environment {
   // SYMMPOOL_COLLECTIVES=always (tests), and never with SYMMPOOL_COLLECTIVES=0.
   bool collectives_enabled = true;
   bool collectives_always = false;
+  // SYMMPOOL_COLLECTIVES=nccl-windows: every call it can take runs on NCCL
+  // over its symmetric windows (tests and benchmarks), whatever the table says.
+  bool collectives_nccl_windows = false;
+  // SYMMPOOL_NCCL_WINDOWS=0: a "symm" group makes no NCCL windows of its
+  // symmetric segments (they stay registered locally).
+  bool nccl_windows = true;
   // SYMMPOOL_SEGMENT_MOVES=0: a segment serves only the stream it was
   // mapped for (CachingAllocator's move_idle_segments).
   bool segment_moves = true;

@@ -13,13 +13,17 @@
 
 #include <symmpool/collective_types.hpp>
 
+#include <array>
 #include <cstddef>
 #include <limits>
 
 namespace symmpool {
 
 enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce };
-enum class Engine { kSymmpool, kNccl };
+// symmpool's own kernels; NCCL on buffers in NCCL's symmetric windows (its
+// symmetric kernels, checked first: collective_routing.hpp); NCCL on memory
+// outside any window.
+enum class Engine { kSymmpool, kNcclWindows, kNccl };
 
 inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 // Where the table picks the low-latency all-reduce: up to its limit
@@ -47,8 +51,41 @@ inline constexpr SymmpoolLimits kMeasuredLimits[] = {
     {4, kAnySize, kAnySize, 16 * kMiB},
 };
 
+// Sizes at which NCCL's symmetric kernels, on windows, beat symmpool's own
+// kernels at one world size, eager or in a CUDA graph: each entry comes from
+// a peer-benchmark file with "nccl-window" rows beside symmpool's (bench/peers),
+// [min_bytes, max_bytes] in choose_engine's bytes.
+struct NcclWindowRange {
+  CollectiveKind op;
+  int world;
+  bool captured;
+  std::size_t min_bytes, max_bytes;
+};
+
+// None yet: "nccl-window" has been measured on one GPU only (a group of one
+// rank, where NCCL copies), which says nothing of peers. A measured entry
+// routes its calls to NCCL's windows wherever the buffers lie in them.
+inline constexpr std::array<NcclWindowRange, 0> kMeasuredNcclWindowRanges{};
+using NcclWindowRanges = decltype(kMeasuredNcclWindowRanges);
+
+// Whether any entry names `world` (the router asks the stream's capture
+// state only then).
+template <typename Ranges = NcclWindowRanges>
+constexpr bool has_nccl_window_ranges(int world, const Ranges& ranges = kMeasuredNcclWindowRanges) {
+  for (const NcclWindowRange& r : ranges)
+    if (r.world == world) return true;
+  return false;
+}
+
 // `bytes`: all-gather output, reduce-scatter input, all-reduce buffer.
-constexpr Engine choose_engine(CollectiveKind op, std::size_t bytes, int world) {
+// `captured`: the call goes into a CUDA graph.
+template <typename Ranges = NcclWindowRanges>
+constexpr Engine choose_engine(CollectiveKind op, std::size_t bytes, int world, bool captured = false,
+                               const Ranges& window_ranges = kMeasuredNcclWindowRanges) {
+  for (const NcclWindowRange& r : window_ranges)
+    if (r.op == op && r.world == world && r.captured == captured && bytes >= r.min_bytes &&
+        bytes <= r.max_bytes)
+      return Engine::kNcclWindows;
   for (const SymmpoolLimits& l : kMeasuredLimits) {
     if (l.world != world) continue;
     const std::size_t limit = op == CollectiveKind::kAllGather       ? l.all_gather

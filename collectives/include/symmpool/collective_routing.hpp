@@ -6,6 +6,14 @@
 // (bindings/torch/collective_router.hpp) then adds what only the group's
 // communicator can tell: whether the group spans nodes, whether the buffers
 // lie in this rank's heap, whether they are symmetric on every rank.
+//
+// NCCL runs its symmetric kernels on every call whose buffers lie in its
+// windows (NcclWindows) and reads each peer at this rank's offset in the
+// window, on every rank's word alone. So window memory reaches NCCL only on
+// Engine::kNcclWindows, after the communicator proved the call's buffers
+// symmetric and its ranks at the same call (Communicator::meet_before_nccl);
+// any other NCCL call gets plain copies of its window tensors (the torch
+// backend's staging), so that no rank runs NCCL's symmetric kernels alone.
 
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/detail/peer_pointers.hpp>
@@ -20,6 +28,9 @@ enum class RouteReason : std::uint8_t {
   // symmpool runs it.
   kTablePrefersSymmpool,
   kCollectivesAlways,
+  // NCCL runs it on buffers in its windows (Engine::kNcclWindows).
+  kTablePrefersNcclWindows,
+  kCollectivesNcclWindows,
   // NCCL runs it, decided from the call alone.
   kCollectivesDisabled,
   kSeveralTensors,
@@ -36,8 +47,9 @@ enum class RouteReason : std::uint8_t {
   kGroupSpansNodes,
   kNotInHeap,
   kNotSymmetric,
+  kNoNcclWindows,
 };
-inline constexpr int kRouteReasons = static_cast<int>(RouteReason::kNotSymmetric) + 1;
+inline constexpr int kRouteReasons = static_cast<int>(RouteReason::kNoNcclWindows) + 1;
 
 constexpr const char* to_string(RouteReason r) {
   switch (r) {
@@ -45,6 +57,10 @@ constexpr const char* to_string(RouteReason r) {
       return "table prefers symmpool at this size";
     case RouteReason::kCollectivesAlways:
       return "SYMMPOOL_COLLECTIVES=always";
+    case RouteReason::kTablePrefersNcclWindows:
+      return "table prefers NCCL's symmetric kernels at this size";
+    case RouteReason::kCollectivesNcclWindows:
+      return "SYMMPOOL_COLLECTIVES=nccl-windows";
     case RouteReason::kCollectivesDisabled:
       return "collectives disabled";
     case RouteReason::kSeveralTensors:
@@ -73,6 +89,8 @@ constexpr const char* to_string(RouteReason r) {
       return "buffer not in symmpool heap";
     case RouteReason::kNotSymmetric:
       return "buffer not symmetric on every rank";
+    case RouteReason::kNoNcclWindows:
+      return "no NCCL windows on this group";
   }
   return "unknown";
 }
@@ -86,7 +104,11 @@ constexpr bool runs_on_symmpool(RouteReason r) {
 // and turned them down.
 constexpr bool is_nccl_fallback(RouteReason r) {
   return r == RouteReason::kGroupSpansNodes || r == RouteReason::kNotInHeap ||
-         r == RouteReason::kNotSymmetric;
+         r == RouteReason::kNotSymmetric || r == RouteReason::kNoNcclWindows;
+}
+
+constexpr const char* to_string(Engine e) {
+  return e == Engine::kSymmpool ? "symmpool" : e == Engine::kNcclWindows ? "NCCL on windows" : "NCCL";
 }
 
 constexpr const char* to_string(CollectiveKind k) {
@@ -100,15 +122,17 @@ struct RouteDecision {
   RouteReason reason;
 };
 
-// SYMMPOOL_COLLECTIVES: unset (the table decides), "0" or "always".
+// SYMMPOOL_COLLECTIVES: unset (the table decides), "0", "always" or
+// "nccl-windows".
 struct RoutingSettings {
   bool enabled = true;
-  bool always = false;  // ignore the table
+  bool always = false;        // symmpool, whatever the table says
+  bool nccl_windows = false;  // NCCL on its windows, whatever the table says
 };
 
-// As the variable would be set: "0", "always", or "table" where unset.
+// As the variable would be set: "0", "always", "nccl-windows", or "table" where unset.
 constexpr const char* to_string(RoutingSettings s) {
-  return !s.enabled ? "0" : s.always ? "always" : "table";
+  return !s.enabled ? "0" : s.always ? "always" : s.nccl_windows ? "nccl-windows" : "table";
 }
 
 // One collective as plain values. all_gather: output holds world inputs;
@@ -123,6 +147,7 @@ struct CollectiveCall {
   bool reduce_op_supported = true;  // sum or avg (all-gather has none)
   std::int64_t input_numel = 0, output_numel = 0;
   std::size_t element_size = 0;
+  bool captured = false;  // into a CUDA graph (asked only where the table has windows at this world size)
 };
 
 // What the table looks at: all-gather output, reduce-scatter input,
@@ -149,8 +174,15 @@ constexpr RouteDecision route_by_shape(const CollectiveCall& c, RoutingSettings 
   if (!sizes_match) return nccl(RouteReason::kSizesDoNotMatch);
   if ((reduces ? c.output_numel : c.input_numel) == 0) return nccl(RouteReason::kEmpty);
   if (settings.always) return {Engine::kSymmpool, RouteReason::kCollectivesAlways};
-  if (choose_engine(c.kind, table_bytes(c), c.world) == Engine::kNccl)
-    return nccl(RouteReason::kTablePrefersNccl);
+  if (settings.nccl_windows) return {Engine::kNcclWindows, RouteReason::kCollectivesNcclWindows};
+  switch (choose_engine(c.kind, table_bytes(c), c.world, c.captured)) {
+    case Engine::kNccl:
+      return nccl(RouteReason::kTablePrefersNccl);
+    case Engine::kNcclWindows:
+      return {Engine::kNcclWindows, RouteReason::kTablePrefersNcclWindows};
+    case Engine::kSymmpool:
+      break;
+  }
   return {Engine::kSymmpool, RouteReason::kTablePrefersSymmpool};
 }
 

@@ -116,6 +116,18 @@ class Communicator {
   void all_reduce(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
                   cudaStream_t stream, Algorithm algorithm = Algorithm::kAuto);
 
+  // Before the caller runs this collective on NCCL over buffers that may
+  // lie in NCCL's symmetric windows, whose kernels read each peer at this
+  // rank's offset: numbers the call, checks `in` and `out` symmetric
+  // (cached verdicts, one exchange otherwise) and enqueues on `stream` a
+  // meeting that compares the call and its buffers' offsets with every
+  // peer's, so that a rank whose buffer lies elsewhere fails the group
+  // instead of NCCL reading the wrong bytes (nccl_meeting.cpp). False, with
+  // nothing enqueued, where a buffer is not symmetric: the same answer on
+  // every rank. The caller then runs NCCL on `stream` (after the meeting).
+  bool meet_before_nccl(const char* op, const void* in, std::size_t in_bytes, const void* out,
+                        std::size_t out_bytes, cudaStream_t stream);
+
   // Peer memory, for patterns users write themselves (peer_memory.cpp).
   // Collective: checks that [ptr, ptr + bytes) lies in one live allocation
   // at the same offset and size in every rank's heap (syncing the heap first

@@ -17,6 +17,7 @@
 #include <symmpool/nccl_api.hpp>
 #include <symmpool/symmetric_heap.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -36,6 +37,10 @@ struct WindowCounts {
   std::uint64_t abandoned = 0;
   std::size_t live = 0;  // windows now
   std::size_t live_bytes = 0;
+  // Time this rank spent in ncclCommWindowRegister (NCCL's barrier with its
+  // peers included), and in the longest one.
+  std::uint64_t register_ns = 0;
+  std::uint64_t longest_register_ns = 0;
 
   WindowCounts& operator+=(const WindowCounts& o) {
     registrations += o.registrations;
@@ -45,6 +50,8 @@ struct WindowCounts {
     abandoned += o.abandoned;
     live += o.live;
     live_bytes += o.live_bytes;
+    register_ns += o.register_ns;
+    longest_register_ns = std::max(longest_register_ns, o.longest_register_ns);
     return *this;
   }
 };
@@ -71,6 +78,8 @@ class NcclWindows final : public SymmetricSegmentObserver {
 
   // Whether [ptr, ptr + bytes) lies in one window of this rank.
   bool covers(const void* ptr, std::size_t bytes) const;
+  // Whether there is no window: the same on every rank between collective points.
+  bool empty() const;
   WindowCounts counts() const;
   // The last refusal, as reported: "" when none.
   std::string last_refusal() const;
@@ -106,5 +115,9 @@ class NcclWindows final : public SymmetricSegmentObserver {
   std::string last_refusal_;
   bool abandoned_ = false;
 };
+
+// Windows every NcclWindows of this process holds now (none deregistered or
+// abandoned since): what a test reads once a group is gone.
+std::size_t nccl_windows_in_process();
 
 }  // namespace symmpool

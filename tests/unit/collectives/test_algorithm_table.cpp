@@ -49,4 +49,21 @@ TEST(AlgorithmTable, UnmeasuredWorldSizesUseNccl) {
         EXPECT_EQ(choose_engine(op, bytes, world), Engine::kNccl) << world << " " << bytes;
 }
 
+// A measured NCCL-window range takes its op, world size, capture and sizes,
+// and nothing else; the table has none yet (measured at 1 rank only).
+TEST(AlgorithmTable, NcclWindowRangesTakeTheirCallsOnly) {
+  constexpr std::array<NcclWindowRange, 1> ranges{
+      {{CollectiveKind::kAllGather, 2, /*captured=*/true, 64 << 10, 2 * MiB}}};
+  EXPECT_EQ(choose_engine(CollectiveKind::kAllGather, 64 << 10, 2, true, ranges), Engine::kNcclWindows);
+  EXPECT_EQ(choose_engine(CollectiveKind::kAllGather, 2 * MiB, 2, true, ranges), Engine::kNcclWindows);
+  EXPECT_EQ(choose_engine(CollectiveKind::kAllGather, 2 * MiB + 1, 2, true, ranges), Engine::kSymmpool);
+  EXPECT_EQ(choose_engine(CollectiveKind::kAllGather, (64 << 10) - 1, 2, true, ranges), Engine::kSymmpool);
+  EXPECT_EQ(choose_engine(CollectiveKind::kAllGather, 1 * MiB, 2, false, ranges), Engine::kSymmpool);
+  EXPECT_EQ(choose_engine(CollectiveKind::kReduceScatter, 1 * MiB, 2, true, ranges), Engine::kSymmpool);
+  EXPECT_EQ(choose_engine(CollectiveKind::kAllGather, 1 * MiB, 8, true, ranges), Engine::kNccl);
+  EXPECT_TRUE(has_nccl_window_ranges(2, ranges));
+  EXPECT_FALSE(has_nccl_window_ranges(4, ranges));
+  EXPECT_TRUE(kMeasuredNcclWindowRanges.empty());
+}
+
 }  // namespace symmpool::test

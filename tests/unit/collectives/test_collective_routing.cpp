@@ -10,9 +10,10 @@
 namespace symmpool::test {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr RoutingSettings kTable{};                 // SYMMPOOL_COLLECTIVES unset
-constexpr RoutingSettings kAlways{true, true};      // =always
-constexpr RoutingSettings kDisabled{false, false};  // =0
+constexpr RoutingSettings kTable{};                         // SYMMPOOL_COLLECTIVES unset
+constexpr RoutingSettings kAlways{true, true};              // =always
+constexpr RoutingSettings kDisabled{false, false};          // =0
+constexpr RoutingSettings kNcclWindows{true, false, true};  // =nccl-windows
 
 // A call symmpool takes at 2 ranks: `count` bf16 elements per rank.
 CollectiveCall call_of(CollectiveKind kind, std::int64_t count = 1024, int world = 2) {
@@ -112,7 +113,9 @@ TEST(CollectiveRouting, ReasonsAreDistinctAndSayWhoCountsThem) {
   EXPECT_EQ(texts.size(), std::size_t(kRouteReasons));
   EXPECT_EQ(texts.count("unknown"), 0u);
   EXPECT_EQ(routed, 2);
-  EXPECT_EQ(fallbacks, 3);  // group spans nodes, buffer not in heap, not symmetric
+  EXPECT_EQ(fallbacks, 4);  // group spans nodes, buffer not in heap, not symmetric, no NCCL windows
+  EXPECT_FALSE(runs_on_symmpool(RouteReason::kCollectivesNcclWindows));
+  EXPECT_FALSE(runs_on_symmpool(RouteReason::kTablePrefersNcclWindows));
   EXPECT_TRUE(is_nccl_fallback(RouteReason::kNotInHeap));
   EXPECT_FALSE(is_nccl_fallback(RouteReason::kTablePrefersNccl));
 }
@@ -133,6 +136,36 @@ TEST(CollectiveRouting, SettingsReadAsTheVariableWouldBeSet) {
   EXPECT_STREQ(to_string(RoutingSettings{true, true}), "always");
   EXPECT_STREQ(to_string(RoutingSettings{false, false}), "0");
   EXPECT_STREQ(to_string(RoutingSettings{false, true}), "0");  // disabled wins, as route_by_shape
+  EXPECT_STREQ(to_string(kNcclWindows), "nccl-windows");
+  EXPECT_STREQ(to_string(RoutingSettings{false, false, true}), "0");
+}
+
+// SYMMPOOL_COLLECTIVES=nccl-windows: every call symmpool could take goes to
+// NCCL's windows (the router then checks the buffers); the others say why not.
+TEST(CollectiveRouting, NcclWindowsTakesEveryEligibleCall) {
+  for (CollectiveKind kind : kKinds) {
+    for (int world : {1, 2, 8}) {
+      const RouteDecision d = route_by_shape(call_of(kind, 1024, world), kNcclWindows);
+      EXPECT_EQ(d.engine, Engine::kNcclWindows) << world;
+      EXPECT_EQ(d.reason, RouteReason::kCollectivesNcclWindows);
+    }
+    expect_nccl(call_of(kind, 0), RouteReason::kEmpty, kNcclWindows);
+    auto c = call_of(kind);
+    c.contiguous = false;
+    expect_nccl(c, RouteReason::kNotContiguous, kNcclWindows);
+  }
+}
+
+TEST(CollectiveRouting, EnvironmentReadsTheNcclWindowSettings) {
+  ::setenv("SYMMPOOL_COLLECTIVES", "nccl-windows", 1);
+  EXPECT_TRUE(Environment::from_process().collectives_nccl_windows);
+  EXPECT_FALSE(Environment::from_process().collectives_always);
+  ::unsetenv("SYMMPOOL_COLLECTIVES");
+  EXPECT_FALSE(Environment::from_process().collectives_nccl_windows);
+  EXPECT_TRUE(Environment::from_process().nccl_windows);  // on unless turned off
+  ::setenv("SYMMPOOL_NCCL_WINDOWS", "0", 1);
+  EXPECT_FALSE(Environment::from_process().nccl_windows);
+  ::unsetenv("SYMMPOOL_NCCL_WINDOWS");
 }
 
 }  // namespace symmpool::test
