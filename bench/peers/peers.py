@@ -7,12 +7,26 @@ up and how it runs one call of an op at one size.
   SYMMPOOL_ALL_REDUCE_ALGORITHM / SYMMPOOL_REDUCE_SCATTER_ALGORITHM (and
   SYMMPOOL_TWO_STEP_PIECE_BYTES) name another algorithm (SymmBackend reads
   them when it is constructed): the table's choice beside the others.
-* nccl: a "nccl" group, torch.empty buffers.
-* nccl-registered: a second "symm" group made while SYMMPOOL_COLLECTIVES=0
-  (the symm backend reads it when it is constructed: SymmBackend's
-  constructor calls Environment::from_process()), so every call goes to its
-  ProcessGroupNCCL, on the same symmpool buffers as symmpool's, which the
-  symm backend registers with that group's NCCL communicator too.
+* nccl: a plain "nccl" group (the reference), torch.empty buffers.
+* nccl-registered: a plain "nccl" group of its own, buffers from a
+  torch.cuda.MemPool over symmpool's allocator (symmpool.mem_pool()),
+  registered once with that group's communicator after they exist:
+  ProcessGroupNCCL.register_mem_pool(pool, symm=False), which walks the
+  pool's segments (CUDACachingAllocator::snapshot) and ncclCommRegisters
+  each; torch checks no allocator on CUDA, so symmpool's segments are taken.
+* nccl-window: NCCL's symmetric windows, reached as torch 2.11 reaches them:
+  a plain "nccl" group of its own, buffers from a torch.cuda.MemPool over
+  symmpool's allocator (cuMem memory, which a window needs), registered once
+  after they exist with register_mem_pool(pool, symm=True):
+  ncclCommWindowRegister(..., NCCL_WIN_COLL_SYMMETRIC) per segment, a
+  collective call, after which NCCL 2.27+ may run its symmetric kernels.
+  (Not NCCL's own allocator, backend.mem_allocator: torch 2.11 offers it only
+  on devices that support multicast; nor torch's set_backend("NCCL") +
+  symm_mem.empty: that backend is process-wide, and torch-symm-mem keeps its own.)
+  Each registered group's communicator is made first (one all-reduce):
+  registering raises without it. Every NCCL peer thus runs on a plain
+  "nccl" group, each on its own, so a communicator knows only its peer's
+  buffers; a peer whose setup raises is recorded as failed.
 * torch-symm-mem: torch.distributed._symmetric_memory buffers
   (symm_mem.empty + rendezvous on the nccl group), one variant per torch op
   (no multimem_* op: NVLink multicast stays off).
@@ -37,7 +51,20 @@ import torch.distributed as dist
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 PEER_COPY = "peer_copy"  # the op name of the peer-copy reference
-PEERS = ("symmpool", "nccl", "nccl-registered", "torch-symm-mem", "peer-copy")
+PEERS = ("symmpool", "nccl", "nccl-registered", "nccl-window", "torch-symm-mem", "peer-copy")
+# How each NCCL peer's buffers are made and registered (the results' context).
+NCCL_PEERS = {
+    "nccl": "plain \"nccl\" group (the reference; torch-symm-mem rendezvous on it), torch.empty buffers, "
+            "not registered",
+    "nccl-registered": "its own plain \"nccl\" group; buffers from torch.cuda.MemPool over symmpool's allocator "
+                       "(symmpool.mem_pool()), registered once after they exist and after an all-reduce made "
+                       "the communicator: ProcessGroupNCCL.register_mem_pool(pool, symm=False) (ncclCommRegister "
+                       "per segment)",
+    "nccl-window": "its own plain \"nccl\" group; buffers from torch.cuda.MemPool over symmpool's allocator "
+                   "(symmpool.mem_pool(), cuMem memory), registered once after they exist and after an all-reduce "
+                   "made the communicator: ProcessGroupNCCL.register_mem_pool(pool, symm=True) "
+                   "(ncclCommWindowRegister, NCCL_WIN_COLL_SYMMETRIC: NCCL 2.27+ symmetric kernels)",
+}
 DTYPE = torch.bfloat16
 
 # torch.ops.symm_mem ops per op (torch 2.11: torch/distributed/_symmetric_memory/__init__.py
@@ -121,15 +148,18 @@ SYMMPOOL_OP_IN_PLACE = "torch.ops.symmpool in place"
 
 
 class C10dPeer:
-    """torch.distributed's collectives on one group (nccl, symmpool, nccl-registered);
+    """torch.distributed's collectives on one group (symmpool and the NCCL peers);
     `variant_groups` {(variant, op): group} run the same calls through other groups;
-    given `rank`, the all-gather also runs in place (ALL_GATHER_IN_PLACE)."""
+    given `rank`, the all-gather also runs in place (ALL_GATHER_IN_PLACE);
+    `registration` (backend, pool): the pool its buffers came from, registered
+    with its group's communicator (deregister() gives it back)."""
 
     def __init__(self, name: str, group, buffers: Buffers, world: int, variant_groups: dict | None = None,
-                 rank: int | None = None, functional_op: bool = False):
+                 rank: int | None = None, functional_op: bool = False, registration: tuple | None = None):
         self.name, self.group, self.buffers, self.world, self.rank = name, group, buffers, world, rank
         self.variant_groups = variant_groups or {}
         self.functional_op = functional_op  # SYMMPOOL_OP for all-reduces
+        self.registration = registration
 
     def variants(self, op: str) -> list:
         if op not in OPS:
@@ -300,6 +330,33 @@ def _symm_group_with(symm_backend_name: str, env: dict):
                 os.environ[k] = v
 
 
+def _nccl_group(device):
+    """A plain "nccl" group whose communicator exists: register_mem_pool
+    raises without one (ProcessGroupNCCL::registerMemPool)."""
+    group = dist.new_group(backend="nccl")
+    dist.all_reduce(torch.zeros(1, device=device), group=group)
+    return group
+
+
+def _registered_peer(name: str, make_pool, symm: bool, device, world: int, rank: int, nbytes: int) -> C10dPeer:
+    """A peer on its own plain "nccl" group whose buffers come from
+    `make_pool(backend, device)`, registered once after they exist (with
+    symm, a collective call: every rank makes it here)."""
+    group = _nccl_group(device)
+    backend = group._get_backend(device)
+    pool = make_pool(backend, device)
+    with torch.cuda.use_mem_pool(pool, device):
+        buffers = Buffers.make(lambda n: torch.empty(n, dtype=DTYPE, device=device), nbytes)
+    backend.register_mem_pool(pool, symm=symm)
+    return C10dPeer(name, group, buffers, world, rank=rank, registration=(backend, pool))
+
+
+def _symmpool_pool(backend, device):
+    import symmpool
+
+    return symmpool.mem_pool()
+
+
 def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nbytes: int,
                two_step_pieces: list[int] = (), all_reduce_algorithms: list[str] = ()) -> tuple[dict, dict]:
     """The groups and buffers of every peer in `names` (nccl always: it is
@@ -311,12 +368,9 @@ def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nby
     peers["nccl"] = C10dPeer("nccl", nccl, Buffers.make(
         lambda n: torch.empty(n, dtype=DTYPE, device=device), nbytes), world, rank=rank)
 
-    if "symmpool" in names or "nccl-registered" in names:
+    if "symmpool" in names:
         os.environ["SYMMPOOL_COLLECTIVES"] = "always"
         symm = dist.new_group(backend=symm_backend_name)
-        os.environ["SYMMPOOL_COLLECTIVES"] = "0"  # read when the next symm backend is made
-        symm_nccl = dist.new_group(backend=symm_backend_name)
-        os.environ["SYMMPOOL_COLLECTIVES"] = "always"
         backend = symm._get_backend(device)
         symm_buffers = Buffers.make(lambda n: backend.allocate_tensor(n, dtype=DTYPE, device=device), nbytes)
         variant_groups = {(v, op): _symm_group_with(symm_backend_name, env)
@@ -324,7 +378,13 @@ def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nby
                                                               list(all_reduce_algorithms))}
         peers["symmpool"] = C10dPeer("symmpool", symm, symm_buffers, world, variant_groups, rank=rank,
                                      functional_op=world == 2)
-        peers["nccl-registered"] = C10dPeer("nccl-registered", symm_nccl, symm_buffers, world, rank=rank)
+
+    for name, make_pool, symm in (("nccl-registered", _symmpool_pool, False), ("nccl-window", _symmpool_pool, True)):
+        if name in names:
+            try:
+                peers[name] = _registered_peer(name, make_pool, symm, device, world, rank, nbytes)
+            except Exception as e:  # noqa: BLE001  (recorded, the other peers still run)
+                failed[name] = f"setup: {type(e).__name__}: {e}"
 
     if "torch-symm-mem" in names or "peer-copy" in names:
         try:
@@ -345,3 +405,13 @@ def make_peers(names, symm_backend_name: str, device, world: int, rank: int, nby
         except Exception as e:  # noqa: BLE001  (recorded, the other peers still run)
             failed["torch-symm-mem"] = failed["peer-copy"] = f"setup: {type(e).__name__}: {e}"
     return {n: p for n, p in peers.items() if n in names or n == "nccl"}, failed
+
+
+def deregister(peers: dict, failed: dict) -> None:
+    """Gives back every registered pool, in make_peers' order on every rank
+    (a window's deregistration is collective), skipping peers that failed on
+    some rank (their registrations may not match)."""
+    for name, peer in peers.items():
+        if name not in failed and getattr(peer, "registration", None):
+            backend, pool = peer.registration
+            backend.deregister_mem_pool(pool)

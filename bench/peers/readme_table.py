@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Prints the README's peer table from a peer benchmark JSON: per op and
 size, eager time per call in us of symmpool (the table's choice) / NCCL on
-the same registered buffers / the fastest of torch's symm_mem ops / (all-gather
-only) the bare copy-engine peer copy of the bytes a rank receives.
+registered buffers / (where the file has it) NCCL in symmetric windows / the
+fastest of torch's symm_mem ops / (all-gather only) the bare copy-engine peer
+copy of the bytes a rank receives.
 
     python3 bench/peers/readme_table.py bench/results/peers_h200x2_2026-11-27_fused-reductions-every-size.json
 """
@@ -22,7 +23,8 @@ def size_name(nbytes: int) -> str:
 
 
 def cell_time(results: list[dict], op: str, nbytes: int, mode: str) -> list:
-    """[symmpool, nccl-registered, best torch op, (all-gather) peer copy]: us or None."""
+    """[symmpool, nccl-registered, (where `results` has it) nccl-window, best torch op,
+    (all-gather) peer copy]: us or None."""
     def times(peer, variant_ok):
         return [r["time_us_median"] for r in results
                 if r["op"] == op and r["bytes"] == nbytes and r["mode"] == mode and r["peer"] == peer
@@ -31,8 +33,10 @@ def cell_time(results: list[dict], op: str, nbytes: int, mode: str) -> list:
     def first(values):
         return values[0] if values else None
 
-    row = [first(times("symmpool", lambda v: not v)), first(times("nccl-registered", lambda v: not v)),
-           min(times("torch-symm-mem", lambda v: True), default=None)]
+    row = [first(times("symmpool", lambda v: not v)), first(times("nccl-registered", lambda v: not v))]
+    if any(r["peer"] == "nccl-window" for r in results):  # files from before it keep their columns
+        row.append(first(times("nccl-window", lambda v: not v)))
+    row.append(min(times("torch-symm-mem", lambda v: True), default=None))
     if op == "all_gather":
         row.append(first([r["time_us_median"] for r in results
                           if r["op"] == "peer_copy" and r["bytes"] == nbytes and r["mode"] == mode

@@ -1,4 +1,4 @@
-"""Peer benchmark: symmpool against NCCL (plain and on registered buffers),
+"""Peer benchmark: symmpool against NCCL (plain, on registered buffers, in symmetric windows),
 torch's symmetric-memory ops and a bare peer copy, in one run, on the same
 machine state: all-gather, reduce-scatter and all-reduce of bf16, eager and
 in CUDA graphs, one process per GPU.
@@ -49,8 +49,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import timing  # noqa: E402
-from peers import (ALL_GATHER_IN_PLACE, ALL_REDUCE_ALGORITHMS, OPS, PEER_COPY, PEERS, SYMMPOOL_OP,  # noqa: E402
-                   SYMMPOOL_OP_IN_PLACE, SYMMPOOL_OP_MAX_BYTES)
+from peers import (ALL_GATHER_IN_PLACE, ALL_REDUCE_ALGORITHMS, NCCL_PEERS, OPS, PEER_COPY, PEERS,  # noqa: E402
+                   SYMMPOOL_OP, SYMMPOOL_OP_IN_PLACE, SYMMPOOL_OP_MAX_BYTES)
 from run_output import finish_run, write_json  # noqa: E402
 
 NVLINK_GBPS_PER_DIRECTION = 478  # H200's NVLink limit per GPU per direction (the target machine's)
@@ -192,11 +192,13 @@ def default_out(gpu_name: str, world: int) -> str:
 
 def context_of(args, world: int, device) -> dict:
     import torch
+    import torch.distributed as dist
 
     return {
         "what": "per-call time of bf16 collectives per peer, eager and in CUDA graphs (bench/peers)",
         "gpu": torch.cuda.get_device_name(device), "ranks": world, "torch": torch.__version__,
         "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "nccl_runtime": ".".join(map(str, dist.ProcessGroupNCCL.get_runtime_nccl_version())),
         "symmpool_commit": git_commit(), "host": socket.gethostname(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "env": {k: os.environ.get(k) for k in ENV_OF_NOTE},
@@ -217,9 +219,7 @@ def context_of(args, world: int, device) -> dict:
         "time": "per call, us: median, p10, p90 over repetitions of the slowest rank's time",
         "correct": "one eager call per (peer, op, size) before timing, on NaN-poisoned outputs, torch.equal "
                    "to NCCL's result on the same data (random integers in [-8, 8])",
-        "nccl_registered": "a second \"symm\" group made with SYMMPOOL_COLLECTIVES=0 (read per backend, in "
-                           "SymmBackend's constructor): every call goes to its ProcessGroupNCCL, on symmpool's "
-                           "buffers, which the backend registers with that group's NCCL communicator",
+        "nccl_peers": {n: how for n, how in NCCL_PEERS.items() if n == "nccl" or n in args.peers},
         "peer_copy": "each rank pulls, from every other rank's torch symm_mem buffer, the chunk it receives "
                      "in an all-gather of this size (copy_ of get_buffer views: cudaMemcpyAsync), ranks at once; "
                      "busbw_gbps is GB/s per direction",
@@ -233,7 +233,7 @@ def context_of(args, world: int, device) -> dict:
         "symmpool_op_in_place": f"rows of peer symmpool with variant {SYMMPOOL_OP_IN_PLACE!r}: "
                                 "torch.ops.symmpool.all_reduce_, the same op in place on the peer's own symmetric "
                                 "buffer (no output to allocate), at every size, by the table's algorithm",
-        "all_gather_in_place": f"rows with variant {ALL_GATHER_IN_PLACE!r} (nccl, nccl-registered, symmpool): the "
+        "all_gather_in_place": f"rows with variant {ALL_GATHER_IN_PLACE!r} (symmpool and the NCCL peers): the "
                                "all-gather as FSDP2 calls it, each rank's input its own slice of the output, on the "
                                "peer's own group and buffers; without it the input is a buffer of its own",
         "two_step_pieces": args.two_step_pieces, "two_step_from_bytes": args.two_step_from,
@@ -252,7 +252,7 @@ def main(argv=None) -> int:
 
     import cells
     import symmpool
-    from peers import TorchSymmMemPeer, make_peers
+    from peers import TorchSymmMemPeer, deregister, make_peers
 
     device, world, rank, ranks = cells.start_ranks()
     misaligned = [s for s in args.sizes if s % (16 * world)]
@@ -299,6 +299,8 @@ def main(argv=None) -> int:
                                      symm_collectives, row, algorithms=symmpool._C.algorithm_counts)
         if rank == 0:
             write_json(out, document(context, results))
+    # Ranks in step here (every cell ended agreeing); a failure is kept, not raised.
+    context["deregistration_error"] = cells.attempt(lambda: deregister(peers, failed))[1]
     del peers, reference  # buffers go before their groups
     torch.cuda.synchronize()
     stats = symmpool.memory_stats(device)

@@ -55,7 +55,7 @@ def test_defaults_are_the_issue_sizes_ops_and_peers():
     args = run.parse_args([])
     assert args.sizes == [KIB * 4**i for i in range(11)] and args.sizes[-1] == GIB
     assert args.ops == ["all_gather", "reduce_scatter", "all_reduce"]
-    assert args.peers == ["symmpool", "nccl", "nccl-registered", "torch-symm-mem", "peer-copy"]
+    assert args.peers == ["symmpool", "nccl", "nccl-registered", "nccl-window", "torch-symm-mem", "peer-copy"]
     assert args.graph and args.graph_max_bytes == 8 * MIB and args.time_budget is None
     assert args.graph_calls == 20 and args.graph_replays == 10
     assert args.two_step_pieces == [32 * MIB] and args.two_step_from == MIB
@@ -329,6 +329,118 @@ def test_peer_copy_variants_pull_the_same_bytes_exactly(variant):
     assert out[rank * chunk:].isnan().all()  # this rank's own chunk is not pulled
     with pytest.raises(ValueError, match="unknown peer-copy variant"):
         peer.call("peer_copy", "nvls", nbytes)
+
+
+class FakeNccl:
+    """torch.distributed, torch.cuda's pools and torch.empty as make_peers
+    sees them, on CPU: each step lands in `log`, each tensor remembers the
+    pool it was allocated in."""
+
+    def __init__(self, monkeypatch, refuse_window=False):
+        self.log, self.groups, self.pool_of, self.active = [], [], {}, []
+        self.refuse_window = refuse_window
+        real_empty = torch.empty
+
+        def empty(*args, **kwargs):
+            t = real_empty(*args, **kwargs)
+            self.pool_of[t.data_ptr()] = self.active[-1] if self.active else None
+            self.log.append(("alloc", self.active[-1] if self.active else None))
+            return t
+
+        class UseMemPool:
+            def __init__(ctx, pool, device=None):
+                ctx.pool = pool
+
+            def __enter__(ctx):
+                self.active.append(ctx.pool)
+
+            def __exit__(ctx, *exc):
+                self.active.pop()
+
+        monkeypatch.setattr(torch, "empty", empty)
+        monkeypatch.setattr(torch.cuda, "use_mem_pool", UseMemPool)
+        monkeypatch.setattr(torch.cuda, "MemPool", lambda allocator: f"MemPool({allocator})")
+        monkeypatch.setitem(sys.modules, "symmpool", type(sys)("symmpool"))
+        sys.modules["symmpool"].mem_pool = lambda: "symmpool.mem_pool()"
+        monkeypatch.setattr(peers.dist, "new_group", self.new_group)
+        monkeypatch.setattr(peers.dist, "all_reduce", self.all_reduce)
+
+    def new_group(self, backend):
+        assert backend == "nccl"  # every NCCL peer on a plain nccl group
+        fake = self
+
+        class Backend:
+            def register_mem_pool(self, pool, symm=False):
+                assert group.connected, "registered before the communicator exists"
+                if symm and fake.refuse_window:
+                    raise RuntimeError("NCCL version does not support window registration")
+                fake.log.append(("register", group.index, pool, symm))
+
+            def deregister_mem_pool(self, pool):
+                fake.log.append(("deregister", group.index, pool))
+
+        class Group:
+            index, connected, backend = len(self.groups), False, Backend()
+
+            def _get_backend(self, device):
+                return self.backend
+        group = Group()
+        self.groups.append(group)
+        self.log.append(("new_group", group.index))
+        return group
+
+    def all_reduce(self, tensor, group):
+        group.connected = True
+        self.log.append(("all_reduce", group.index))
+
+
+def test_nccl_peers_run_on_plain_nccl_groups_with_their_pools_registered_once(monkeypatch):
+    fake = FakeNccl(monkeypatch)
+    names = ["nccl", "nccl-registered", "nccl-window"]
+    made, failed = peers.make_peers(names, "symm", torch.device("cpu"), 2, 0, 4 * KIB)
+    assert failed == {} and list(made) == names
+    assert fake.log == [("new_group", 0), ("alloc", None), ("alloc", None),  # nccl: plain buffers
+                        ("new_group", 1), ("all_reduce", 1), ("alloc", "symmpool.mem_pool()"),
+                        ("alloc", "symmpool.mem_pool()"), ("register", 1, "symmpool.mem_pool()", False),
+                        ("new_group", 2), ("all_reduce", 2), ("alloc", "symmpool.mem_pool()"),
+                        ("alloc", "symmpool.mem_pool()"), ("register", 2, "symmpool.mem_pool()", True)]
+    for name, group, pool in (("nccl-registered", 1, "symmpool.mem_pool()"),
+                              ("nccl-window", 2, "symmpool.mem_pool()")):
+        p = made[name]
+        assert p.group is fake.groups[group] and p.registration == (fake.groups[group].backend, pool)
+        assert fake.pool_of[p.buffers.a.data_ptr()] == fake.pool_of[p.buffers.b.data_ptr()] == pool
+        assert p.variants("all_gather") == [None, peers.ALL_GATHER_IN_PLACE]
+    assert made["nccl"].registration is None
+    del fake.log[:]
+    peers.deregister(made, {})
+    assert fake.log == [("deregister", 1, "symmpool.mem_pool()"), ("deregister", 2, "symmpool.mem_pool()")]
+
+
+def test_a_nccl_peer_whose_setup_fails_is_recorded_and_planned_as_unavailable(monkeypatch):
+    fake = FakeNccl(monkeypatch, refuse_window=True)
+    names = ["nccl", "nccl-window", "nccl-registered"]
+    made, failed = peers.make_peers(names, "symm", torch.device("cpu"), 2, 1, 4 * KIB)
+    reason = "NCCL version does not support window registration"
+    assert failed == {"nccl-window": f"setup: RuntimeError: {reason}"}
+    assert list(made) == ["nccl", "nccl-registered"]  # the next peer is still made
+    assert run.plan(["all_reduce"], made, failed, names) == [("all_reduce", "nccl", None),
+                                                            ("all_reduce", "nccl-window", None),
+                                                            ("all_reduce", "nccl-registered", None)]
+    del fake.log[:]
+    peers.deregister(made, {"nccl-registered": "setup: on rank 0"})  # failed elsewhere: left alone
+    assert fake.log == []
+
+
+def test_the_context_says_how_each_nccl_peer_made_and_registered_its_buffers(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H200")
+    ctx = run.context_of(run.parse_args(["--peers", "nccl,nccl-window"]), 2, torch.device("cuda", 0))
+    assert set(ctx["nccl_peers"]) == {"nccl", "nccl-window"}
+    assert "register_mem_pool(pool, symm=True)" in ctx["nccl_peers"]["nccl-window"]
+    assert "symmpool.mem_pool()" in ctx["nccl_peers"]["nccl-window"]
+    assert "symm=False" in peers.NCCL_PEERS["nccl-registered"] and "symmpool.mem_pool()" in \
+        peers.NCCL_PEERS["nccl-registered"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", ctx["nccl_runtime"]) and ctx["nccl"]
+    assert set(peers.NCCL_PEERS) == {p for p in peers.PEERS if p.startswith("nccl")}
 
 
 def test_plan_orders_ops_then_peers_and_keeps_failed_peers_as_one_entry():

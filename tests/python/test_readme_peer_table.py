@@ -33,3 +33,13 @@ def test_a_cell_lists_the_fastest_torch_op_and_skips_what_did_not_run():
     assert readme_table.cell_time(results, "all_gather", 1 << 20, "eager") == [10.0, 20.0, 30.0, 8.0]
     assert readme_table.cell_time(results, "all_reduce", 1 << 20, "eager") == [None, None, None]
     assert readme_table.table(results, [1 << 20]).splitlines()[2] == "| all-gather | 10.0 / 20.0 / 30.0 / 8.0 |"
+
+
+def test_files_with_nccl_window_get_its_column_after_nccl_registered():
+    def row(peer, op, us, variant=None):
+        return {"peer": peer, "variant": variant, "op": op, "bytes": 1 << 20, "mode": "eager", "time_us_median": us}
+    results = [row("symmpool", "all_reduce", 10.0), row("nccl-registered", "all_reduce", 20.0),
+               row("nccl-window", "all_reduce", 15.0), row("nccl-window", "all_reduce", 1.0, "in-place"),
+               row("torch-symm-mem", "all_reduce", 30.0, "a")]
+    assert readme_table.cell_time(results, "all_reduce", 1 << 20, "eager") == [10.0, 20.0, 15.0, 30.0]
+    assert readme_table.cell_time(results, "all_gather", 1 << 20, "eager") == [None, None, None, None, None]
