@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # On the GPU machine: build, run every test, the main job and the benches in
-# one go, logs under $OUT. Stages: env build ctest pytest pytest2 train train-own bench hostcost hosttime hostlayers collbench
+# one go, logs under $OUT. Stages: env build ctest pytest pytest2 train train-own bench hostcost hosttime hostlayers collbench windows
 # fsdp2bench memtrace peers tpops (all but pytest2, hostcost, hosttime, hostlayers, fsdp2bench, memtrace, peers
 # and tpops by default), e.g.
 # `bash scripts/gpu_check.sh build bench`.
 # fsdp2bench runs bench/fsdp2/run.py with $FSDP2_BENCH_ARGS (default: its own defaults, the
 # issue's six configs x six modes x 3 reps: far more than 10 minutes; give --configs and
 # --time-budget), JSON and PNG into $OUT.
-# peers runs bench/peers/run.py on every GPU (symmpool, NCCL, NCCL on registered buffers,
-# torch symm_mem, the bare peer copy) with a 480 s budget and $PEERS_BENCH_ARGS, JSON and PNG into $OUT.
+# peers runs bench/peers/run.py on every GPU (symmpool, NCCL, NCCL on registered buffers, NCCL on its
+# symmetric windows, torch symm_mem, the bare peer copy) with a 480 s budget and $PEERS_BENCH_ARGS, JSON and
+# PNG into $OUT.
+# windows runs the NCCL-window GPU test and bench/window_registration.py on every GPU, JSON into $OUT.
 # hosttime runs bench/host_time.py on 2 ranks or more (both on GPU 0 where there is one GPU), JSON into $OUT.
 # hostlayers runs bench/host_layers.py (one eager all-reduce's host time, layer by layer; 2 ranks on GPU 0).
 # tpops runs bench/tp_ops/run.py on every GPU (all-gather + matmul and matmul + reduce-scatter:
@@ -95,6 +97,10 @@ for stage in $stages; do
       # shellcheck disable=SC2086  # the variable holds several arguments
       run tpops.log $py -m torch.distributed.run --standalone --nproc-per-node="$(nvidia-smi -L | wc -l)" \
         bench/tp_ops/run.py --out "$OUT/tp_ops.json" --time-budget 480 ${TP_OPS_BENCH_ARGS:-} ;;
+    windows)  # NCCL's symmetric windows: their test, then the time to register one, by segment size
+      run windows.log $py -m pytest -v -s tests/python/test_gpu.py -k nccl_windows
+      run windows.log $py -m torch.distributed.run --standalone --nproc-per-node="$(nvidia-smi -L | wc -l)" \
+        bench/window_registration.py --out "$OUT/window_registration.json" ;;
     collbench)  # e.g. COLLBENCH_ARGS="--benchmark_filter=AllReduce"
       # shellcheck disable=SC2086  # the variable holds several arguments
       run collbench.log build/bench/symmpool_collectives_bench \
