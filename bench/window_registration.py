@@ -39,9 +39,12 @@ MiB = 1 << 20
 def provenance() -> dict:
     def git(*cmd):
         return subprocess.run(["git", "-C", ROOT, *cmd], capture_output=True, text=True).stdout.strip()
-    commit = os.environ.get("SYMMPOOL_COMMIT") or git("rev-parse", "HEAD") or None
-    return {"commit": commit, "clean_tree": os.environ.get("SYMMPOOL_CLEAN_TREE", str(not git("status", "--porcelain",
-                                                                                             "--untracked-files=no"))),
+    # A copy whose .git is older than its files (the lent GPU machines) is
+    # told its commit, from a clean checkout, in SYMMPOOL_COMMIT.
+    told = os.environ.get("SYMMPOOL_COMMIT")
+    commit = told or git("rev-parse", "HEAD") or None
+    clean = True if told else not git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "clean_tree": clean,
             "host": socket.gethostname(), "gpu": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(),
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "nccl": ".".join(map(str, torch.cuda.nccl.version())), "date": datetime.date.today().isoformat()}
