@@ -40,14 +40,17 @@ PRESETS = {
 # short sequence leaves communication exposed.
 ISSUE_CONFIGS = ["1.4b-b2s2048", "1.4b-b1s1024", "3.5b-b2s2048", "3.5b-b1s512", "7b-b2s2048", "7b-b1s512"]
 
-# mode -> (CUDA backend of the FSDP2 mesh, FSDP2 comm-buffer flag, SYMMPOOL_COLLECTIVES or None for unset)
+# mode -> (CUDA backend of the FSDP2 mesh, how FSDP2's comm buffers are made, SYMMPOOL_COLLECTIVES or None
+# for unset). Buffers: "default" (torch.empty), "flag" (set_allocate_memory_from_process_group_for_comm),
+# "hooks" (symmpool.fsdp.enable: symmpool's all-gather and reduce-scatter on a plain "nccl" mesh).
 MODES = {
-    "stock": ("nccl", False, None),
-    "torch-flag": ("nccl", True, None),
-    "symm": ("symm", True, None),  # unset: symmpool's algorithm table decides
-    "symm-always": ("symm", True, "always"),
-    "symm-nccl": ("symm", True, "0"),
-    "symm-noflag": ("symm", False, None),
+    "stock": ("nccl", "default", None),
+    "torch-flag": ("nccl", "flag", None),
+    "symm": ("symm", "flag", None),  # unset: symmpool's algorithm table decides
+    "symm-always": ("symm", "flag", "always"),
+    "symm-nccl": ("symm", "flag", "0"),
+    "symm-noflag": ("symm", "default", None),
+    "symm-hooks": ("nccl", "hooks", None),
 }
 
 _CONFIG_RE = re.compile(r"^(?P<preset>[0-9a-z.]+)-b(?P<batch>[0-9]+)s(?P<seq>[0-9]+)$")

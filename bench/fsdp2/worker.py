@@ -113,11 +113,16 @@ def build_model(args, mesh, device):
     for block in model.layers:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    if MODES[args.mode][1]:
+    buffers = MODES[args.mode][1]
+    if buffers == "flag":
         # what symmpool.allocate_fsdp_comm_buffers_from_symm does; here for "nccl" groups too
         for m in model.modules():
             if isinstance(m, FSDPModule):
                 m.set_allocate_memory_from_process_group_for_comm(True)
+    elif buffers == "hooks":
+        if symmpool is None:
+            raise SystemExit(f"mode {args.mode} needs symmpool, which does not import: {SYMMPOOL_IMPORT_ERROR}")
+        symmpool.fsdp.enable(model)
     model.to_empty(device=device)
     model.init_weights(args.seed)
     return model
@@ -298,10 +303,12 @@ def check_mode(args, result: dict) -> list[str]:
     if result["world"] < 2 or args.device != "cuda":
         return []
     stats = result["ranks"][0]["symmpool"] or {}
-    backend, flag, collectives = MODES[args.mode]
+    backend, buffers, collectives = MODES[args.mode]
     problems = []
-    if backend == "symm" and flag and not stats.get("allocations"):
+    if backend == "symm" and buffers == "flag" and not stats.get("allocations"):
         problems.append("the flag is on but symmpool made no allocation")
+    if buffers == "hooks" and not stats.get("allocations"):
+        problems.append("symmpool's FSDP2 hooks are on but symmpool made no allocation")
     if collectives == "always" and not stats.get("symm_collectives"):
         problems.append("SYMMPOOL_COLLECTIVES=always but no collective ran on symmpool")
     if collectives == "0" and stats.get("symm_collectives"):

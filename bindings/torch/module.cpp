@@ -5,8 +5,10 @@
 #include "functional_ops.hpp"
 #include "fused_ops.hpp"
 #include "fused_pipelines.hpp"
+#include "group_symmetry.hpp"
 #include "peer_memory.hpp"
 #include "symm_backend.hpp"
+#include "symmetric_tensor.hpp"
 #include "torch_errors.hpp"
 #include "window_staging.hpp"
 
@@ -120,6 +122,52 @@ PYBIND11_MODULE(_C, m) {
       py::call_guard<py::gil_scoped_release>());
 
   m.def("memory_stats", &memory_stats, py::arg("device"));
+
+  // symmpool under a group whose CUDA backend is plain NCCL (group_symmetry.hpp):
+  // True where symmpool ran the call on the current stream, False where the
+  // caller must run it on the group's own backend (the same on every rank).
+  using symmpool::torch_ext::group_symmetry;
+  auto reduce_op = [](const std::string& op) {
+    TORCH_CHECK(op == "sum" || op == "avg", "symmpool: reduce op must be sum or avg, got ", op);
+    return op == "sum" ? c10d::ReduceOp::SUM : c10d::ReduceOp::AVG;
+  };
+  m.def(
+      "group_all_gather",
+      [](const std::string& group, const c10::intrusive_ptr<c10d::Store>& store, at::Tensor output,
+         at::Tensor input) {
+        return static_cast<bool>(
+            group_symmetry(group, store, input.device().index()).all_gather(output, input));
+      },
+      py::arg("group_name"), py::arg("store"), py::arg("output"), py::arg("input"),
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "group_reduce_scatter",
+      [reduce_op](const std::string& group, const c10::intrusive_ptr<c10d::Store>& store, at::Tensor output,
+                  at::Tensor input, const std::string& op) {
+        return static_cast<bool>(group_symmetry(group, store, input.device().index())
+                                     .reduce_scatter(output, input, reduce_op(op)));
+      },
+      py::arg("group_name"), py::arg("store"), py::arg("output"), py::arg("input"), py::arg("op"),
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "group_all_reduce",
+      [reduce_op](const std::string& group, const c10::intrusive_ptr<c10d::Store>& store, at::Tensor tensor,
+                  const std::string& op) {
+        return static_cast<bool>(
+            group_symmetry(group, store, tensor.device().index()).all_reduce(tensor, reduce_op(op)));
+      },
+      py::arg("group_name"), py::arg("store"), py::arg("tensor"), py::arg("op"),
+      py::call_guard<py::gil_scoped_release>());
+  m.def("release_group", &symmpool::torch_ext::release_group_symmetry, py::arg("group_name"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Drops a plain group's symmetric heap and communicator (False where it had none).");
+  m.def(
+      "empty_symmetric",
+      [](std::int64_t numel, at::ScalarType dtype, at::Device device) {
+        return symmpool::torch_ext::empty_symmetric(numel, at::TensorOptions().dtype(dtype).device(device));
+      },
+      py::arg("numel"), py::arg("dtype"), py::arg("device"),
+      "A 1-D tensor in symmpool's memory, freed in stream order on the current stream.");
   m.def(
       "reset_peak_memory_stats",
       [](int device) {

@@ -1,8 +1,9 @@
 #include "symm_backend.hpp"
 
-#include "c10d_store.hpp"
 #include "fused_workspace.hpp"
+#include "group_formation.hpp"
 #include "symm_work.hpp"
+#include "symmetric_tensor.hpp"
 #include "torch_errors.hpp"
 #include "window_staging.hpp"
 
@@ -34,62 +35,12 @@ std::mutex live_backends_mutex;
 std::set<const SymmBackend*> live_backends;
 std::atomic<std::uint64_t> next_backend_serial{1};
 
-// TORCH_NCCL_ASYNC_ERROR_HANDLING, read as ProcessGroupNCCL reads it
-// (default 3, SkipCleanUp): 1 and 3 tear the process down on a failed
-// collective, 0 and 2 leave it to the next wait() or collective to raise.
-bool failure_aborts_process() {
-  const char* value = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
-  const int mode = value && *value ? std::atoi(value) : 3;
-  return mode == 1 || mode == 3;
-}
-
 bool blocking_wait() {
   const char* value = std::getenv("TORCH_NCCL_BLOCKING_WAIT");
   return value && (std::string(value) == "1" || std::string(value) == "true");
 }
 
-// Memory of tensors allocated during a CUDA graph capture, freed since: the
-// graph's replays still use it, and symmpool cannot tell when the graph is
-// gone (torch keeps a private pool per graph for this), so it stays out of
-// the cache for the process's lifetime.
-struct GraphHeld {
-  std::mutex mutex;
-  std::map<c10::DeviceIndex, std::size_t> bytes;
-};
-
-GraphHeld& graph_held() {
-  static auto* held = new GraphHeld;  // never destroyed: a deleter may run during static destruction
-  return *held;
-}
-
-void hold_for_graphs(c10::DeviceIndex device, std::size_t bytes) {
-  GraphHeld& held = graph_held();
-  std::lock_guard<std::mutex> lock(held.mutex);
-  held.bytes[device] += bytes;
-}
-
-// The CUDA device an allocate_tensor request names (the current one when it
-// names none); raises for a negative size or a device that is not a GPU here.
-c10::DeviceIndex requested_cuda_device(long size, const at::TensorOptions& options) {
-  TORCH_CHECK(size >= 0, "symm allocate_tensor: size must be >= 0, got ", size);
-  TORCH_CHECK(options.device().is_cuda(),
-              "symm allocate_tensor: only CUDA tensors can come from symmpool, got device ",
-              options.device());
-  const c10::DeviceIndex device =
-      options.device().has_index() ? options.device().index() : c10::cuda::current_device();
-  TORCH_CHECK(device >= 0 && device < c10::cuda::device_count(), "symm allocate_tensor: no CUDA device ",
-              int(device));
-  return device;
-}
-
 }  // namespace
-
-std::size_t graph_held_bytes(c10::DeviceIndex device) {
-  GraphHeld& held = graph_held();
-  std::lock_guard<std::mutex> lock(held.mutex);
-  auto it = held.bytes.find(device);
-  return it == held.bytes.end() ? 0 : it->second;
-}
 
 SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          c10::intrusive_ptr<Options> options)
@@ -167,33 +118,8 @@ at::Tensor SymmBackend::allocateTensor(long size, at::TensorOptions options) {
 
 at::Tensor SymmBackend::allocate_symmetric(long size, at::TensorOptions options) {
   const c10::DeviceIndex device = requested_cuda_device(size, options);
-  options = options.device(at::Device(at::kCUDA, device));
-  const std::size_t itemsize = options.dtype().itemsize();
-  TORCH_CHECK(static_cast<std::size_t>(size) <= std::numeric_limits<std::size_t>::max() / itemsize,
-              "symm allocate_tensor: ", size, " elements of ", itemsize, " bytes overflow a size");
-  const std::size_t bytes = static_cast<std::size_t>(size) * itemsize;
-  if (bytes == 0) return at::empty({size}, options);
-
-  c10::cuda::CUDAGuard guard(device);
   register_if_ready(at::Device(at::kCUDA, device));
-  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
-  auto stream = reinterpret_cast<CUstream>(current.stream());
-  const bool for_a_graph = is_capturing(current);
-  void* ptr = call_translating_errors([&] { return device_allocator(device).allocate(bytes, stream); });
-  // Freed in stream order on the allocating stream, as PyTorch's allocator
-  // does; memory a graph captured stays with it (graph_held above).
-  auto deleter = [device, stream, for_a_graph, bytes](void* p) {
-    if (for_a_graph) {
-      hold_for_graphs(device, bytes);
-      return;
-    }
-    try {
-      device_allocator(device).deallocate(p, stream);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "symmpool: freeing a symm tensor failed: %s\n", e.what());
-    }
-  };
-  return at::from_blob(ptr, {size}, deleter, options);
+  return empty_symmetric(size, options.device(at::Device(at::kCUDA, device)));
 }
 
 void SymmBackend::register_if_ready(const at::Device& device) {
@@ -484,70 +410,23 @@ Communicator* SymmBackend::communicator(c10::DeviceIndex device) {
   }
   raise_if_failed();  // the heap did not form before: no second try
   // Collective: every rank reaches its first routed collective together.
-  // Every wait on a peer (store keys, barriers) gets the group's timeout, as
-  // NCCL's collectives do; whole seconds, at least one.
-  const auto group_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(getOptions()->timeout);
-  const std::chrono::seconds timeout(std::clamp<std::int64_t>((group_timeout.count() + 999) / 1000, 1,
-                                                              Communicator::kLongestBarrierTimeout.count()));
-  // The first routed collective may come inside torch.cuda.graph: setup
-  // (address reservations, mappings, host allocations) touches no captured
-  // stream, so let it run, as ProcessGroupNCCL does for NCCL's setup.
-  c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
-  heap_store_ = std::make_unique<C10dStore>(store_for_heap_);
-  SymmetricGroupOptions options;
-  options.collectives = collective_options_;
-  options.forms_in_capture = is_capturing(c10::cuda::getCurrentCUDAStream(device));
+  GroupFormation formation;
+  formation.group = this;
+  formation.store = store_for_heap_;
+  formation.device = device;
+  formation.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(getOptions()->timeout);
+  formation.collectives = collective_options_;
   // Ranks that route a call to different engines would each wait for the
   // other in vain.
-  options.same_on_every_rank = {{"SYMMPOOL_COLLECTIVES", to_string(router_.settings())},
-                                {"SYMMPOOL_NCCL_WINDOWS", windows_enabled_ ? "1" : "0"}};
-  options.heap_timeout = timeout;
-  options.barrier_timeout = timeout;
-  // As ProcessGroupNCCL's watchdog: say what failed, then tear the process
-  // down where TORCH_NCCL_ASYNC_ERROR_HANDLING asks, before any stream gets
-  // past the failed collective.
-  const bool abort_process = failure_aborts_process();
-  options.on_failure = [abort_process, rank = getRank()](const std::string& message) {
-    std::fprintf(stderr, "[rank %d] %s\n", rank, message.c_str());
-    if (abort_process) {
-      std::fprintf(stderr,
-                   "[rank %d] symm: aborting the process (TORCH_NCCL_ASYNC_ERROR_HANDLING; set it to 0 "
-                   "to raise from wait() and the next collective instead)\n",
-                   rank);
-      std::fflush(stderr);
-      std::abort();
-    }
-  };
-  try {
-    // The heap is named after the process group: the heap counts its
-    // formations per name (a re-created group gets fresh store keys), and
-    // torch names a group alike on its ranks only.
-    const std::string name = getGroupUid().empty() ? "heap" : "heap-" + getGroupUid();
-    group_ = std::make_unique<SymmetricGroup>(real_driver(), device_allocator(device), *heap_store_, name,
-                                              getRank(), getSize(), std::move(options));
-  } catch (const multi_node_error& e) {
-    // Every rank saw the same hellos, so every rank gives up here together.
-    TORCH_WARN_ONCE("symm: ", e.what(), "; this group's collectives run on NCCL");
+  formation.same_on_every_rank = {{"SYMMPOOL_COLLECTIVES", to_string(router_.settings())},
+                                  {"SYMMPOOL_NCCL_WINDOWS", windows_enabled_ ? "1" : "0"}};
+  FormedGroup formed = form_symmetric_group(formation, &failure_);
+  heap_store_ = std::move(formed.store);
+  if (!formed.group) {
     spans_nodes_ = true;
     return nullptr;
-  } catch (const std::exception& e) {
-    // Sticky, as a failed NCCL communicator: a retry would form the heap
-    // again with peers that may be anywhere in theirs.
-    // A rank whose router never sends a call to symmpool never comes.
-    const char* hint = dynamic_cast<const timeout_error*>(&e)
-                           ? " (every rank forms it at its first collective that may run on symmpool: one "
-                             "with SYMMPOOL_COLLECTIVES=0 never does)"
-                           : "";
-    const std::string message = std::string("symm: the group's symmetric heap did not form on rank ") +
-                                std::to_string(getRank()) + " of " + std::to_string(getSize()) + ": " +
-                                e.what() + hint + "; the group is unusable";
-    auto record = std::make_shared<detail::FailureRecord>();
-    record->set(message);
-    failure_ = std::move(record);
-    if (*hint) throw timeout_error(message);  // the hint in the first error too, not only the later ones
-    throw;
   }
-  failure_ = group_->communicator().failure();
+  group_ = std::move(formed.group);
   heap_device_ = device;
   return &group_->communicator();
 }

@@ -153,9 +153,6 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
 // Sum of the registration counts of every live symm backend of this process.
 RegistrationCounts registration_counts_of_all_backends();
 WindowCounts window_counts_of_all_backends();
-// Bytes of symm tensors allocated during a CUDA graph capture and freed since,
-// kept out of the cache for the graphs that may replay on them.
-std::size_t graph_held_bytes(c10::DeviceIndex device);
 
 // The group's "symm" backend for CUDA, or null.
 c10::intrusive_ptr<c10d::Backend> symm_backend_of(c10d::ProcessGroup& group);

@@ -56,10 +56,9 @@ StagedOutsideWindows::StagedOutsideWindows(const NcclWindows* windows, const std
   }
 }
 
-c10::intrusive_ptr<c10d::Work> StagedOutsideWindows::finish(c10::intrusive_ptr<c10d::Work> work,
-                                                            c10d::OpType type,
-                                                            std::shared_ptr<const detail::FailureRecord> failure,
-                                                            bool blocking_wait) {
+c10::intrusive_ptr<c10d::Work> StagedOutsideWindows::finish(
+    c10::intrusive_ptr<c10d::Work> work, c10d::OpType type,
+    std::shared_ptr<const detail::FailureRecord> failure, bool blocking_wait) {
   if (!staged()) return work;
   staged_calls.fetch_add(1, std::memory_order_relaxed);
   // Staged inputs live on in ProcessGroupNCCL's stash until its work ends.

@@ -38,7 +38,8 @@ class StagedOutsideWindows {
   // stream waits for it, the staged outputs are copied back into the
   // caller's, and a Work that ends after those copies comes back.
   c10::intrusive_ptr<c10d::Work> finish(c10::intrusive_ptr<c10d::Work> work, c10d::OpType type,
-                                        std::shared_ptr<const detail::FailureRecord> failure, bool blocking_wait);
+                                        std::shared_ptr<const detail::FailureRecord> failure,
+                                        bool blocking_wait);
 
  private:
   at::Tensor plain_like(const at::Tensor& t) const;

@@ -8,6 +8,7 @@ import torch
 import symmpool
 from launch import gpu_count, needs_gpu, needs_two, one_gpu_only, run_sharing_one_gpu, run_workers
 import dist_failures
+import dist_fsdp_hooks
 import dist_group_layouts
 import dist_nccl_windows
 import dist_workers
@@ -207,3 +208,13 @@ def test_two_ranks_sharing_one_gpu(worker, args):
 @needs_gpu
 def test_nccl_windows_match_nccl_and_go_with_the_group():
     run_workers(dist_nccl_windows.windows_match_nccl_and_go_with_the_group, gpu_count(), timeout=300)
+
+
+# symmpool.fsdp.enable on a plain "nccl" job, one rank per GPU (NCCL refuses
+# two ranks on one GPU: stock FSDP2, the reference, needs it).
+@needs_gpu
+@pytest.mark.parametrize("collectives,reshard,compiled", [("always", True, False), ("table", False, False),
+                                                         ("always", False, True)])
+def test_fsdp2_hooks_on_a_plain_nccl_mesh_match_stock(collectives, reshard, compiled):
+    run_workers(dist_fsdp_hooks.hooked_losses_match_stock, gpu_count(), collectives, reshard, compiled,
+                timeout=400)

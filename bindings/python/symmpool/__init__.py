@@ -9,6 +9,7 @@ import torch
 import torch.distributed  # noqa: F401  (the extension takes c10d types)
 
 from . import _C
+from . import fsdp  # symmpool.fsdp.enable(model): FSDP2 on a plain NCCL mesh
 from . import fused_ops  # registers torch.ops.symmpool.fused_* and pipelined_*
 from . import ops  # registers torch.ops.symmpool.*
 from ._backend import BACKEND_NAME, register_backend
@@ -25,6 +26,7 @@ __all__ = [
     "allocate_fsdp_comm_buffers_from_symm",
     "barrier",
     "empty_cache",
+    "fsdp",
     "is_available",
     "library_path",
     "mem_pool",

@@ -1,0 +1,67 @@
+"""FSDP2 on a plain "nccl" mesh with symmpool.fsdp.enable: the same losses as
+stock FSDP2, bit for bit, with eager or compiled blocks and either
+reshard_after_forward; with SYMMPOOL_COLLECTIVES=always FSDP2's collectives
+run on symmpool."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+
+from dist_common import init_group, set_collectives_mode
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+
+
+def _losses(mesh: DeviceMesh, hooks: bool, reshard: bool, compiled: bool, steps: int = 4) -> list[float]:
+    import fsdp2_train
+    import symmpool
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.manual_seed(0)
+    vocab, dim, seq = 512, 128, 64
+    model = fsdp2_train.TinyTransformer(vocab, dim, 2, 4, seq).to(device)
+    for i, layer in enumerate(model.layers):
+        if compiled:
+            model.layers[i] = layer = torch.compile(layer)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    if hooks:
+        assert symmpool.fsdp.enable(model) == 3
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.Generator(device="cpu").manual_seed(1 + dist.get_rank())
+    losses = []
+    for _ in range(steps):
+        tokens = torch.randint(0, vocab, (4, seq + 1), generator=data).to(device)
+        loss = F.cross_entropy(model(tokens[:, :-1]).reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def hooked_losses_match_stock(rank: int, world: int, collectives: str, reshard: bool, compiled: bool) -> None:
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS, before CUDA starts
+    set_collectives_mode(collectives)
+    import symmpool
+
+    torch.use_deterministic_algorithms(True)
+    device = init_group(rank, world, "cpu:gloo,cuda:nccl")  # a plain NCCL job
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cuda")
+    stock = _losses(mesh, hooks=False, reshard=reshard, compiled=compiled)
+    before = symmpool.memory_stats(device)
+    hooked = _losses(mesh, hooks=True, reshard=reshard, compiled=compiled)
+    after = symmpool.memory_stats(device)
+    assert hooked == stock, f"losses differ: stock {stock}, symmpool hooks {hooked}"
+    assert after["allocations"] > before["allocations"], "FSDP2's buffers did not come from symmpool"
+    if collectives == "always":
+        assert after["symm_collectives"] > before["symm_collectives"], "no collective ran on symmpool"
+    symmpool.fsdp.release()
+    dist.destroy_process_group()
