@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
-from dist_common import init_group, set_collectives_mode
+from dist_common import every_ranks, init_group, reduction_reference, set_collectives_mode
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 
@@ -61,7 +61,41 @@ def hooked_losses_match_stock(rank: int, world: int, collectives: str, reshard: 
     after = symmpool.memory_stats(device)
     assert hooked == stock, f"losses differ: stock {stock}, symmpool hooks {hooked}"
     assert after["allocations"] > before["allocations"], "FSDP2's buffers did not come from symmpool"
-    if collectives == "always":
+    if collectives == "always" and world > 1:  # FSDP2 skips its collectives on one rank
         assert after["symm_collectives"] > before["symm_collectives"], "no collective ran on symmpool"
     symmpool.fsdp.release()
+    dist.destroy_process_group()
+
+
+def hook_collectives_match_gloo(rank: int, world: int) -> None:
+    """The hooks' all-gather and reduce-scatter on a plain "nccl" group with
+    SYMMPOOL_COLLECTIVES=always run on symmpool (no NCCL call: ranks may
+    share a GPU) and match gloo's exact reference, odd sizes, every dtype."""
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+    import symmpool
+
+    device = init_group(rank, world, "cpu:gloo,cuda:nccl")
+    group = dist.group.WORLD
+    all_gather, reduce_scatter = symmpool.fsdp.SymmAllGather(), symmpool.fsdp.SymmReduceScatter()
+    gen = torch.Generator().manual_seed(7 + rank)
+    calls = 0
+    before = symmpool.memory_stats(device)["symm_collectives"]
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for n in (1, 1009, 4099, (1 << 18) + 3):
+            inp = all_gather.allocate((n,), dtype=dtype, device=device)
+            inp.copy_(torch.randn(n, generator=gen).to(dtype))
+            out = all_gather.allocate((n * world,), dtype=dtype, device=device).fill_(float("nan"))
+            assert all_gather(out, inp, group) is None  # ran on the current stream
+            assert torch.equal(out.cpu(), torch.cat(every_ranks(inp))), f"all_gather {dtype} x {n}"
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                rs_in = reduce_scatter.allocate((n * world,), dtype=dtype, device=device)
+                rs_in.copy_(torch.randn(n * world, generator=gen).to(dtype))
+                rs_out = reduce_scatter.allocate((n,), dtype=dtype, device=device).fill_(float("nan"))
+                want = reduction_reference(rs_in, op)[rank * n:(rank + 1) * n]
+                assert reduce_scatter(rs_out, rs_in, group, op) is None
+                assert torch.equal(rs_out.cpu(), want), f"reduce_scatter {op} {dtype} x {n}"
+            calls += 3
+    torch.cuda.synchronize(device)
+    assert symmpool.memory_stats(device)["symm_collectives"] - before == calls
+    assert symmpool.fsdp.release(group)
     dist.destroy_process_group()

@@ -218,3 +218,13 @@ def test_nccl_windows_match_nccl_and_go_with_the_group():
 def test_fsdp2_hooks_on_a_plain_nccl_mesh_match_stock(collectives, reshard, compiled):
     run_workers(dist_fsdp_hooks.hooked_losses_match_stock, gpu_count(), collectives, reshard, compiled,
                 timeout=400)
+
+
+# The hooks' collectives on a plain "nccl" group run on symmpool: on every
+# GPU, or with two ranks sharing the one GPU (NCCL is never called).
+@needs_gpu
+def test_fsdp2_hook_collectives_on_a_plain_nccl_group_match_gloo():
+    if gpu_count() >= 2:
+        run_workers(dist_fsdp_hooks.hook_collectives_match_gloo, gpu_count(), timeout=300)
+    else:
+        run_sharing_one_gpu(dist_fsdp_hooks.hook_collectives_match_gloo, 2, timeout=300)
