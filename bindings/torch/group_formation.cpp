@@ -29,12 +29,13 @@ bool failure_aborts_process() {
 
 }  // namespace
 
-FormedGroup form_symmetric_group(const GroupFormation& f, std::shared_ptr<const detail::FailureRecord>* failure) {
+FormedGroup form_symmetric_group(const GroupFormation& f,
+                                 std::shared_ptr<const detail::FailureRecord>* failure) {
   const c10d::Backend& group = *f.group;
   // Every wait on a peer (store keys, barriers) gets the group's timeout, as
   // NCCL's collectives do; whole seconds, at least one.
-  const std::chrono::seconds timeout(std::clamp<std::int64_t>(
-      (f.timeout.count() + 999) / 1000, 1, Communicator::kLongestBarrierTimeout.count()));
+  const std::chrono::seconds timeout(std::clamp<std::int64_t>((f.timeout.count() + 999) / 1000, 1,
+                                                              Communicator::kLongestBarrierTimeout.count()));
   // The first routed collective may come inside torch.cuda.graph: setup
   // (address reservations, mappings, host allocations) touches no captured
   // stream, so let it run, as ProcessGroupNCCL does for NCCL's setup.
@@ -68,8 +69,9 @@ FormedGroup form_symmetric_group(const GroupFormation& f, std::shared_ptr<const 
     // formations per name (a re-created group gets fresh store keys), and
     // torch names a group alike on its ranks only.
     const std::string name = group.getGroupUid().empty() ? "heap" : "heap-" + group.getGroupUid();
-    formed.group = std::make_unique<SymmetricGroup>(real_driver(), device_allocator(f.device), *formed.store, name,
-                                                    group.getRank(), group.getSize(), std::move(options));
+    formed.group =
+        std::make_unique<SymmetricGroup>(real_driver(), device_allocator(f.device), *formed.store, name,
+                                         group.getRank(), group.getSize(), std::move(options));
   } catch (const multi_node_error& e) {
     // Every rank saw the same hellos, so every rank gives up here together.
     TORCH_WARN_ONCE("symm: ", e.what(), "; this group's collectives run on NCCL");

@@ -3,17 +3,16 @@
 #include "symm_work.hpp"
 #include "torch_errors.hpp"
 
-#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
-
 #include <symmpool/device_allocators.hpp>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
 #include <cstdio>
 #include <map>
-#include <vector>
 #include <utility>
+#include <vector>
 
 namespace symmpool::torch_ext {
 
@@ -40,7 +39,8 @@ Registry& registry() {
 
 }  // namespace
 
-GroupSymmetry::GroupSymmetry(c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl, c10::intrusive_ptr<c10d::Store> store)
+GroupSymmetry::GroupSymmetry(c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl,
+                             c10::intrusive_ptr<c10d::Store> store)
     : nccl_(std::move(nccl)),
       store_(std::move(store)),
       router_(
@@ -55,8 +55,10 @@ GroupSymmetry::~GroupSymmetry() {
 Communicator* GroupSymmetry::communicator(c10::DeviceIndex device) {
   if (spans_nodes_) return nullptr;
   if (formed_.group) {
-    TORCH_CHECK(device == device_, "symmpool collectives use one device per process group: this group's heap is "
-                "on cuda:", int(device_), ", got cuda:", int(device));
+    TORCH_CHECK(device == device_,
+                "symmpool collectives use one device per process group: this group's heap is "
+                "on cuda:",
+                int(device_), ", got cuda:", int(device));
     return &formed_.group->communicator();
   }
   if (failure_ && failure_->failed()) TORCH_CHECK(false, failure_->message());
@@ -106,7 +108,8 @@ GroupSymmetry& group_symmetry(const std::string& group_name, const c10::intrusiv
     auto group = c10d::resolve_process_group(group_name);
     auto backend = group->getBackend(c10::DeviceType::CUDA);
     auto nccl = c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupNCCL>(backend);
-    TORCH_CHECK(nccl, "symmpool: group ", group_name, "'s CUDA backend is ", backend->getBackendName(), ", not NCCL");
+    TORCH_CHECK(nccl, "symmpool: group ", group_name, "'s CUDA backend is ", backend->getBackendName(),
+                ", not NCCL");
     slot = std::make_unique<GroupSymmetry>(std::move(nccl), store);
   }
   return *slot;

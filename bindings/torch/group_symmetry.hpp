@@ -12,7 +12,6 @@
 #include "collective_router.hpp"
 #include "group_formation.hpp"
 
-
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>

@@ -56,7 +56,6 @@ c10::DeviceIndex requested_cuda_device(long size, const at::TensorOptions& optio
   return device;
 }
 
-
 std::size_t graph_held_bytes(c10::DeviceIndex device) {
   GraphHeld& held = graph_held();
   std::lock_guard<std::mutex> lock(held.mutex);
