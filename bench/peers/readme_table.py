@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints the README's peer table from a peer benchmark JSON: per op and
+"""Prints the peer tables of the README and bench/peers/README.md from a peer benchmark JSON: per op and
 size, eager time per call in us of symmpool (the table's choice) / NCCL on
 registered buffers / (where the file has it) NCCL in symmetric windows / the
 fastest of torch's symm_mem ops / (all-gather only) the bare copy-engine peer

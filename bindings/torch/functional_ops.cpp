@@ -84,8 +84,8 @@ at::Tensor reduce_scatter(const at::Tensor& input, c10::string_view op, std::int
 
 // On a "symm" group the backend runs it straight into a new tensor (no
 // copy of the input first, no trip through c10d's dispatcher, no Work):
-// 23-25 us eager at 1-8 KiB on 2 H200s instead of 31-38 (README, Peer
-// benchmark); torch's own one-shot op still takes about 10 us less.
+// 23-25 us eager at 1-8 KiB on 2 H200s instead of 31-38 (bench/peers/README.md);
+// torch's own one-shot op still takes about 10 us less.
 at::Tensor all_reduce(const at::Tensor& input, c10::string_view op, c10::string_view group_name) {
   c10d::AllreduceOptions opts;
   opts.reduceOp = reduce_op(op);

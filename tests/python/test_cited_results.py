@@ -1,4 +1,4 @@
-"""Every results file the README and the docs cite is in bench/results (a
+"""Every results file the README, the docs and the benchmarks' pages cite is in bench/results (a
 speed claim must point at a file that is there). Names with placeholders
 (`<date>`) are patterns, not citations; a glob must match a file. Needs no GPU."""
 import pathlib
@@ -17,7 +17,7 @@ def missing(root: pathlib.Path, names: set[str]) -> list[str]:
 
 
 def test_every_cited_results_file_exists():
-    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "bench").glob("*/README.md"))]
     names = set().union(*(cited(d.read_text()) for d in docs))
     assert len(names) > 10, names  # the pattern still finds the citations
     assert missing(ROOT, names) == []

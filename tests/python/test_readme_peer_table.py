@@ -1,5 +1,6 @@
-"""The README's peer table is what bench/peers/readme_table.py prints for the
-file the README cites beside it (so the table is regenerated, not retyped).
+"""The peer tables of the README and bench/peers/README.md are what
+bench/peers/readme_table.py prints for the file each cites beside them (so
+the tables are regenerated, not retyped).
 Needs no GPU."""
 import importlib.util
 import json
@@ -13,14 +14,16 @@ spec.loader.exec_module(readme_table)
 CITED = "peers_h200x2_2026-11-27_own-slice-after-first-meeting-every-peer.json"
 
 
-def test_the_readme_table_is_the_cited_file():
+def test_the_tables_are_the_cited_file():
     readme = (ROOT / "README.md").read_text()
-    assert f"`bench/results/{CITED}`" in readme
+    bench_page = (ROOT / "bench/peers/README.md").read_text()
     results = json.loads((ROOT / "bench/results" / CITED).read_text())["results"]
-    expected = readme_table.table(results, [64 << 20, 256 << 20, 1 << 30])
-    assert expected in readme, expected
+    eager = readme_table.table(results, [64 << 20, 256 << 20, 1 << 30])
     graph = readme_table.table(results, [1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20], "graph")
-    assert graph in readme, graph
+    for page, tables in ((readme, [eager]), (bench_page, [eager, graph])):
+        assert f"`bench/results/{CITED}`" in page
+        for table in tables:
+            assert table in page, table
 
 
 def test_a_cell_lists_the_fastest_torch_op_and_skips_what_did_not_run():

@@ -1,6 +1,6 @@
 #pragma once
 // A communicator's settings from the environment, read once and handed to
-// its constructor (README, Collectives):
+// its constructor (docs/usage.md, Collectives):
 //   SYMMPOOL_MAX_BLOCKS       grid cap of the reductions too large to meet
 //                             their peers inside (as NCCL_MAX_CTAS caps NCCL's)
 //   SYMMPOOL_COPY_STREAMS     streams that share each copy-engine copy
