@@ -2,6 +2,7 @@
 #include <symmpool/detail/checked_size.hpp>
 #include <symmpool/detail/format.hpp>
 #include <symmpool/error.hpp>
+#include <symmpool/log.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -83,13 +84,13 @@ CachingAllocator::~CachingAllocator() {
   if (!active_.empty()) {
     std::size_t bytes = 0;
     for (auto& [ptr, block] : active_) bytes += block->size;
-    std::fprintf(stderr, "symmpool: allocator of device %d destroyed with %zu live allocations (%s)\n",
-                 device(), active_.size(), format_bytes(bytes).c_str());
+    SYMMPOOL_WARN(kAlloc, "allocator of device %d destroyed with %zu live allocations (%s)", device(),
+                  active_.size(), format_bytes(bytes).c_str());
   }
   try {
     synchronize_events();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "symmpool: %s\n", e.what());
+    SYMMPOOL_WARN(kAlloc, "%s", e.what());
   }
   // Events still pending (synchronizing failed) go too: the segments are unmapped below.
   for (auto& [event, block] : pending_) drv_.cuEventDestroy(event);
@@ -171,7 +172,7 @@ CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size, s
       release_cached_segments();
     } catch (const std::exception& e) {
       // What did go back may be enough: the map below decides.
-      std::fprintf(stderr, "symmpool: releasing cached segments for an allocation failed: %s\n", e.what());
+      SYMMPOOL_WARN(kAlloc, "releasing cached segments for an allocation failed: %s", e.what());
     }
     segment = arena_->map_new_segment(want);
   }
@@ -411,7 +412,7 @@ std::size_t CachingAllocator::unmap_keeping_failure(Block* head, std::exception_
     return size;
   } catch (const std::exception& e) {
     if (!first_failure) first_failure = std::current_exception();
-    if (say_as) std::fprintf(stderr, "symmpool: %s failed: %s\n", say_as, e.what());
+    if (say_as) SYMMPOOL_WARN(kAlloc, "%s failed: %s", say_as, e.what());
     return 0;
   }
 }

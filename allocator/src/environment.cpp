@@ -37,6 +37,8 @@ Environment Environment::from_process() {
   env.collectives_enabled = !is_false("SYMMPOOL_COLLECTIVES");
   env.nccl_windows = !is_false("SYMMPOOL_NCCL_WINDOWS");
   env.debug_routing = is_true("SYMMPOOL_DEBUG_ROUTING");
+  if (const char* v = std::getenv("SYMMPOOL_DEBUG")) env.debug_level = v;
+  if (const char* v = std::getenv("SYMMPOOL_DEBUG_SUBSYS")) env.debug_subsystems = v;
   env.segment_moves = !is_false("SYMMPOOL_SEGMENT_MOVES");
   if (const char* v = std::getenv("SYMMPOOL_MAX_BLOCKS")) env.max_blocks = v;
   if (const char* v = std::getenv("SYMMPOOL_COPY_STREAMS")) env.copy_streams = v;

@@ -1,4 +1,5 @@
 #include <symmpool/error.hpp>
+#include <symmpool/log.hpp>
 #include <symmpool/nccl_registration.hpp>
 
 #include <cstdio>
@@ -14,10 +15,10 @@ NcclRegistrationHook::NcclRegistrationHook(ncclComm_t comm, const NcclApi& nccl,
 NcclRegistrationHook::~NcclRegistrationHook() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!registrations_.empty())
-    std::fprintf(stderr,
-                 "symmpool: NCCL registration hook destroyed with %zu segments still registered; "
-                 "detach it from the allocator first\n",
-                 registrations_.size());
+    SYMMPOOL_WARN(kReg,
+                  "NCCL registration hook destroyed with %zu segments still registered; detach it from the "
+                  "allocator first",
+                  registrations_.size());
 }
 
 void NcclRegistrationHook::on_segment_mapped(const Segment& segment) {
@@ -49,8 +50,8 @@ void NcclRegistrationHook::on_segment_unmapping(const Segment& segment) noexcept
   ++counts_.deregistrations;
   if (r != ncclSuccess) {
     ++counts_.failed_deregistrations;
-    std::fprintf(stderr, "symmpool: ncclCommDeregister of segment %llu failed: %s\n",
-                 static_cast<unsigned long long>(segment.id), nccl_.error_string(r));
+    SYMMPOOL_WARN(kReg, "ncclCommDeregister of segment %llu failed: %s",
+                  static_cast<unsigned long long>(segment.id), nccl_.error_string(r));
   }
   --counts_.live;
   counts_.live_bytes -= it->second.size;

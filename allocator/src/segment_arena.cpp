@@ -2,6 +2,7 @@
 #include <symmpool/detail/format.hpp>
 #include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
+#include <symmpool/log.hpp>
 #include <symmpool/segment_arena.hpp>
 
 #include <algorithm>
@@ -104,7 +105,7 @@ SegmentArena::~SegmentArena() {
     try {
       unmap_segment(segments_.begin()->second.get());
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "symmpool: while destroying the arena of device %d: %s\n", device_, e.what());
+      SYMMPOOL_WARN(kAlloc, "while destroying the arena of device %d: %s", device_, e.what());
     }
     if (segments_.size() == before) segments_.erase(segments_.begin());
   }

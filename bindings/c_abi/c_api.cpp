@@ -1,5 +1,6 @@
 #include <symmpool/c_api.h>
 #include <symmpool/device_allocators.hpp>
+#include <symmpool/log.hpp>
 
 #include <cstdio>
 #include <exception>
@@ -11,7 +12,7 @@ thread_local std::string last_error;
 
 void report(const char* function, const std::exception& e) {
   last_error = e.what();
-  std::fprintf(stderr, "%s: %s\n", function, e.what());
+  SYMMPOOL_WARN(kAlloc, "%s: %s", function, e.what());
 }
 
 CUstream as_driver_stream(cudaStream_t stream) { return reinterpret_cast<CUstream>(stream); }

@@ -2,6 +2,8 @@
 
 #include "torch_errors.hpp"
 
+#include <symmpool/log.hpp>
+
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -40,7 +42,7 @@ CollectiveRouter::CollectiveRouter(const c10d::Backend& group, const Environment
     : group_(group),
       settings_{env.collectives_enabled, env.collectives_always, env.collectives_nccl_windows},
       nccl_windows_enabled_(env.nccl_windows),
-      trace_(env.debug_routing),
+      trace_(log::enabled(log::Level::kInfo, log::kRouting)),
       communicator_(std::move(communicator)),
       windows_(std::move(windows)) {}
 
@@ -180,10 +182,10 @@ void CollectiveRouter::record(CollectiveKind kind, std::size_t bytes, RouteDecis
   if (decision.engine == Engine::kNcclWindows) on_windows.fetch_add(1, std::memory_order_relaxed);
   if (!trace_) return;
   const std::string& name = group_.getGroupDesc().empty() ? group_.getGroupUid() : group_.getGroupDesc();
-  std::fprintf(stderr,
-               "[rank %d] symm routing: group %s (%d ranks) %s of %zu bytes -> %s: %s (%llu so far)\n",
-               group_.getRank(), name.c_str(), group_.getSize(), to_string(kind), bytes,
-               to_string(decision.engine), to_string(decision.reason), static_cast<unsigned long long>(seen));
+  log::write(log::Level::kInfo, log::kRouting,
+             "group %s rank %d (%d ranks) %s of %zu bytes -> %s: %s (%llu so far)", name.c_str(),
+             group_.getRank(), group_.getSize(), to_string(kind), bytes, to_string(decision.engine),
+             to_string(decision.reason), static_cast<unsigned long long>(seen));
 }
 
 std::array<std::uint64_t, kRouteReasons> routing_counts() {

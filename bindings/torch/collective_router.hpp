@@ -4,8 +4,9 @@
 // settings, dtype, op, layout, sizes, then the algorithm table), the same
 // way on every rank; then, for a call symmpool may take, from the group's
 // communicator, which enqueues it. Every decision is counted by its reason;
-// with SYMMPOOL_DEBUG_ROUTING=1 (read when the group is made) each one is
-// also printed to stderr.
+// with the ROUTING subsystem at INFO (SYMMPOOL_DEBUG=INFO, or
+// SYMMPOOL_DEBUG_ROUTING=1; read when the group is made) each one is also
+// logged (log.hpp).
 
 #include <symmpool/collective_routing.hpp>
 #include <symmpool/communicator.hpp>

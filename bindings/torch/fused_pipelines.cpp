@@ -10,6 +10,8 @@
 #include "peer_memory.hpp"
 #include "torch_errors.hpp"
 
+#include <symmpool/log.hpp>
+
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAException.h>
@@ -70,15 +72,12 @@ class WorkspaceUse {
     try {
       if (forked_ || !capturing_) wait_stream(main_, copies_, ws_.joined);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "symmpool fused ops: joining the copy stream after a failed call failed: %s\n",
-                   e.what());
+      SYMMPOOL_WARN(kTp, "fused ops: joining the copy stream after a failed call failed: %s", e.what());
     }
     try {
       if (!capturing_) ws_.record_use(main_);
     } catch (const std::exception& e) {
-      std::fprintf(stderr,
-                   "symmpool fused ops: recording the workspace's use after a failed call failed: %s\n",
-                   e.what());
+      SYMMPOOL_WARN(kTp, "fused ops: recording the workspace's use after a failed call failed: %s", e.what());
     }
   }
 

@@ -4,6 +4,7 @@
 
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/error.hpp>
+#include <symmpool/log.hpp>
 
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAStream.h>
@@ -53,13 +54,15 @@ FormedGroup form_symmetric_group(const GroupFormation& f,
   // down where TORCH_NCCL_ASYNC_ERROR_HANDLING asks, before any stream gets
   // past the failed collective.
   const bool abort_process = failure_aborts_process();
+  log::set_rank(group.getRank());  // for the prefix of every message from here on
   options.on_failure = [abort_process, rank = group.getRank()](const std::string& message) {
-    std::fprintf(stderr, "[rank %d] %s\n", rank, message.c_str());
+    SYMMPOOL_WARN(kColl, "%s", message.c_str());
     if (abort_process) {
-      std::fprintf(stderr,
-                   "[rank %d] symm: aborting the process (TORCH_NCCL_ASYNC_ERROR_HANDLING; set it to 0 "
-                   "to raise from wait() and the next collective instead)\n",
-                   rank);
+      SYMMPOOL_WARN(
+          kColl,
+          "rank %d: aborting the process (TORCH_NCCL_ASYNC_ERROR_HANDLING; set it to 0 to raise from "
+          "wait() and the next collective instead)",
+          rank);
       std::fflush(stderr);
       std::abort();
     }

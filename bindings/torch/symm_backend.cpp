@@ -10,6 +10,7 @@
 #include <symmpool/detail/failure_record.hpp>
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/error.hpp>
+#include <symmpool/log.hpp>
 #include <symmpool/nvlink_topology.hpp>
 
 #include <c10/cuda/CUDAFunctions.h>
@@ -196,8 +197,7 @@ void SymmBackend::release_symmetric_state() noexcept {
     windows_view_.store(nullptr, std::memory_order_release);
     // NCCL's kernels may still read through the windows: they finish first.
     if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
-      std::fprintf(stderr, "symmpool: device sync before deregistering NCCL windows failed: %s\n",
-                   cudaGetErrorString(e));
+      SYMMPOOL_WARN(kReg, "device sync before deregistering NCCL windows failed: %s", cudaGetErrorString(e));
     windows_.reset();  // before the heap it observes
   }
   group_.reset();  // the communicator (it synchronizes the device), then the heap it maps through
@@ -206,7 +206,7 @@ void SymmBackend::release_symmetric_state() noexcept {
     // group formed): no queued op can still use them.
     release_fused_workspaces(serial());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "symmpool: releasing the fused-op workspaces failed: %s\n", e.what());
+    SYMMPOOL_WARN(kTp, "releasing the fused-op workspaces failed: %s", e.what());
   }
   detach_all();
 }
@@ -217,7 +217,7 @@ void SymmBackend::detach_all() noexcept {
     try {
       device_allocator(device).remove_observer(hook.get(), /*replay_existing=*/true);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "symmpool: detaching from device %d failed: %s\n", int(device), e.what());
+      SYMMPOOL_WARN(kReg, "detaching from device %d failed: %s", int(device), e.what());
     }
   }
   hooks_.clear();

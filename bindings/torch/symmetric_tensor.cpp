@@ -4,6 +4,7 @@
 #include "torch_errors.hpp"
 
 #include <symmpool/device_allocators.hpp>
+#include <symmpool/log.hpp>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -87,7 +88,7 @@ at::Tensor empty_symmetric(long size, at::TensorOptions options) {
     try {
       device_allocator(device).deallocate(p, stream);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "symmpool: freeing a symm tensor failed: %s\n", e.what());
+      SYMMPOOL_WARN(kAlloc, "freeing a symm tensor failed: %s", e.what());
     }
   };
   return at::from_blob(ptr, {size}, deleter, options);

@@ -22,6 +22,7 @@
 #include <symmpool/communicator.hpp>
 #include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
+#include <symmpool/log.hpp>
 
 #include <array>
 #include <atomic>
@@ -103,7 +104,7 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   end_word_ = detail::CallEndWord::make_if_supported(allocator_.device());
   order_ = std::make_unique<detail::IssueOrder>(end_word_.get());
   if (!on_failure)
-    on_failure = [](const std::string& message) { std::fprintf(stderr, "%s\n", message.c_str()); };
+    on_failure = [](const std::string& message) { SYMMPOOL_WARN(kColl, "%s", message.c_str()); };
   monitor_ = std::make_unique<detail::FailureMonitor>(allocator_.device(), rank(), world(),
                                                       std::chrono::seconds(timeout_seconds_), error_words_,
                                                       std::move(on_failure), end_word_.get());
@@ -119,8 +120,8 @@ Communicator::~Communicator() {
   // sync fails (a sticky error, a capture open on this thread), kernels may
   // still use the pads unmapped below: say so rather than pass in silence.
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess)
-    std::fprintf(stderr, "symmpool: rank %d: device sync before releasing the communicator failed: %s\n",
-                 rank(), cudaGetErrorString(e));
+    SYMMPOOL_WARN(kColl, "rank %d: device sync before releasing the communicator failed: %s", rank(),
+                  cudaGetErrorString(e));
   watchdog_.reset();
   monitor_.reset();
   if (scratch_) cudaFree(scratch_);
@@ -133,7 +134,7 @@ void Communicator::release_resources() noexcept {
     try {
       heap_.release_internal(internal_);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "symmpool: releasing the signal pads failed: %s\n", e.what());
+      SYMMPOOL_WARN(kColl, "releasing the signal pads failed: %s", e.what());
     }
   }
   internal_ = nullptr;

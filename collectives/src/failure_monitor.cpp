@@ -4,6 +4,7 @@
 
 #include <symmpool/detail/scope_exit.hpp>
 #include <symmpool/error.hpp>
+#include <symmpool/log.hpp>
 
 #include <cstdio>
 #include <vector>
@@ -245,7 +246,7 @@ void FailureMonitor::watch() {
       poll();
       retire_on_this_thread();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "symmpool: failure monitor: %s\n", e.what());
+      SYMMPOOL_WARN(kColl, "failure monitor: %s", e.what());
     }
     lock.lock();
   }

@@ -3,6 +3,7 @@
 #include "relaxed_capture.hpp"
 
 #include <symmpool/error.hpp>
+#include <symmpool/log.hpp>
 
 #include <cstdio>
 #include <exception>
@@ -105,7 +106,7 @@ void StreamOpWatchdog::watch() {
       try {
         check(channels_[static_cast<std::size_t>(i)], i, failed, side);
       } catch (const std::exception& e) {  // tried again at the next tick
-        if (!reported) std::fprintf(stderr, "symmpool: stream-op watchdog (retrying): %s\n", e.what());
+        if (!reported) SYMMPOOL_WARN(kColl, "stream-op watchdog (retrying): %s", e.what());
         reported = true;
       }
     }

@@ -1,5 +1,6 @@
 #include <symmpool/detail/deadline.hpp>
 #include <symmpool/error.hpp>
+#include <symmpool/log.hpp>
 #include <symmpool/nccl_windows.hpp>
 
 #include <algorithm>
@@ -117,8 +118,8 @@ void NcclWindows::deregister(const Window& window) noexcept {
   ++counts_.deregistrations;
   if (r != ncclSuccess) {
     ++counts_.failed_deregistrations;
-    std::fprintf(stderr, "symmpool: ncclCommWindowDeregister of the window at offset %zu failed: %s\n",
-                 window.offset, nccl_.error_string(r));
+    SYMMPOOL_WARN(kReg, "ncclCommWindowDeregister of the window at offset %zu failed: %s", window.offset,
+                  nccl_.error_string(r));
   }
   --counts_.live;
   counts_.live_bytes -= window.size;
@@ -247,7 +248,7 @@ void NcclWindows::on_symmetric_segments(const std::vector<SymmetricSegment>& now
       ++counts_.refusals;
       last_refusal_ = "NCCL refused a symmetric window over " + describe(fresh[i]) + " (" + refusal +
                       "); the segment stays registered locally";
-      std::fprintf(stderr, "symmpool: %s\n", last_refusal_.c_str());
+      SYMMPOOL_WARN(kReg, "%s", last_refusal_.c_str());
     }
   }
   if (!stuck_report.empty())

@@ -1,4 +1,5 @@
 #include <symmpool/error.hpp>
+#include <symmpool/log.hpp>
 #include <symmpool/peer_mapping.hpp>
 
 #include <algorithm>
@@ -96,12 +97,12 @@ std::size_t release_retired_peer_mappings(const DriverApi& drv, CUcontext contex
       const CUresult a = drv.cuMemUnmap(m.range->base() + m.offset, m.size);
       const CUresult b = drv.cuMemRelease(m.handle);
       if (a != CUDA_SUCCESS || b != CUDA_SUCCESS)
-        std::fprintf(stderr, "symmpool: unmapping a peer segment (offset %zu, %zu bytes) failed (%d, %d)\n",
-                     m.offset, m.size, int(a), int(b));
+        SYMMPOOL_WARN(kHeap, "unmapping a peer segment (offset %zu, %zu bytes) failed (%d, %d)", m.offset,
+                      m.size, int(a), int(b));
     }
     mine.clear();                      // their ranges go with them, once no mapping holds one
   } catch (const std::exception& e) {  // the context could not be made current: nothing was unmapped
-    std::fprintf(stderr, "symmpool: unmapping retired peer segments failed: %s\n", e.what());
+    SYMMPOOL_WARN(kHeap, "unmapping retired peer segments failed: %s", e.what());
     RetiredList& list = retired_list();
     std::lock_guard<std::mutex> lock(list.mutex);
     for (Retired& m : mine) list.mappings.push_back(std::move(m));

@@ -1,6 +1,7 @@
 #include <symmpool/detail/format.hpp>
 #include <symmpool/environment.hpp>
 #include <symmpool/error.hpp>
+#include <symmpool/log.hpp>
 #include <symmpool/node_identity.hpp>
 #include <symmpool/random_token.hpp>
 #include <symmpool/symmetric_heap.hpp>
@@ -246,7 +247,7 @@ SymmetricHeap::~SymmetricHeap() {
     ContextGuard guard(drv_, allocator_.context());
     release_retired_peer_segments();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "symmpool: heap '%s' rank %d: %s\n", group_.c_str(), rank_, e.what());
+    SYMMPOOL_WARN(kHeap, "heap '%s' rank %d: %s", group_.c_str(), rank_, e.what());
   }
   // Each peer's range goes with its last mapping.
 }
@@ -575,10 +576,10 @@ void SymmetricHeap::release_retired_peer_segments() {
   if (device_waits_forbidden_.load() || retired_peer_mappings(allocator_.context()) == 0) return;
   const std::uint64_t retired_before = retired_peer_mapping_sequence();
   if (CUresult r = drv_.cuCtxSynchronize(); r != CUDA_SUCCESS) {
-    std::fprintf(stderr,
-                 "symmpool: heap '%s' rank %d keeps released peer segments mapped for now: waiting "
-                 "for the device failed: %s\n",
-                 group_.c_str(), rank_, drv_.error_string(r));
+    SYMMPOOL_WARN(kHeap,
+                  "heap '%s' rank %d keeps released peer segments mapped for now: waiting for the device "
+                  "failed: %s",
+                  group_.c_str(), rank_, drv_.error_string(r));
     return;
   }
   release_retired_peer_mappings(drv_, allocator_.context(), retired_before);

@@ -291,10 +291,10 @@ def routing_decisions_are_counted_and_traced(rank: int, world: int) -> None:
         os.dup2(saved_stderr, 2)
         os.close(saved_stderr)
     trace.seek(0)
-    lines = [line for line in trace.read().decode().splitlines() if "symm routing:" in line]
+    lines = [line for line in trace.read().decode().splitlines() if " symmpool INFO ROUTING " in line]
     assert len(lines) == len(calls), lines
     for line, (decision, _) in zip(lines, calls):
-        assert line.startswith(f"[rank {rank}] symm routing: group ") and decision in line, line
+        assert f"[rank {rank}] symmpool INFO ROUTING group " in line and decision in line, line
     dist.destroy_process_group()
 
 

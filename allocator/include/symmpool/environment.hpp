@@ -27,8 +27,13 @@ struct Environment {
   // SYMMPOOL_SEGMENT_MOVES=0: a segment serves only the stream it was
   // mapped for (CachingAllocator's move_idle_segments).
   bool segment_moves = true;
-  // SYMMPOOL_DEBUG_ROUTING=1: the backend prints where each collective runs, and why.
+  // SYMMPOOL_DEBUG_ROUTING=1: the backend prints where each collective runs,
+  // and why (the ROUTING subsystem at INFO, log.hpp).
   bool debug_routing = false;
+  // SYMMPOOL_DEBUG: NONE, WARN, INFO or TRACE; SYMMPOOL_DEBUG_SUBSYS: the
+  // subsystems printed (log.hpp); empty when unset.
+  std::string debug_level;
+  std::string debug_subsystems;
   // SYMMPOOL_MAX_BLOCKS: cap on the grid of reduction kernels too large to
   // meet their peers inside (they hold SMs that overlapping compute wants),
   // as NCCL_MAX_CTAS caps NCCL's; empty when unset, checked by the user.
