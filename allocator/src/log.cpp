@@ -119,10 +119,11 @@ unsigned parse_subsystems(const std::string& text) {
     const std::string name = names.substr(start, end - start);
     start = end + 1;
     if (name.empty()) continue;
-    static const std::pair<const char*, unsigned> known[] = {{"ALLOC", kAlloc}, {"HEAP", kHeap}, {"COLL", kColl},
-                                                             {"REG", kReg},     {"ROUTING", kRouting},
-                                                             {"TP", kTp},       {"ALL", kAll}};
-    auto it = std::find_if(std::begin(known), std::end(known), [&](const auto& k) { return name == k.first; });
+    static const std::pair<const char*, unsigned> known[] = {
+        {"ALLOC", kAlloc},     {"HEAP", kHeap}, {"COLL", kColl}, {"REG", kReg},
+        {"ROUTING", kRouting}, {"TP", kTp},     {"ALL", kAll}};
+    auto it =
+        std::find_if(std::begin(known), std::end(known), [&](const auto& k) { return name == k.first; });
     if (it == std::end(known))
       throw logic_error("SYMMPOOL_DEBUG_SUBSYS names '" + name +
                         "', not one of ALLOC, HEAP, COLL, REG, ROUTING, TP, ALL");
@@ -149,7 +150,8 @@ void write(Level level, Subsys subsys, const char* format, ...) {
   if (const int r = rank_for_prefix(); r >= 0) std::snprintf(rank, sizeof(rank), " [rank %d]", r);
   char line[2304];
   std::snprintf(line, sizeof(line), "%s:%d:%ld%s symmpool %s %s %s", host, static_cast<int>(getpid()),
-                static_cast<long>(syscall(SYS_gettid)), rank, level_name(level), subsystem_name(subsys), message);
+                static_cast<long>(syscall(SYS_gettid)), rank, level_name(level), subsystem_name(subsys),
+                message);
   std::lock_guard<std::mutex> lock(sink_mutex());
   if (sink()) {
     sink()(line);

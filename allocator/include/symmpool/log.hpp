@@ -46,10 +46,13 @@ void set_sink(std::function<void(const std::string& line)> sink);
 
 }  // namespace symmpool::log
 
-#define SYMMPOOL_LOG(level, subsys, ...)                                               \
-  do {                                                                                 \
+#define SYMMPOOL_LOG(level, subsys, ...)                                                             \
+  do {                                                                                               \
     if (::symmpool::log::enabled(level, subsys)) ::symmpool::log::write(level, subsys, __VA_ARGS__); \
   } while (0)
-#define SYMMPOOL_WARN(subsys, ...) SYMMPOOL_LOG(::symmpool::log::Level::kWarn, ::symmpool::log::subsys, __VA_ARGS__)
-#define SYMMPOOL_INFO(subsys, ...) SYMMPOOL_LOG(::symmpool::log::Level::kInfo, ::symmpool::log::subsys, __VA_ARGS__)
-#define SYMMPOOL_TRACE(subsys, ...) SYMMPOOL_LOG(::symmpool::log::Level::kTrace, ::symmpool::log::subsys, __VA_ARGS__)
+#define SYMMPOOL_WARN(subsys, ...) \
+  SYMMPOOL_LOG(::symmpool::log::Level::kWarn, ::symmpool::log::subsys, __VA_ARGS__)
+#define SYMMPOOL_INFO(subsys, ...) \
+  SYMMPOOL_LOG(::symmpool::log::Level::kInfo, ::symmpool::log::subsys, __VA_ARGS__)
+#define SYMMPOOL_TRACE(subsys, ...) \
+  SYMMPOOL_LOG(::symmpool::log::Level::kTrace, ::symmpool::log::subsys, __VA_ARGS__)

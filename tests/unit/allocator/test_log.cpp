@@ -41,7 +41,8 @@ TEST_F(LogTest, WritesWhatTheFilterLetsThroughWithItsPrefix) {
   SYMMPOOL_WARN(kRouting, "a warning of %s", "ROUTING");
   ASSERT_EQ(lines_.size(), 2u);
   EXPECT_NE(lines_[0].find(" [rank 3] symmpool INFO HEAP mapped 2 segments"), std::string::npos) << lines_[0];
-  EXPECT_NE(lines_[1].find(" [rank 3] symmpool WARN ROUTING a warning of ROUTING"), std::string::npos) << lines_[1];
+  EXPECT_NE(lines_[1].find(" [rank 3] symmpool WARN ROUTING a warning of ROUTING"), std::string::npos)
+      << lines_[1];
   log::set_filter(log::Level::kNone, log::kAll);
   SYMMPOOL_WARN(kColl, "silenced");
   EXPECT_EQ(lines_.size(), 2u);
