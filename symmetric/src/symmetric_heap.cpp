@@ -518,13 +518,17 @@ void SymmetricHeap::apply_listings(const std::vector<std::string>& listings, con
 }
 
 std::vector<SymmetricSegment> SymmetricHeap::symmetric_segments() const {
+  // One lock at a time: peer_ptr holds peers_mutex_ while it asks the
+  // allocator, whose observer calls take mutex_ under the allocator's lock.
+  std::vector<Piece> published;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const std::uint64_t id : published_)
+      if (auto it = local_.find(id); it != local_.end()) published.push_back(it->second);
+  }
   std::vector<SymmetricSegment> segments;
-  std::lock_guard<std::mutex> lock(mutex_);
   std::lock_guard<std::mutex> peers_lock(peers_mutex_);
-  for (const std::uint64_t id : published_) {
-    auto it = local_.find(id);
-    if (it == local_.end()) continue;
-    const Piece& mine = it->second;
+  for (const Piece& mine : published) {
     bool everywhere = true;
     for (int r = 0; r < world_ && everywhere; ++r) {
       if (r == rank_) continue;
