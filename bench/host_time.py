@@ -85,6 +85,9 @@ class Setup:
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.name = self.group.group_name
         self.backend = self.group._get_backend(self.device)
+        # A plain "nccl" group over the same ranks: symmpool on the user's
+        # own mesh (FSDP2's hooks, the fused ops), its heap formed on demand.
+        self.plain = dist.new_group(backend="nccl")
         self.args = args
 
     def symm(self, n: int) -> torch.Tensor:
@@ -150,6 +153,44 @@ def torch_symm_mem_cases(s: Setup, n: int) -> dict[str, Callable[[], object]]:
         return {}
 
 
+def plain_group_cases(s: Setup) -> dict[str, Callable[[], object]]:
+    """FSDP2's hooked all-gather and reduce-scatter (symmpool.fsdp) and the
+    fused ops on the plain "nccl" group, beside NCCL's own calls on it where
+    NCCL runs (not where the ranks share a GPU)."""
+    from symmpool.fsdp import SymmAllGather, SymmReduceScatter
+
+    n = s.args.hook_bytes // 2
+    all_gather, reduce_scatter = SymmAllGather(), SymmReduceScatter()
+    ag_in = all_gather.allocate((n,), dtype=DTYPE, device=s.device).normal_()
+    ag_out = all_gather.allocate((n * s.world,), dtype=DTYPE, device=s.device)
+    rs_in = reduce_scatter.allocate((n * s.world,), dtype=DTYPE, device=s.device).normal_()
+    rs_out = reduce_scatter.allocate((n,), dtype=DTYPE, device=s.device)
+    group = s.plain
+    cases = {
+        "all_gather hook (nccl group)": lambda: all_gather(ag_out, ag_in, group),
+        "reduce_scatter hook (nccl group)": lambda: reduce_scatter(rs_out, rs_in, group, dist.ReduceOp.SUM),
+    }
+    if not share_gpu():  # NCCL refuses two ranks on one GPU
+        cases.update({
+            "all_gather dist (nccl group)": lambda: dist.all_gather_into_tensor(ag_out, ag_in, group=group),
+            "reduce_scatter dist (nccl group)": lambda: dist.reduce_scatter_tensor(rs_out, rs_in, group=group),
+        })
+    hidden, mlp = MODELS[s.args.model]
+    m, w = s.args.tokens, s.world
+    a_shard = torch.randn(m // w, hidden, dtype=DTYPE, device=s.device)
+    b_col = torch.randn(hidden, mlp // w, dtype=DTYPE, device=s.device)
+    a_row = torch.randn(m, mlp // w, dtype=DTYPE, device=s.device)
+    b_row = torch.randn(mlp // w, hidden, dtype=DTYPE, device=s.device)
+    name = group.group_name
+    cases.update({
+        "fused_all_gather_matmul op (nccl group)": lambda: torch.ops.symmpool.fused_all_gather_matmul(
+            a_shard, [b_col], 0, w, name),
+        "fused_matmul_reduce_scatter op (nccl group)": lambda: torch.ops.symmpool.fused_matmul_reduce_scatter(
+            a_row, b_row, "sum", 0, w, name),
+    })
+    return cases
+
+
 def fused_cases(s: Setup) -> dict[str, Callable[[], object]]:
     """The fused TP ops at one Llama shape (column- and row-parallel MLP
     layers), from the op down to its C++ pipeline, and the matmuls alone."""
@@ -176,9 +217,9 @@ def fused_cases(s: Setup) -> dict[str, Callable[[], object]]:
         ws = symmpool._C._fused_workspace(s.name, s.device.index)
         cases.update({
             "fused_all_gather_matmul pipeline": lambda: symmpool._C._all_gather_matmul(
-                s.backend, a_shard, [b_col], 0, ws),
+                s.name, a_shard, [b_col], 0, ws),
             "fused_matmul_reduce_scatter pipeline": lambda: symmpool._C._produce_and_all_to_all(
-                s.backend, a_row, b_row, 0, ws, "sum"),
+                s.name, a_row, b_row, 0, ws, "sum"),
         })
     return cases
 
@@ -237,6 +278,8 @@ def report(per_case: dict[str, list[float]], context: dict, out: str | None) -> 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bytes", type=int, default=1024, help="bytes per rank of the small collectives")
+    p.add_argument("--hook-bytes", type=int, default=1 << 20,
+                   help="bytes per rank of FSDP2's hooked all-gather and reduce-scatter")
     p.add_argument("--model", choices=sorted(MODELS), default="8b")
     p.add_argument("--tokens", type=int, default=2048, help="M = batch x seq of the fused ops")
     p.add_argument("--calls", type=int, default=20)
@@ -252,7 +295,7 @@ def main() -> int:
         os.environ["SYMMPOOL_TEST_RANKS_SHARE_GPU"] = "1"
 
     s = Setup(args)
-    cases = {**collective_cases(s), **fused_cases(s)}
+    cases = {**collective_cases(s), **fused_cases(s), **plain_group_cases(s)}
     if args.cases:
         cases = {name: run for name, run in cases.items() if re.search(args.cases, name)}
         if not cases:
@@ -274,7 +317,7 @@ def main() -> int:
 
     report(time_cases(cases, s), {
         "what": "host time per call (first call to last return), slowest rank per repetition",
-        "collective_bytes_per_rank": args.bytes, "model": args.model, "tokens": args.tokens,
+        "collective_bytes_per_rank": args.bytes, "hook_bytes_per_rank": args.hook_bytes, "model": args.model, "tokens": args.tokens,
         "calls_per_rep": args.calls, "reps": args.reps, "warmup": args.warmup, "cases": args.cases,
     }, args.out)
     dist.destroy_process_group()

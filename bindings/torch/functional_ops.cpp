@@ -3,12 +3,14 @@
 // symmpool/ops.py):
 // check the group size, resolve the group by name, run the group's
 // collective into a new tensor and wait for it, as a synchronous
-// torch.distributed call does. In C++ so that a call costs the backend's
+// torch.distributed call does. On a plain NCCL group symmpool's router
+// decides first (group_symmetry.hpp), as a "symm" backend's does. In C++ so that a call costs the backend's
 // host time without torch.distributed's Python wrapper around it (about
 // 10 us per call on the lent hosts: bench/results/host_time_*).
 
 #include "functional_ops.hpp"
 
+#include "group_symmetry.hpp"
 #include "symm_backend.hpp"
 
 #include <ATen/ATen.h>
@@ -49,6 +51,22 @@ std::vector<std::int64_t> rows_times(const at::Tensor& t, const char* op, std::i
   return shape;
 }
 
+// symmpool's side of a plain NCCL group, where `t` is a CUDA tensor and the
+// group's CUDA backend is NCCL but not "symm" (which routes its own calls);
+// otherwise null.
+std::shared_ptr<GroupSymmetry> plain_nccl_group(c10d::ProcessGroup& group, const at::Tensor& t) {
+  if (!t.is_cuda()) return nullptr;
+  return std::dynamic_pointer_cast<GroupSymmetry>(peer_group_of(group, t.device().index()));
+}
+
+// Waits (in stream order) where symmpool ran the call; false where the
+// group's own backend must.
+bool ran_on_symmpool(const c10::intrusive_ptr<c10d::Work>& work) {
+  if (!work) return false;
+  work->wait();
+  return true;
+}
+
 }  // namespace
 
 // Complex tensors travel as pairs of reals, as torch.distributed sends them
@@ -60,6 +78,8 @@ at::Tensor all_gather(const at::Tensor& input, std::int64_t group_size, c10::str
   auto group = group_of("all_gather", group_size, group_name);
   at::Tensor out = input.new_empty(rows_times(input, "all_gather", group_size));
   at::Tensor out_real = as_real(out), in_real = as_real(input.contiguous());
+  if (auto plain = plain_nccl_group(*group, input))
+    if (ran_on_symmpool(plain->all_gather(out_real, in_real))) return out;
   c10d::AllgatherOptions opts;
   opts.asyncOp = false;  // on the caller's stream, as a synchronous dist call
   wait_if_any(group->_allgather_base(out_real, in_real, opts));
@@ -78,6 +98,8 @@ at::Tensor reduce_scatter(const at::Tensor& input, c10::string_view op, std::int
   shape[0] /= group_size;
   at::Tensor out = input.new_empty(shape);
   at::Tensor out_real = as_real(out), in_real = as_real(input.contiguous());
+  if (auto plain = plain_nccl_group(*group, input))
+    if (ran_on_symmpool(plain->reduce_scatter(out_real, in_real, opts.reduceOp))) return out;
   wait_if_any(group->_reduce_scatter_base(out_real, in_real, opts));
   return out;
 }
@@ -99,7 +121,10 @@ at::Tensor all_reduce(const at::Tensor& input, c10::string_view op, c10::string_
     }
   }
   at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
-  std::vector<at::Tensor> tensors{as_real(out)};
+  at::Tensor out_real = as_real(out);
+  if (auto plain = plain_nccl_group(*group, input))
+    if (ran_on_symmpool(plain->all_reduce(out_real, opts.reduceOp))) return out;
+  std::vector<at::Tensor> tensors{out_real};
   wait_if_any(group->allreduce(tensors, opts));
   return out;
 }
@@ -124,6 +149,8 @@ void all_reduce_(at::Tensor& input, c10::string_view op, c10::string_view group_
       if (static_cast<SymmBackend&>(*backend).all_reduce_now(real, real, opts)) return;
     }
   }
+  if (auto plain = plain_nccl_group(*group, input))
+    if (ran_on_symmpool(plain->all_reduce(real, opts.reduceOp))) return;
   std::vector<at::Tensor> tensors{real};
   wait_if_any(group->allreduce(tensors, opts));
 }

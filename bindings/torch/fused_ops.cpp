@@ -11,7 +11,6 @@
 #include "functional_ops.hpp"
 #include "fused_pipelines.hpp"
 #include "fused_workspace.hpp"
-#include "symm_backend.hpp"
 #include "torch_errors.hpp"
 
 #include <ATen/ATen.h>
@@ -100,13 +99,12 @@ void check_matmul(const at::Tensor& A, const at::Tensor& B, Op op) {
 // -- fused or not -------------------------------------------------------------------------------
 
 // Collective the first time (the group's heap forms): whether its ranks share a node.
-bool peer_memory_available(c10d::Backend& backend, c10::DeviceIndex device) {
-  return call_translating_errors(
-      [&] { return static_cast<SymmBackend&>(backend).peer_memory(device) != nullptr; });
+bool peer_memory_available(PeerGroup& peers, c10::DeviceIndex device) {
+  return call_translating_errors([&] { return peers.peer_memory(device) != nullptr; });
 }
 
 struct Fusing {
-  c10::intrusive_ptr<c10d::Backend> backend;  // null: run unfused
+  std::shared_ptr<PeerGroup> peers;  // null: run unfused
   std::shared_ptr<FusedWorkspace> workspace;
 };
 
@@ -136,13 +134,13 @@ Fusing fusing(Op op, c10d::ProcessGroup& group, c10::string_view group_name,
     why_not = "one rank";
   } else {
     const c10::DeviceIndex device = first.device().index();
-    f.backend = symm_backend_of(group);
-    if (!f.backend) {
-      why_not = "not a symm group";
-    } else if (!peer_memory_available(*f.backend, device)) {
+    f.peers = peer_group_of(group, device);
+    if (!f.peers) {
+      why_not = "neither a symm nor an nccl group";
+    } else if (!peer_memory_available(*f.peers, device)) {
       why_not = "ranks span nodes";
     } else {
-      f.workspace = fused_workspace(f.backend, std::string(group_name), device, nbytes);
+      f.workspace = fused_workspace(*f.peers, std::string(group_name), device, nbytes);
       if (!f.workspace->holds(nbytes)) why_not = "workspace not symmetric";
     }
   }
@@ -199,12 +197,12 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> fused_all_gather_matmul(const at
   // would leave one in a collective the others never enter.
   Fusing f =
       fusing(kAllGatherMatmul, *group, group_name, {&A_shard}, A_shard.numel() * A_shard.element_size());
-  if (!f.backend) return all_gather_matmul_unfused(A_shard, Bs, gather_dim, group_size, group_name);
+  if (!f.peers) return all_gather_matmul_unfused(A_shard, Bs, gather_dim, group_size, group_name);
   const std::int64_t last = A_shard.dim() - 1;
   // Along K: A @ B sums each shard @ (its rank's rows of B), accumulated as they arrive.
   if (gather_dim == last) {
     const at::Tensor x = as_rows(A_shard);
-    auto [shards, outs] = all_gather_matmul(f.backend, x, Bs, 1, *f.workspace);
+    auto [shards, outs] = all_gather_matmul(*f.peers, x, Bs, 1, *f.workspace);
     std::vector<std::int64_t> lead = A_shard.sizes().slice(0, last).vec();
     lead.push_back(-1);
     at::Tensor A = shards.permute({1, 0, 2}).reshape({x.size(0), group_size * x.size(1)}).view(lead);
@@ -212,7 +210,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> fused_all_gather_matmul(const at
     return {A, outs};
   }
   const at::Tensor x = A_shard.movedim(gather_dim, 0);
-  auto [A_flat, outs] = all_gather_matmul(f.backend, as_rows(x), Bs, 0, *f.workspace);
+  auto [A_flat, outs] = all_gather_matmul(*f.peers, as_rows(x), Bs, 0, *f.workspace);
   if (A_shard.dim() == 2) return {A_flat, outs};  // [M, K] along rows, the common case: nothing to lay out
   std::vector<std::int64_t> lead = x.sizes().slice(0, last).vec();
   lead[0] *= group_size;
@@ -259,12 +257,12 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   const std::int64_t elements = c10::multiply_integers(shape);
   Fusing f =
       fusing(kMatmulReduceScatter, *group, group_name, {&A, &B}, group_size * elements * A.element_size());
-  if (!f.backend) return matmul_reduce_scatter_unfused(A, B, reduce_op, scatter_dim, group_size, group_name);
+  if (!f.peers) return matmul_reduce_scatter_unfused(A, B, reduce_op, scatter_dim, group_size, group_name);
   const std::string how(reduce_op);
   if (scatter_dim == A.dim() - 1)  // each rank owns a block of B's columns
-    return produce_and_all_to_all(f.backend, as_rows(A), B, 1, *f.workspace, how).view(shape);
+    return produce_and_all_to_all(*f.peers, as_rows(A), B, 1, *f.workspace, how).view(shape);
   const at::Tensor x = A.movedim(scatter_dim, 0);
-  at::Tensor flat = produce_and_all_to_all(f.backend, as_rows(x), B, 0, *f.workspace, how);
+  at::Tensor flat = produce_and_all_to_all(*f.peers, as_rows(x), B, 0, *f.workspace, how);
   if (A.dim() == 2) return flat;  // [M, N] along rows, the common case: nothing to lay out
   std::vector<std::int64_t> moved = {shape[scatter_dim]};
   for (std::size_t i = 0; i < shape.size(); ++i)
@@ -283,7 +281,7 @@ at::Tensor pipelined_produce_and_all_to_all(const at::Tensor& A, const at::Tenso
   auto group = group_of(group_name, group_size, op);
   const std::int64_t n = B.size(1);
   Fusing f = fusing(op, *group, group_name, {&A, &B}, A.size(0) * n * A.element_size());
-  if (!f.backend) {
+  if (!f.peers) {
     at::Tensor out = A.new_empty({A.size(0), n});
     at::Tensor out_real = as_real(out), product = as_real(at::matmul(A, B).contiguous());
     std::vector<std::int64_t> even;  // equal chunks
@@ -292,7 +290,7 @@ at::Tensor pipelined_produce_and_all_to_all(const at::Tensor& A, const at::Tenso
     wait_if_any(group->alltoall_base(out_real, product, even, even, opts));
     return out;
   }
-  return produce_and_all_to_all(f.backend, A, B, 0, *f.workspace, "none").view({A.size(0), n});
+  return produce_and_all_to_all(*f.peers, A, B, 0, *f.workspace, "none").view({A.size(0), n});
 }
 
 }  // namespace
@@ -333,11 +331,9 @@ void define_fused_ops(py::module& m) {
       [](const std::string& group_name, c10::DeviceIndex device, std::int64_t nbytes) -> bool {
         HANDLE_TH_ERRORS  // a TORCH_WARN (no memory to grow) reaches Python's warnings
             py::gil_scoped_release no_gil;
-        auto group = c10d::resolve_process_group(group_name);
-        auto backend = symm_backend_of(*group);
-        TORCH_CHECK_TYPE(backend, "symmpool.reserve_workspace needs a \"symm\" process group");
-        if (!peer_memory_available(*backend, device)) return false;
-        return fused_workspace(backend, group_name, device, nbytes)->holds(nbytes);
+        auto peers = require_peer_group(group_name, device, "reserve_workspace");
+        if (!peer_memory_available(*peers, device)) return false;
+        return fused_workspace(*peers, group_name, device, nbytes)->holds(nbytes);
         END_HANDLE_TH_ERRORS_PYBIND
       },
       py::arg("group_name"), py::arg("device"), py::arg("nbytes"),

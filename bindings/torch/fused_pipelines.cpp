@@ -148,15 +148,15 @@ void check_matrix(const at::Tensor& t, const char* name) {
 // computed from shard r. Along columns (dim 1, K): returns (the shards
 // stacked [world, m, k]; Python lays them side by side, [A @ B]), where
 // A @ B sums shard r @ (B's rows r) over the ranks, accumulated as shards arrive.
-std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(
-    const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& x_in, at::TensorList Bs,
-    std::int64_t gather_dim, FusedWorkspace& workspace) {
+std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(PeerGroup& peers, const at::Tensor& x_in,
+                                                                  at::TensorList Bs, std::int64_t gather_dim,
+                                                                  FusedWorkspace& workspace) {
   check_matrix(x_in, "A_shard (as a matrix)");
   TORCH_CHECK(gather_dim == 0 || gather_dim == 1, "symmpool fused ops: gather_dim must be 0 or 1, got ",
               gather_dim);
   const c10::DeviceIndex device = x_in.device().index();
   c10::cuda::CUDAGuard guard(device);
-  Communicator& comm = peer_memory_communicator(backend, device);
+  Communicator& comm = peer_memory_communicator(peers, device);
   const int world = comm.world(), rank = comm.rank();
   WorkspaceUse use(workspace, device);
   const CUDAStream &main = use.main(), &copies = use.copies();
@@ -239,9 +239,8 @@ at::Tensor combine(const at::Tensor& stacked, const std::string& how) {
 // our slot. The slots [world, chunk rows, chunk columns] (slot s from rank
 // s) are then combined as `how` says: summed or averaged over the slots
 // ("sum", "avg": [chunk rows, chunk columns]) or copied ("none": all of them).
-at::Tensor produce_and_all_to_all(const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& A,
-                                  const at::Tensor& B, std::int64_t split, FusedWorkspace& workspace,
-                                  const std::string& how) {
+at::Tensor produce_and_all_to_all(PeerGroup& peers, const at::Tensor& A, const at::Tensor& B,
+                                  std::int64_t split, FusedWorkspace& workspace, const std::string& how) {
   check_matrix(A, "A");
   check_matrix(B, "B");
   TORCH_CHECK(split == 0 || split == 1,
@@ -250,7 +249,7 @@ at::Tensor produce_and_all_to_all(const c10::intrusive_ptr<c10d::Backend>& backe
               "symmpool fused ops: combine the slots by 'sum', 'avg' or 'none', got '", how, "'");
   const c10::DeviceIndex device = A.device().index();
   c10::cuda::CUDAGuard guard(device);
-  Communicator& comm = peer_memory_communicator(backend, device);
+  Communicator& comm = peer_memory_communicator(peers, device);
   const int world = comm.world(), rank = comm.rank();
   TORCH_CHECK((split == 0 ? A.size(0) : B.size(1)) % world == 0,
               "symmpool fused ops: the split dim does not divide by the group size ", world);
@@ -310,19 +309,28 @@ void define_fused_pipelines(py::module& m) {
                     "Whether a CUDA graph captured an op on the current buffer (it must outlive the graph).");
   m.def(
       "_all_gather_matmul",
-      [](const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& x,
-         const std::vector<at::Tensor>& Bs, std::int64_t gather_dim,
-         FusedWorkspace& workspace) { return all_gather_matmul(backend, x, Bs, gather_dim, workspace); },
-      py::arg("backend"), py::arg("x"), py::arg("Bs"), py::arg("gather_dim"), py::arg("workspace"),
+      [](const std::string& group_name, const at::Tensor& x, const std::vector<at::Tensor>& Bs,
+         std::int64_t gather_dim, FusedWorkspace& workspace) {
+        auto peers = require_peer_group(group_name, x.device().index(), "_all_gather_matmul");
+        return all_gather_matmul(*peers, x, Bs, gather_dim, workspace);
+      },
+      py::arg("group_name"), py::arg("x"), py::arg("Bs"), py::arg("gather_dim"), py::arg("workspace"),
       py::call_guard<py::gil_scoped_release>(),
       "Enqueues a fused all-gather of x [m, k] along gather_dim through the workspace, each shard "
       "multiplied as it arrives; returns (A [world * m, k] for dim 0, or the shards [world, m, k] for "
       "dim 1; [A @ B for B in Bs]).");
-  m.def("_produce_and_all_to_all", &produce_and_all_to_all, py::arg("backend"), py::arg("A"), py::arg("B"),
-        py::arg("split"), py::arg("workspace"), py::arg("combine"), py::call_guard<py::gil_scoped_release>(),
-        "Enqueues rank d's chunk (rows d of A @ B for split 0, A @ B's column block d for split 1) pushed "
-        "into rank d's workspace slot; returns the slots (slot s from rank s) summed ('sum') or averaged "
-        "('avg') into [rows, cols], or all of them copied ('none', [world, rows, cols]).");
+  m.def(
+      "_produce_and_all_to_all",
+      [](const std::string& group_name, const at::Tensor& A, const at::Tensor& B, std::int64_t split,
+         FusedWorkspace& workspace, const std::string& combine) {
+        auto peers = require_peer_group(group_name, A.device().index(), "_produce_and_all_to_all");
+        return produce_and_all_to_all(*peers, A, B, split, workspace, combine);
+      },
+      py::arg("group_name"), py::arg("A"), py::arg("B"), py::arg("split"), py::arg("workspace"),
+      py::arg("combine"), py::call_guard<py::gil_scoped_release>(),
+      "Enqueues rank d's chunk (rows d of A @ B for split 0, A @ B's column block d for split 1) pushed "
+      "into rank d's workspace slot; returns the slots (slot s from rank s) summed ('sum') or averaged "
+      "('avg') into [rows, cols], or all of them copied ('none', [world, rows, cols]).");
 }
 
 }  // namespace symmpool::torch_ext

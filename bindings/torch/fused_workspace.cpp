@@ -37,13 +37,13 @@ std::atomic<std::uint64_t> next_workspace_id{1};
 
 }  // namespace
 
-FusedWorkspace::FusedWorkspace(c10::DeviceIndex device, std::uint64_t backend_serial)
+FusedWorkspace::FusedWorkspace(c10::DeviceIndex device, std::uint64_t group_serial)
     : own_copies(device),
       copies(own_copies.get()),
       own_captured_copies(device),
       captured_copies(own_captured_copies.get()),
       id(next_workspace_id++),
-      backend_serial(backend_serial) {}
+      group_serial(group_serial) {}
 
 OwnStream::OwnStream(c10::DeviceIndex device) : device_(device) {
   c10::cuda::CUDAGuard guard(device);
@@ -70,12 +70,12 @@ void FusedWorkspace::record_use(const c10::cuda::CUDAStream& stream) {
   last_use_stream = stream.stream();
 }
 
-void release_fused_workspaces(std::uint64_t backend_serial) {
+void release_fused_workspaces(std::uint64_t group_serial) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   for (auto it = r.workspaces.begin(); it != r.workspaces.end();) {
     FusedWorkspace& ws = *it->second;
-    if (ws.backend_serial != backend_serial) {
+    if (ws.group_serial != group_serial) {
       ++it;
       continue;
     }
@@ -93,17 +93,15 @@ std::shared_ptr<FusedWorkspace> existing_fused_workspace(const std::string& grou
   return it == r.workspaces.end() ? nullptr : it->second;
 }
 
-std::shared_ptr<FusedWorkspace> fused_workspace(const c10::intrusive_ptr<c10d::Backend>& backend,
-                                                const std::string& group_name, c10::DeviceIndex device,
-                                                std::int64_t nbytes) {
-  auto& symm = dynamic_cast<SymmBackend&>(*backend);
+std::shared_ptr<FusedWorkspace> fused_workspace(PeerGroup& peers, const std::string& group_name,
+                                                c10::DeviceIndex device, std::int64_t nbytes) {
   std::shared_ptr<FusedWorkspace> ws;
   {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     auto& slot = r.workspaces[{group_name, device}];
-    if (!slot || slot->backend_serial != symm.serial())
-      slot = std::make_shared<FusedWorkspace>(device, symm.serial());
+    if (!slot || slot->group_serial != peers.serial())
+      slot = std::make_shared<FusedWorkspace>(device, peers.serial());
     ws = slot;
   }
   if (ws->holds(nbytes) || nbytes <= ws->refused_bytes) return ws;
@@ -117,16 +115,16 @@ std::shared_ptr<FusedWorkspace> fused_workspace(const c10::intrusive_ptr<c10d::B
   const auto bytes = at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, device));
   at::Tensor tensor;
   try {
-    tensor = symm.allocate_symmetric(size, bytes);
+    tensor = peers.allocate_symmetric(size, bytes);
   } catch (const c10::OutOfMemoryError&) {
     // The peers are entering the rendezvous below: join them with a byte
     // outside the workspace's shape, so that every rank gets the same "not
     // symmetric" verdict and runs unfused, none left waiting.
     TORCH_WARN("symmpool fused ops: no memory for a ", size, "-byte workspace of group '", group_name,
-               "' on rank ", symm.getRank(), "; calls that need it run unfused");
+               "' on rank ", peers.group_rank(), "; calls that need it run unfused");
     tensor = at::empty({1}, bytes);
   }
-  std::string why_not = rendezvous_or_why_not(backend, tensor);
+  std::string why_not = rendezvous_or_why_not(peers, tensor);
   if (!why_not.empty()) {  // the old one, if any, keeps serving what it holds
     ws->not_symmetric = std::move(why_not);
     ws->refused_bytes = size;

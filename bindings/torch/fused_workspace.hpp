@@ -4,7 +4,7 @@
 // how it grows (collective: every rank allocates, then a rendezvous decides
 // whether the new buffer is symmetric, the same verdict on every rank).
 
-#include "symm_backend.hpp"
+#include "peer_group.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -39,7 +39,7 @@ struct FusedWorkspace {
   // meeting, and a stream shared with another group (torch's pool hands its
   // 32 streams out in turn) could order two groups' meetings differently on
   // two ranks (a cycle).
-  FusedWorkspace(c10::DeviceIndex device, std::uint64_t backend_serial);
+  FusedWorkspace(c10::DeviceIndex device, std::uint64_t group_serial);
 
   bool holds(std::int64_t nbytes) const { return buffer.defined() && buffer.numel() >= nbytes; }
   // Takes `tensor` (rendezvoused, uint8) as the buffer, in stream order on
@@ -63,13 +63,13 @@ struct FusedWorkspace {
   bool captured = false;                      // a CUDA graph replays on `buffer`'s addresses
 
   const std::uint64_t id;                   // unique in the process (tests: was it replaced?)
-  const std::uint64_t backend_serial;       // a new group under an old name gets a new workspace
+  const std::uint64_t group_serial;         // a new group under an old name gets a new workspace
   std::string not_symmetric;                // why the last growth was refused (same text on every rank)
   std::int64_t refused_bytes = 0;           // up to this size, larger than `buffer`, calls go unfused
   std::vector<at::Tensor> kept_for_graphs;  // outgrown but captured: never freed
 };
 
-// The workspace of group `group_name` (whose "symm" backend is `backend`) on
+// The workspace of group `group_name` (whose peer side is `peers`) on
 // `device`, grown to `nbytes` where it can be: collective when it grows, so
 // every rank must ask for the same size. holds(nbytes) is false, on every
 // rank, when the larger buffer came out asymmetric (or did not fit in
@@ -77,17 +77,16 @@ struct FusedWorkspace {
 // A group's fused ops are issued from one thread at a time, as a NCCL
 // communicator's calls are; the handle keeps a workspace alive through a
 // call even if a new group under the same name replaces it.
-std::shared_ptr<FusedWorkspace> fused_workspace(const c10::intrusive_ptr<c10d::Backend>& backend,
-                                                const std::string& group_name, c10::DeviceIndex device,
-                                                std::int64_t nbytes);
+std::shared_ptr<FusedWorkspace> fused_workspace(PeerGroup& peers, const std::string& group_name,
+                                                c10::DeviceIndex device, std::int64_t nbytes);
 
-// Drops the workspaces of the group whose backend has `backend_serial`
-// (its backend is going: shutdown, abort, destruction), once nothing on the
+// Drops the workspaces of the group whose PeerGroup has `group_serial`
+// (it is going: shutdown, abort, destruction, release), once nothing on the
 // GPU can use them any more: the caller has synchronized the device. Their
 // buffers go back to symmpool's allocator, except those a CUDA graph
 // captured, which stay allocated for the process's life (a graph replays on
 // their addresses). A call still holding a workspace keeps it until it returns.
-void release_fused_workspaces(std::uint64_t backend_serial);
+void release_fused_workspaces(std::uint64_t group_serial);
 
 // The workspace of `group_name` on `device` if one was made (tests), else null.
 std::shared_ptr<FusedWorkspace> existing_fused_workspace(const std::string& group_name,

@@ -1,9 +1,12 @@
 #include "group_symmetry.hpp"
 
+#include "fused_workspace.hpp"
 #include "symm_work.hpp"
+#include "symmetric_tensor.hpp"
 #include "torch_errors.hpp"
 
 #include <symmpool/device_allocators.hpp>
+#include <symmpool/log.hpp>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -29,7 +32,7 @@ Environment without_windows() {
 
 struct Registry {
   std::mutex mutex;
-  std::map<std::pair<std::string, c10::DeviceIndex>, std::unique_ptr<GroupSymmetry>> groups;
+  std::map<std::pair<std::string, c10::DeviceIndex>, std::shared_ptr<GroupSymmetry>> groups;
 };
 
 Registry& registry() {
@@ -50,6 +53,22 @@ GroupSymmetry::GroupSymmetry(c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl,
 
 GroupSymmetry::~GroupSymmetry() {
   formed_.group.reset();  // the communicator (it drains the device), then its heap
+  try {
+    // After that drain: no queued fused op can still use them.
+    release_fused_workspaces(serial());
+  } catch (const std::exception& e) {
+    SYMMPOOL_WARN(kTp, "releasing the fused-op workspaces failed: %s", e.what());
+  }
+}
+
+Communicator* GroupSymmetry::peer_memory(c10::DeviceIndex device) {
+  if (failure_ && failure_->failed()) TORCH_CHECK(false, failure_->message());
+  c10::cuda::CUDAGuard guard(device);
+  return communicator(device);
+}
+
+at::Tensor GroupSymmetry::allocate_symmetric(long size, at::TensorOptions options) {
+  return empty_symmetric(size, options);
 }
 
 Communicator* GroupSymmetry::communicator(c10::DeviceIndex device) {
@@ -99,24 +118,29 @@ c10::intrusive_ptr<c10d::Work> GroupSymmetry::all_reduce(at::Tensor& tensor, c10
   return run(CollectiveKind::kAllReduce, tensor, tensor, op, c10d::OpType::ALLREDUCE);
 }
 
-GroupSymmetry& group_symmetry(const std::string& group_name, const c10::intrusive_ptr<c10d::Store>& store,
-                              c10::DeviceIndex device) {
+std::shared_ptr<GroupSymmetry> group_symmetry(const std::string& group_name, c10::DeviceIndex device) {
+  return group_symmetry(*c10d::resolve_process_group(group_name), device);
+}
+
+std::shared_ptr<GroupSymmetry> group_symmetry(c10d::ProcessGroup& group, c10::DeviceIndex device) {
+  const std::string& group_name = group.getGroupName();
+  auto backend = group.getBackend(c10::DeviceType::CUDA);
+  auto nccl = c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupNCCL>(backend);
+  TORCH_CHECK(nccl, "symmpool: group ", group_name, "'s CUDA backend is ", backend->getBackendName(),
+              ", not NCCL");
+  std::shared_ptr<GroupSymmetry> replaced;  // released outside the lock: it drains the device
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   auto& slot = r.groups[{group_name, device}];
-  if (!slot) {
-    auto group = c10d::resolve_process_group(group_name);
-    auto backend = group->getBackend(c10::DeviceType::CUDA);
-    auto nccl = c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupNCCL>(backend);
-    TORCH_CHECK(nccl, "symmpool: group ", group_name, "'s CUDA backend is ", backend->getBackendName(),
-                ", not NCCL");
-    slot = std::make_unique<GroupSymmetry>(std::move(nccl), store);
-  }
-  return *slot;
+  // A GroupSymmetry holds its backend, so a live one's address is never a
+  // new group's: another address means another group under the same name.
+  if (slot && &slot->backend() != nccl.get()) replaced = std::move(slot);
+  if (!slot) slot = std::make_shared<GroupSymmetry>(std::move(nccl), group.getStore());
+  return slot;
 }
 
 bool release_group_symmetry(const std::string& group_name) {
-  std::vector<std::unique_ptr<GroupSymmetry>> gone;
+  std::vector<std::shared_ptr<GroupSymmetry>> gone;
   {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);

@@ -8,9 +8,11 @@
 // the group's own collective on the same tensors. Its segments are not
 // registered with the group's NCCL communicator: the group's own teardown
 // (dist.destroy_process_group) frees that communicator without telling us.
+// It serves the peer-memory API and the fused ops too (peer_group.hpp).
 
 #include "collective_router.hpp"
 #include "group_formation.hpp"
+#include "peer_group.hpp"
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -22,13 +24,11 @@
 
 namespace symmpool::torch_ext {
 
-class GroupSymmetry {
+class GroupSymmetry final : public PeerGroup {
  public:
   // `nccl`: the group's CUDA backend; `store`: the group's own store.
   GroupSymmetry(c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl, c10::intrusive_ptr<c10d::Store> store);
-  ~GroupSymmetry();
-  GroupSymmetry(const GroupSymmetry&) = delete;
-  GroupSymmetry& operator=(const GroupSymmetry&) = delete;
+  ~GroupSymmetry() override;
 
   // The call's Work where symmpool ran it on the current stream; null where
   // NCCL must run it (the router's decision, the same on every rank).
@@ -40,7 +40,14 @@ class GroupSymmetry {
   // The group's communicator on `device`, formed here (collective) if need
   // be; null, on every rank, where the group spans nodes.
   Communicator* communicator(c10::DeviceIndex device);
-  const c10d::Backend& backend() const { return *nccl_; }
+  const c10d::ProcessGroupNCCL& backend() const { return *nccl_; }
+
+  // PeerGroup. Its tensors are symmpool memory, not registered with NCCL.
+  Communicator* peer_memory(c10::DeviceIndex device) override;
+  bool peer_memory_formed() const override { return formed_.group != nullptr || spans_nodes_; }
+  at::Tensor allocate_symmetric(long size, at::TensorOptions options) override;
+  int group_rank() const override { return nccl_->getRank(); }
+  int group_size() const override { return nccl_->getSize(); }
 
  private:
   c10::intrusive_ptr<c10d::Work> run(CollectiveKind kind, at::Tensor& output, at::Tensor& input,
@@ -56,12 +63,14 @@ class GroupSymmetry {
   std::shared_ptr<const detail::FailureRecord> failure_;
 };
 
-// The group's (by name), made on first use; one per process group and
-// device. Raises where the group's CUDA backend is not ProcessGroupNCCL.
-GroupSymmetry& group_symmetry(const std::string& group_name, const c10::intrusive_ptr<c10d::Store>& store,
-                              c10::DeviceIndex device);
-// Drops the group's heap and communicator (they drain the device first);
-// false where it had none.
+// The group's (by name), made on first use over the group's own store; one
+// per process group and device. A new group under a released or destroyed
+// one's name gets a new one. Raises where the group's CUDA backend is not
+// ProcessGroupNCCL.
+std::shared_ptr<GroupSymmetry> group_symmetry(const std::string& group_name, c10::DeviceIndex device);
+std::shared_ptr<GroupSymmetry> group_symmetry(c10d::ProcessGroup& group, c10::DeviceIndex device);
+// Drops the group's heap, communicator and fused-op workspaces (they drain
+// the device first); false where it had none.
 bool release_group_symmetry(const std::string& group_name);
 
 }  // namespace symmpool::torch_ext

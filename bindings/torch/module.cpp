@@ -107,9 +107,10 @@ PYBIND11_MODULE(_C, m) {
   // outside a new group, split_from on ranks inside).
   py::class_<SymmBackend, c10d::ProcessGroupNCCL, c10::intrusive_ptr<SymmBackend>>(
       m, "SymmBackend", "ProcessGroupNCCL whose tensors and collectives may come from symmpool")
-      .def_property_readonly("serial", &SymmBackend::serial,
-                             "Unique in the process and never reused: what per-backend state is keyed on "
-                             "(Python wrappers of one backend come and go).");
+      .def_property_readonly(
+          "serial", [](const SymmBackend& backend) { return backend.serial(); },
+          "Unique in the process and never reused: what per-backend state is keyed on "
+          "(Python wrappers of one backend come and go).");
 
   m.def(
       "_create_backend",
@@ -133,31 +134,25 @@ PYBIND11_MODULE(_C, m) {
   };
   m.def(
       "group_all_gather",
-      [](const std::string& group, const c10::intrusive_ptr<c10d::Store>& store, at::Tensor output,
-         at::Tensor input) {
-        return static_cast<bool>(
-            group_symmetry(group, store, input.device().index()).all_gather(output, input));
+      [](const std::string& group, at::Tensor output, at::Tensor input) {
+        return static_cast<bool>(group_symmetry(group, input.device().index())->all_gather(output, input));
       },
-      py::arg("group_name"), py::arg("store"), py::arg("output"), py::arg("input"),
-      py::call_guard<py::gil_scoped_release>());
+      py::arg("group_name"), py::arg("output"), py::arg("input"), py::call_guard<py::gil_scoped_release>());
   m.def(
       "group_reduce_scatter",
-      [reduce_op](const std::string& group, const c10::intrusive_ptr<c10d::Store>& store, at::Tensor output,
-                  at::Tensor input, const std::string& op) {
-        return static_cast<bool>(group_symmetry(group, store, input.device().index())
-                                     .reduce_scatter(output, input, reduce_op(op)));
+      [reduce_op](const std::string& group, at::Tensor output, at::Tensor input, const std::string& op) {
+        return static_cast<bool>(
+            group_symmetry(group, input.device().index())->reduce_scatter(output, input, reduce_op(op)));
       },
-      py::arg("group_name"), py::arg("store"), py::arg("output"), py::arg("input"), py::arg("op"),
+      py::arg("group_name"), py::arg("output"), py::arg("input"), py::arg("op"),
       py::call_guard<py::gil_scoped_release>());
   m.def(
       "group_all_reduce",
-      [reduce_op](const std::string& group, const c10::intrusive_ptr<c10d::Store>& store, at::Tensor tensor,
-                  const std::string& op) {
+      [reduce_op](const std::string& group, at::Tensor tensor, const std::string& op) {
         return static_cast<bool>(
-            group_symmetry(group, store, tensor.device().index()).all_reduce(tensor, reduce_op(op)));
+            group_symmetry(group, tensor.device().index())->all_reduce(tensor, reduce_op(op)));
       },
-      py::arg("group_name"), py::arg("store"), py::arg("tensor"), py::arg("op"),
-      py::call_guard<py::gil_scoped_release>());
+      py::arg("group_name"), py::arg("tensor"), py::arg("op"), py::call_guard<py::gil_scoped_release>());
   m.def("release_group", &symmpool::torch_ext::release_group_symmetry, py::arg("group_name"),
         py::call_guard<py::gil_scoped_release>(),
         "Drops a plain group's symmetric heap and communicator (False where it had none).");

@@ -1,7 +1,9 @@
 #pragma once
 // symmpool._C's peer-memory functions (symmpool/peer_memory.py wraps them):
-// symmetric buffers of a "symm" group, views of the peers' copies, barriers
-// and point-to-point signals on the group's communicator.
+// symmetric buffers of a "symm" or plain NCCL group, views of the peers'
+// copies, barriers and point-to-point signals on the group's communicator.
+
+#include "peer_group.hpp"
 
 #include <symmpool/communicator.hpp>
 
@@ -15,15 +17,13 @@ namespace symmpool::torch_ext {
 
 void define_peer_memory(pybind11::module& m);
 
-// The communicator of a "symm" group's backend on `device` (collective the
-// first time); TypeError for another backend, RuntimeError where the group
-// spans nodes.
-Communicator& peer_memory_communicator(const c10::intrusive_ptr<c10d::Backend>& backend,
-                                       c10::DeviceIndex device);
+// The group's communicator on `device` (collective the first time);
+// RuntimeError where the group spans nodes.
+Communicator& peer_memory_communicator(PeerGroup& peers, c10::DeviceIndex device);
 
 // Collective: '' when `t`'s bytes sit at the same offset in every rank's heap
 // (peer_tensor may then view them), otherwise why not (the same text on
 // every rank).
-std::string rendezvous_or_why_not(const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& t);
+std::string rendezvous_or_why_not(PeerGroup& peers, const at::Tensor& t);
 
 }  // namespace symmpool::torch_ext

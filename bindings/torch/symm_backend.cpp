@@ -34,7 +34,6 @@ namespace {
 
 std::mutex live_backends_mutex;
 std::set<const SymmBackend*> live_backends;
-std::atomic<std::uint64_t> next_backend_serial{1};
 
 bool blocking_wait() {
   const char* value = std::getenv("TORCH_NCCL_BLOCKING_WAIT");
@@ -52,8 +51,7 @@ SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
           [this] { return windows_view_.load(std::memory_order_acquire); }),
       collective_options_(call_translating_errors([] { return CollectiveOptions::from_environment(); })),
       store_for_heap_(store),
-      windows_enabled_(Environment::from_process().nccl_windows),
-      serial_(next_backend_serial.fetch_add(1)) {
+      windows_enabled_(Environment::from_process().nccl_windows) {
   blocking_wait_ = blocking_wait();
   std::lock_guard<std::mutex> lock(live_backends_mutex);
   live_backends.insert(this);

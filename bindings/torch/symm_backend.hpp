@@ -10,7 +10,7 @@
 // later collective raises its error.
 
 #include "collective_router.hpp"
-#include "rendezvoused_storages.hpp"
+#include "peer_group.hpp"
 
 #include <symmpool/collective_options.hpp>
 #include <symmpool/detail/failure_record.hpp>
@@ -29,7 +29,7 @@
 
 namespace symmpool::torch_ext {
 
-class SymmBackend final : public c10d::ProcessGroupNCCL {
+class SymmBackend final : public c10d::ProcessGroupNCCL, public PeerGroup {
  public:
   SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
               c10::intrusive_ptr<Options> options);
@@ -48,7 +48,7 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   // serves them at no extra memory.
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
   // Always symmpool memory, registered with the group's NCCL communicator.
-  at::Tensor allocate_symmetric(long size, at::TensorOptions options);
+  at::Tensor allocate_symmetric(long size, at::TensorOptions options) override;
 
   // The communicator of a device exists only after its first collective (or
   // an eager connect): registration starts then, for existing segments too.
@@ -82,21 +82,12 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
 
   RegistrationCounts registration_counts() const;
   WindowCounts window_counts() const;
-  // Unique in the process, never reused: Python keys state per backend on
-  // it (a Python wrapper of this object is not kept alive, so identity of
-  // wrappers says nothing, and an address may come back for a new group).
-  std::uint64_t serial() const { return serial_; }
-
-  // The group's communicator on `device` for the peer-memory API
-  // (peer_memory.cpp), made by the first call (collective, as for the first
-  // routed collective); null, on every rank, when the group spans nodes.
-  // Raises the group's sticky failure, if any.
-  Communicator* peer_memory(c10::DeviceIndex device);
-  // The same, but never made here: for calls that are not collective
-  // (signal, wait), which cannot set the group up with its other ranks.
-  bool peer_memory_formed() const { return group_ != nullptr || spans_nodes_; }
-  // The storages whose rendezvous on this group succeeded (peer_memory.cpp).
-  RendezvousedStorages& rendezvoused_storages() { return rendezvoused_storages_; }
+  // PeerGroup: the communicator for the peer-memory API and the fused ops
+  // is the one the routed collectives use.
+  Communicator* peer_memory(c10::DeviceIndex device) override;
+  bool peer_memory_formed() const override { return group_ != nullptr || spans_nodes_; }
+  int group_rank() const override { return getRank(); }
+  int group_size() const override { return getSize(); }
 
  private:
   void register_if_ready(const at::Device& device);
@@ -146,8 +137,6 @@ class SymmBackend final : public c10d::ProcessGroupNCCL {
   bool spans_nodes_ = false;    // found when the heap formed: every call goes to NCCL
   bool blocking_wait_ = false;  // TORCH_NCCL_BLOCKING_WAIT: wait() blocks the host
   std::shared_ptr<const detail::FailureRecord> failure_;  // the communicator's, kept after it goes
-  RendezvousedStorages rendezvoused_storages_;
-  const std::uint64_t serial_;
 };
 
 // Sum of the registration counts of every live symm backend of this process.

@@ -99,3 +99,49 @@ def hook_collectives_match_gloo(rank: int, world: int) -> None:
     assert symmpool.memory_stats(device)["symm_collectives"] - before == calls
     assert symmpool.fsdp.release(group)
     dist.destroy_process_group()
+
+
+def hsdp_placement_with_simulated_hosts(rank: int, world: int, layout: str) -> None:
+    """An HSDP mesh (replicate x shard) over two simulated hosts
+    (SYMMPOOL_HOST_ID), with SYMMPOOL_COLLECTIVES=always. The hooks' group
+    runs on symmpool where its ranks share a host, and is handed back to
+    NCCL (the hook returns False, counted "group spans nodes") where they
+    do not. `layout` "shard-in-host": hosts are mesh rows, as on real HSDP
+    nodes; "shard-across-hosts": hosts are mesh columns. Only symmpool
+    runs (the ranks may share a GPU, which NCCL refuses)."""
+    assert world % 2 == 0, world
+    os.environ["SYMMPOOL_COLLECTIVES"] = "always"
+    shard_size = world // 2
+    # The mesh is (2, world / 2): rows are replicas.
+    os.environ["SYMMPOOL_HOST_ID"] = f"host-{symmpool_host(rank, layout, shard_size)}"
+    import symmpool
+
+    device = init_group(rank, world, "cpu:gloo,cuda:nccl")
+    mesh = DeviceMesh("cuda", torch.arange(world).reshape(2, shard_size), mesh_dim_names=("replicate", "shard"))
+    torch.cuda.set_device(device)  # the mesh may pick rank % GPUs; the ranks may share GPU 0
+    all_gather = symmpool.fsdp.SymmAllGather()
+    n = 1031
+    for dim in ("shard", "replicate"):
+        group = mesh.get_group(dim)
+        members = dist.get_process_group_ranks(group)
+        in_one_host = len({symmpool_host(r, layout, shard_size) for r in members}) == 1
+        spans_before = symmpool.routing_counts()["group spans nodes"]
+        inp = all_gather.allocate((n,), dtype=torch.float32, device=device)
+        inp.copy_(torch.arange(n, dtype=torch.float32) + rank)
+        out = all_gather.allocate((n * len(members),), dtype=torch.float32, device=device).fill_(float("nan"))
+        ran = symmpool._C.group_all_gather(group.group_name, out, inp)
+        assert ran == in_one_host, f"rank {rank} {layout} {dim} {members}: symmpool ran it: {ran}"
+        if ran:
+            want = torch.cat([torch.arange(n, dtype=torch.float32) + r for r in members])
+            assert torch.equal(out.cpu(), want), f"rank {rank} {layout} {dim}: wrong all-gather"
+        else:
+            assert symmpool.routing_counts()["group spans nodes"] == spans_before + 1
+        symmpool.release_group(group)
+    torch.cuda.synchronize(device)
+    print(f"[rank {rank}] {layout}: symmpool where the group shares a host, NCCL elsewhere", flush=True)
+    dist.destroy_process_group()
+
+
+def symmpool_host(rank: int, layout: str, shard_size: int) -> int:
+    row, column = divmod(rank, shard_size)
+    return row if layout == "shard-in-host" else column

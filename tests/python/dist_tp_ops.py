@@ -1,6 +1,8 @@
 """Bodies of the fused-op and peer-memory tests, one process per rank
 (launch.run_workers). The CPU ones run on gloo (every fused op falls back to
-the unfused ops there); the GPU ones on a "symm" group, against NCCL."""
+the unfused ops there); the GPU ones on a "symm" group or a plain "nccl"
+one (`backend`), against NCCL (or, where the ranks share a GPU, against
+the inputs gathered over gloo)."""
 
 from __future__ import annotations
 
@@ -106,14 +108,19 @@ def _cases(world, gen, dtype, device):
     return ag, rs
 
 
-def fused_ops_match_unfused(rank: int, world: int, on_gpu: bool, dtypes: list, store_file: str = "") -> None:
+SYMM = "cpu:gloo,cuda:symm"
+NCCL = "cpu:gloo,cuda:nccl"
+
+
+def fused_ops_match_unfused(rank: int, world: int, on_gpu: bool, dtypes: list, store_file: str = "",
+                            backend: str = SYMM) -> None:
     """Every fused op, every case and dtype, equals the unfused collectives
-    on the same random data; on a "symm" group the fused path ran (counted),
-    on gloo the fallback did."""
+    on the same random data; on a "symm" or plain "nccl" group the fused
+    path ran (counted), on gloo the fallback did."""
     import symmpool
 
     if on_gpu:
-        device = init_group(rank, world, "cpu:gloo,cuda:symm")
+        device = init_group(rank, world, backend)
         reference_group = _reference_group()
     else:
         device = torch.device("cpu")
@@ -178,6 +185,13 @@ def fused_ops_match_unfused(rank: int, world: int, on_gpu: bool, dtypes: list, s
     ran = sum(v for k, v in counts.items() if k.endswith(f".{where}"))
     assert ran == calls, f"rank {rank}: {ran} of {calls} calls ran {where}: {counts}"
     print(f"[rank {rank}] {calls} fused-op calls matched the unfused ops ({where}): {counts}", flush=True)
+    if on_gpu and backend == NCCL:
+        # What symmpool made for the plain group goes with release_group, workspace included.
+        torch.cuda.synchronize()
+        assert symmpool._C._fused_workspace(name, device.index) is not None
+        assert symmpool.release_group(group), "release_group found nothing for the plain group"
+        assert symmpool._C._fused_workspace(name, device.index) is None, "the workspace outlived its group"
+        assert not symmpool.release_group(group)
     if not on_gpu:
         # gloo's teardown aborted a rank about once in six runs here ("terminate
         # called without an active exception", after every check passed, with
@@ -199,13 +213,13 @@ def _poison_workspace(group_name, device):
         ws.buffer.fill_(0xFF)
 
 
-def fused_ops_replay_in_cuda_graphs_and_compile(rank: int, world: int) -> None:
+def fused_ops_replay_in_cuda_graphs_and_compile(rank: int, world: int, backend: str = SYMM) -> None:
     """The fused ops captured in a CUDA graph (workspace reserved first), run
     eagerly while that capture is open, and compiled with
     torch.compile(fullgraph=True) give what eager gives."""
     import symmpool
 
-    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+    device = init_group(rank, world, backend)
     name = dist.group.WORLD.group_name
     gen = torch.Generator().manual_seed(7 + rank)
     A_shard = torch.randn(64, 128, generator=gen).to(torch.bfloat16).to(device)
@@ -343,11 +357,12 @@ def fused_ops_back_to_back_with_a_late_rank(rank: int, world: int) -> None:
     dist.destroy_process_group()
 
 
-def fused_ops_fall_back_where_symmpool_cannot_serve(rank: int, world: int) -> None:
-    """On an NCCL group the fused ops run unfused, counted with the reason;
-    the results are right. Their fallbacks and the functional ops run
-    synchronous NCCL calls, for which ProcessGroupNCCL returns no Work (torch
-    >= 2.8): waiting on it crashed every rank (SIGSEGV) before wait_if_any."""
+def fused_ops_on_an_nccl_group_and_nccl_fallbacks(rank: int, world: int) -> None:
+    """On a plain NCCL group the fused ops run fused (symmpool forms the
+    group's heap on demand) and match NCCL. The functional ops there run
+    synchronous NCCL calls where the router leaves them to NCCL, for which
+    ProcessGroupNCCL returns no Work (torch >= 2.8): waiting on it crashed
+    every rank (SIGSEGV) before wait_if_any."""
     import symmpool
 
     init_group(rank, world, "nccl")
@@ -370,7 +385,7 @@ def fused_ops_fall_back_where_symmpool_cannot_serve(rank: int, world: int) -> No
     _close(z, _all_to_all_reference(A2, B, group), "fallback produce_and_all_to_all")
     counts = symmpool.peer_memory_counts()
     for op in ("fused_all_gather_matmul", "fused_matmul_reduce_scatter", "pipelined_produce_and_all_to_all"):
-        assert counts.get(f"{op}.fallback: not a symm group") == 1, counts
+        assert counts.get(f"{op}.fused") == 1, counts
     # The functional ops on the same group: the same synchronous calls.
     x = torch.randn(6, 5, generator=gen).to(device)
     gathered = torch.ops.symmpool.all_gather(x, world, name)
@@ -471,13 +486,13 @@ def a_group_formed_in_a_capture_leaves_retired_mappings_for_later(rank: int, wor
     dist.destroy_process_group()
 
 
-def peer_memory_api(rank: int, world: int) -> None:
+def peer_memory_api(rank: int, world: int, backend: str = SYMM) -> None:
     """rendezvous, peer_tensor, barrier, and signal/wait ping-pong: each rank
     reads its peers' buffers through views; a plain tensor is refused on
     every rank alike; peer_tensor before rendezvous is refused."""
     import symmpool
 
-    device = init_group(rank, world, "cpu:gloo,cuda:symm")
+    device = init_group(rank, world, backend)
     group = dist.group.WORLD
     n = 4099  # odd
     pool = symmpool.mem_pool()

@@ -222,6 +222,14 @@ def test_fsdp2_hooks_on_a_plain_nccl_mesh_match_stock(collectives, reshard, comp
 
 # The hooks' collectives on a plain "nccl" group run on symmpool: on every
 # GPU, or with two ranks sharing the one GPU (NCCL is never called).
+# HSDP's placement over two simulated hosts: four ranks on GPU 0 (only
+# symmpool runs), on any machine with a GPU.
+@needs_gpu
+@pytest.mark.parametrize("layout", ["shard-in-host", "shard-across-hosts"])
+def test_hsdp_hooks_run_on_symmpool_within_a_host_and_on_nccl_across(layout):
+    run_sharing_one_gpu(dist_fsdp_hooks.hsdp_placement_with_simulated_hosts, 4, layout, timeout=300)
+
+
 @needs_gpu
 def test_fsdp2_hook_collectives_on_a_plain_nccl_group_match_gloo():
     if gpu_count() >= 2:

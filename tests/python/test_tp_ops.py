@@ -1,6 +1,7 @@
-"""Fused tensor-parallel ops and the peer-memory API. Schemas, fake kernels,
-opcheck and the unfused fallback run here on gloo (CPU); the fused paths,
-graphs, compile and signals need 2 GPUs and skip without them."""
+"""Fused tensor-parallel ops and the peer-memory API, on "symm" groups and
+plain "nccl" ones. Schemas, fake kernels, opcheck and the unfused fallback
+run here on gloo (CPU); the fused paths, graphs, compile and signals need a
+GPU (two ranks share one where there is only one) and skip without."""
 
 import pytest
 import torch
@@ -116,11 +117,14 @@ def test_traces_under_torch_compile(group_name):
         torch.testing.assert_close(got, want)
 
 
-def test_peer_memory_needs_a_symm_group(group_name):
-    with pytest.raises(TypeError, match='needs a "symm" process group'):
+def test_peer_memory_needs_an_nccl_or_symm_group(group_name):
+    with pytest.raises(TypeError, match='rendezvous needs a group whose CUDA backend is "nccl" or "symm"'):
         symmpool.rendezvous(torch.ones(4))
-    with pytest.raises(TypeError, match='reserve_workspace needs a "symm" process group'):
+    with pytest.raises(TypeError, match='peer_tensor needs a group whose CUDA backend is "nccl" or "symm"'):
+        symmpool.peer_tensor(torch.ones(4), 0)
+    with pytest.raises(TypeError, match='reserve_workspace needs a group whose CUDA backend is "nccl" or "symm"'):
         symmpool.reserve_workspace(1 << 20, device=0)
+    assert not symmpool.is_available(device=0)
 
 
 def test_fallback_on_two_gloo_ranks_matches_the_unfused_ops(tmp_path):
@@ -129,9 +133,10 @@ def test_fallback_on_two_gloo_ranks_matches_the_unfused_ops(tmp_path):
 
 
 @needs_two
-def test_fused_ops_match_nccl_in_every_dtype():
+@pytest.mark.parametrize("backend", [dist_tp_ops.SYMM, dist_tp_ops.NCCL], ids=["symm", "nccl"])
+def test_fused_ops_match_nccl_in_every_dtype(backend):
     run_workers(dist_tp_ops.fused_ops_match_unfused, gpu_count(), True,
-                [torch.bfloat16, torch.float16, torch.float32], timeout=300)
+                [torch.bfloat16, torch.float16, torch.float32], "", backend, timeout=300)
 
 
 @needs_gpu
@@ -150,8 +155,9 @@ def test_a_destroyed_groups_workspace_is_freed_on_every_rank():
 
 
 @needs_two
-def test_fused_ops_replay_in_cuda_graphs_and_compile():
-    run_workers(dist_tp_ops.fused_ops_replay_in_cuda_graphs_and_compile, gpu_count(), timeout=300)
+@pytest.mark.parametrize("backend", [dist_tp_ops.SYMM, dist_tp_ops.NCCL], ids=["symm", "nccl"])
+def test_fused_ops_replay_in_cuda_graphs_and_compile(backend):
+    run_workers(dist_tp_ops.fused_ops_replay_in_cuda_graphs_and_compile, gpu_count(), backend, timeout=300)
 
 
 @needs_two
@@ -160,13 +166,14 @@ def test_fused_ops_back_to_back_with_a_late_rank_on_two_streams():
 
 
 @needs_two
-def test_fused_ops_fall_back_on_an_nccl_group():
-    run_workers(dist_tp_ops.fused_ops_fall_back_where_symmpool_cannot_serve, gpu_count(), timeout=120)
+def test_fused_ops_on_a_plain_nccl_group():
+    run_workers(dist_tp_ops.fused_ops_on_an_nccl_group_and_nccl_fallbacks, gpu_count(), timeout=120)
 
 
 @needs_two
-def test_peer_memory_api():
-    run_workers(dist_tp_ops.peer_memory_api, gpu_count(), timeout=120)
+@pytest.mark.parametrize("backend", [dist_tp_ops.SYMM, dist_tp_ops.NCCL], ids=["symm", "nccl"])
+def test_peer_memory_api(backend):
+    run_workers(dist_tp_ops.peer_memory_api, gpu_count(), backend, timeout=120)
 
 
 @needs_two
@@ -198,15 +205,19 @@ def test_a_wait_the_gpu_has_not_reached_does_not_time_out():
 @one_gpu_only
 @pytest.mark.parametrize("worker, args", [
     ("fused_ops_match_unfused", (True, [torch.bfloat16, torch.float16, torch.float32])),
+    ("fused_ops_match_unfused", (True, [torch.bfloat16, torch.float16, torch.float32], "", dist_tp_ops.NCCL)),
     ("fused_ops_replay_in_cuda_graphs_and_compile", ()),
+    ("fused_ops_replay_in_cuda_graphs_and_compile", (dist_tp_ops.NCCL,)),
     ("fused_ops_back_to_back_with_a_late_rank", ()),
     ("peer_memory_api", ()),
+    ("peer_memory_api", (dist_tp_ops.NCCL,)),
     ("peer_view_outlives_its_group", ()),
     ("a_wait_without_signal_times_out", ()),
     ("a_wait_the_gpu_has_not_reached_does_not_time_out", ()),
     ("a_destroyed_groups_workspace_is_freed", ()),
     ("signal_before_setup_is_refused", ()),
-], ids=["fused_vs_unfused", "graphs_and_compile", "late_rank", "peer_memory_api", "peer_view_outlives_group",
+], ids=["fused_vs_unfused", "fused_vs_unfused_nccl", "graphs_and_compile", "graphs_and_compile_nccl",
+        "late_rank", "peer_memory_api", "peer_memory_api_nccl", "peer_view_outlives_group",
         "wait_timeout", "late_gpu_wait",
         "workspace_freed", "signal_before_setup"])
 def test_two_ranks_sharing_one_gpu(worker, args):

@@ -16,7 +16,7 @@ from ._backend import BACKEND_NAME, register_backend
 from ._fsdp import allocate_fsdp_comm_buffers_from_symm
 from ._pool import empty_cache, library_path, mem_pool, memory_stats, owns, reset_peak_memory_stats
 from .fused_ops import reserve_workspace
-from .peer_memory import (barrier, is_available, peer_memory_counts, peer_tensor, rendezvous,
+from .peer_memory import (barrier, is_available, peer_memory_counts, peer_tensor, release_group, rendezvous,
                           reset_peer_memory_counts, signal, wait)
 
 register_backend()
@@ -34,6 +34,7 @@ __all__ = [
     "owns",
     "peer_memory_counts",
     "peer_tensor",
+    "release_group",
     "rendezvous",
     "reserve_workspace",
     "reset_peak_memory_stats",

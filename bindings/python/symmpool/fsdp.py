@@ -28,13 +28,9 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (ProcessGroupA
 
 from . import _C
 from ._backend import BACKEND_NAME
+from .peer_memory import release_group
 
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}
-
-
-def _store_of(group: dist.ProcessGroup):
-    """The group's own store, where its ranks rendezvoused (its heap forms there)."""
-    return dist.distributed_c10d._world.pg_map[group][1]
 
 
 def _symmpool_may_take(group: dist.ProcessGroup, tensor: torch.Tensor) -> bool:
@@ -58,7 +54,7 @@ class SymmAllGather(_SymmetricAlloc, AllGather):
                  async_op: bool = False) -> dist.Work | None:
         # On the current stream (FSDP2's all-gather stream): its event covers the call.
         if _symmpool_may_take(group, output_tensor) and _C.group_all_gather(
-                group.group_name, _store_of(group), output_tensor, input_tensor):
+                group.group_name, output_tensor, input_tensor):
             return None
         return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
 
@@ -71,7 +67,7 @@ class SymmReduceScatter(_SymmetricAlloc, ReduceScatter):
                  op=dist.ReduceOp.SUM, async_op: bool = False) -> dist.Work | None:
         name = _OPS.get(op) if isinstance(op, dist.ReduceOp.RedOpType) else None
         if name is not None and _symmpool_may_take(group, output_tensor) and _C.group_reduce_scatter(
-                group.group_name, _store_of(group), output_tensor, input_tensor, name):
+                group.group_name, output_tensor, input_tensor, name):
             return None
         return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 
@@ -109,5 +105,4 @@ def release(group: dist.ProcessGroup | None = None) -> bool:
     """Drops the symmetric heap and communicator symmpool formed for ``group``
     (the default group where None): call it before dist.destroy_process_group
     on a group whose FSDP2 modules are gone. False where it had none."""
-    group = group or dist.group.WORLD
-    return _C.release_group(group.group_name)
+    return release_group(group)

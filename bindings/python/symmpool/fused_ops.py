@@ -1,4 +1,5 @@
-"""Fused tensor-parallel ops on a "symm" group, micro-pipelined as PyTorch's
+"""Fused tensor-parallel ops on a "nccl" or "symm" group (a DeviceMesh's tp
+dimension as it is), micro-pipelined as PyTorch's
 ProcessGroupCudaP2P and symmetric-memory ops are:
 
 - ``torch.ops.symmpool.fused_all_gather_matmul(A_shard, Bs, gather_dim,
@@ -15,7 +16,7 @@ ProcessGroupCudaP2P and symmetric-memory ops are:
 The copies take no SM from the matmuls. Shards pass through one symmetric
 workspace per group and device, grown on demand (``reserve_workspace`` grows
 it ahead, as a CUDA graph capture needs). Where symmpool cannot serve the
-call (not a "symm" group, ranks on several nodes, CPU tensors, one rank, a
+call (a group whose CUDA backend is neither "nccl" nor "symm", ranks on several nodes, CPU tensors, one rank, a
 workspace that came out asymmetric) the op runs unfused on the group, and
 ``symmpool.peer_memory_counts()`` counts it with its reason; every rank
 takes the same decision. Every op takes ``group_size``: the output shapes
@@ -45,7 +46,7 @@ def reserve_workspace(nbytes: int, group: Optional[dist.ProcessGroup] = None, de
     group spans nodes."""
     group = group if group is not None else dist.group.WORLD
     device = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
-    return _C._reserve_workspace(group.group_name, device, nbytes)  # TypeError unless a "symm" group
+    return _C._reserve_workspace(group.group_name, device, nbytes)  # TypeError unless "nccl" or "symm"
 
 
 # -- fake kernels: the C++ kernels' checks and shapes, from the arguments alone ---------------------

@@ -1,6 +1,7 @@
 """Peer memory: another rank's copy of a symmetric buffer as a tensor, and
 the barrier and signals that order work on it, for intra-node patterns
-users write themselves (in PyTorch, Triton or CUDA) on a "symm" group.
+users write themselves (in PyTorch, Triton or CUDA) on a group whose CUDA
+backend is "nccl" (a DeviceMesh dimension, the default group) or "symm".
 
 A buffer is symmetric when every rank allocated it at the same place of its
 symmpool heap (the same sizes in the same order, as SPMD code does).
@@ -8,7 +9,7 @@ symmpool heap (the same sizes in the same order, as SPMD code does).
 views a peer's copy, read and written over NVLink (a copy with ``copy_``
 runs on the copy engines). A hand-written all-gather::
 
-    group = dist.new_group(backend="symm")          # or the default group
+    group = mesh.get_group("tp")                      # any "nccl" or "symm" group
     with torch.cuda.use_mem_pool(symmpool.mem_pool()):
         mine = torch.empty(n, device="cuda")          # symmetric on every rank
     mine.copy_(x)
@@ -52,17 +53,8 @@ def _device_index(device) -> int:
     return torch.device(device).index if not isinstance(device, int) else device
 
 
-def symm_backend(group: Optional[dist.ProcessGroup], device: Optional[int] = None):
-    """The "symm" backend of ``group`` on ``device`` (current by default), or None."""
-    backend = _group(group)._get_backend(torch.device("cuda", _device_index(device)))
-    return backend if isinstance(backend, _C.SymmBackend) else None
-
-
-def _require_symm_backend(group, device, op: str):
-    backend = symm_backend(group, device)
-    if backend is None:
-        raise TypeError(f"symmpool.{op} needs a \"symm\" process group (dist.new_group(backend=\"symm\"))")
-    return backend
+def _device_of_stream(stream: Optional[torch.cuda.Stream]) -> int:
+    return _device_index(stream.device.index if stream is not None else None)
 
 
 def _stream_handle(stream: Optional[torch.cuda.Stream]) -> Optional[int]:
@@ -70,20 +62,19 @@ def _stream_handle(stream: Optional[torch.cuda.Stream]) -> Optional[int]:
 
 
 def is_available(group: Optional[dist.ProcessGroup] = None, device=None) -> bool:
-    """Whether ``group`` is a "symm" group whose ranks share a node. Collective
-    the first time on a "symm" group (it forms the group's heap); every rank
-    gets the same answer."""
-    backend = symm_backend(group, device)
-    return backend is not None and _C._peer_memory_available(backend, _device_index(device))
+    """Whether ``group``'s CUDA backend is "nccl" or "symm" and its ranks
+    share a node. Collective the first time (it forms the group's heap);
+    every rank gets the same answer."""
+    return _C._peer_memory_available(_group(group).group_name, _device_index(device))
 
 
 def rendezvous(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> None:
     """Collective: checks that ``tensor``'s bytes sit at the same place of
     every rank's heap, so ``peer_tensor`` may view them. Raises ValueError,
     the same on every rank, when they do not (a tensor outside symmpool's
-    memory, or ranks that allocated differently)."""
-    backend = _require_symm_backend(group, tensor.device, "rendezvous")
-    why_not = _C._rendezvous(backend, tensor)
+    memory, or ranks that allocated differently); TypeError for a group
+    whose CUDA backend is neither "nccl" nor "symm"."""
+    why_not = _C._rendezvous(_group(group).group_name, tensor)
     _counts["rendezvous"] += 1
     if why_not:
         raise ValueError(f"symmpool.rendezvous: the tensor is not symmetric: {why_not}")
@@ -94,37 +85,39 @@ def peer_tensor(tensor: torch.Tensor, rank: int, group: Optional[dist.ProcessGro
     dtype), mapped into this device. ``tensor``'s storage (``tensor`` or a
     tensor it is a view of) must have gone through ``rendezvous`` on every
     rank; a new tensor at a freed one's address needs its own rendezvous."""
-    backend = _require_symm_backend(group, tensor.device, "peer_tensor")
     _counts["peer_tensor"] += 1
-    return _C._peer_tensor(backend, tensor, rank)
+    return _C._peer_tensor(_group(group).group_name, tensor, rank)
 
 
 def barrier(group: Optional[dist.ProcessGroup] = None, stream: Optional[torch.cuda.Stream] = None) -> None:
     """Collective: work enqueued after it on ``stream`` (current by default)
     starts once every rank's stream reached it (no SM used)."""
-    device = stream.device.index if stream is not None else None
-    backend = _require_symm_backend(group, device, "barrier")
     _counts["barrier"] += 1
-    _C._barrier(backend, _device_index(device), _stream_handle(stream))
+    _C._barrier(_group(group).group_name, _device_of_stream(stream), _stream_handle(stream))
 
 
 def signal(peer: int, group: Optional[dist.ProcessGroup] = None,
            stream: Optional[torch.cuda.Stream] = None) -> None:
     """Tells ``peer`` that what ``stream`` did before is done and visible."""
-    device = stream.device.index if stream is not None else None
-    backend = _require_symm_backend(group, device, "signal")
     _counts["signal"] += 1
-    _C._signal(backend, _device_index(device), peer, _stream_handle(stream))
+    _C._signal(_group(group).group_name, _device_of_stream(stream), peer, _stream_handle(stream))
 
 
 def wait(peer: int, group: Optional[dist.ProcessGroup] = None,
          stream: Optional[torch.cuda.Stream] = None) -> None:
     """Holds ``stream`` until ``peer`` signalled once more than earlier waits
     on it consumed (signals are counted, never lost)."""
-    device = stream.device.index if stream is not None else None
-    backend = _require_symm_backend(group, device, "wait")
     _counts["wait"] += 1
-    _C._wait(backend, _device_index(device), peer, _stream_handle(stream))
+    _C._wait(_group(group).group_name, _device_of_stream(stream), peer, _stream_handle(stream))
+
+
+def release_group(group: Optional[dist.ProcessGroup] = None) -> bool:
+    """Drops what symmpool made for a plain "nccl" group (the default group
+    where None): its symmetric heap, communicator and fused-op workspace,
+    after draining the device. Call it before dist.destroy_process_group on
+    a group symmpool served (FSDP2's hooks, the fused ops, the peer API);
+    a "symm" group's go with its backend. False where it had none."""
+    return _C.release_group(_group(group).group_name)
 
 
 def peer_memory_counts() -> dict:

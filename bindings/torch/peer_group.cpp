@@ -1,0 +1,59 @@
+#include "peer_group.hpp"
+
+#include "group_symmetry.hpp"
+#include "symm_backend.hpp"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+#include <algorithm>
+#include <atomic>
+
+namespace symmpool::torch_ext {
+
+namespace {
+std::atomic<std::uint64_t> next_serial{1};
+}  // namespace
+
+PeerGroup::PeerGroup() : serial_(next_serial.fetch_add(1)) {}
+
+std::shared_ptr<PeerGroup> peer_group_of(const std::string& group_name, c10::DeviceIndex device) {
+  return peer_group_of(*c10d::resolve_process_group(group_name), device);
+}
+
+std::shared_ptr<PeerGroup> peer_group_of(c10d::ProcessGroup& group, c10::DeviceIndex device) {
+  const auto types = group.getDeviceTypes();
+  if (std::find(types.begin(), types.end(), c10::Device(c10::DeviceType::CUDA)) == types.end()) return {};
+  c10::intrusive_ptr<c10d::Backend> backend = group.getBackend(c10::DeviceType::CUDA);
+  if (auto* symm = dynamic_cast<SymmBackend*>(backend.get())) {
+    // The handle holds the backend: a "symm" group's state lives in it.
+    return std::shared_ptr<PeerGroup>(symm, [held = std::move(backend)](PeerGroup*) {});
+  }
+  if (!dynamic_cast<c10d::ProcessGroupNCCL*>(backend.get())) return {};
+  return group_symmetry(group, device);
+}
+
+namespace {
+
+// Whether the group's CUDA backend is one peer_group_of serves.
+bool has_peer_side(c10d::ProcessGroup& group) {
+  const auto types = group.getDeviceTypes();
+  if (std::find(types.begin(), types.end(), c10::Device(c10::DeviceType::CUDA)) == types.end()) return false;
+  return dynamic_cast<c10d::ProcessGroupNCCL*>(group.getBackend(c10::DeviceType::CUDA).get()) != nullptr;
+}
+
+}  // namespace
+
+std::shared_ptr<PeerGroup> require_peer_group(const std::string& group_name, c10::DeviceIndex device,
+                                              const char* op) {
+  auto group = c10d::resolve_process_group(group_name);
+  // The group first: a CPU tensor on a gloo group is a wrong group before it is a wrong device.
+  TORCH_CHECK_TYPE(has_peer_side(*group), "symmpool ", op,
+                   " needs a group whose CUDA backend is \"nccl\" or \"symm\"; group '", group_name,
+                   "' has neither");
+  TORCH_CHECK(device >= 0, "symmpool ", op, ": the tensor must be on a CUDA device");
+  return peer_group_of(*group, device);
+}
+
+}  // namespace symmpool::torch_ext
