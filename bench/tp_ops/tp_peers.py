@@ -164,7 +164,7 @@ def _symmpool_fused(shape: Shape, inputs: Inputs, groups: Groups, pool) -> Call:
 
 def _first_call_fused(run: Callable[[], dict], op: str, counts: Callable[[], dict] | None) -> Callable[[], dict]:
     """run, whose first call (the check) raises unless symmpool fused it:
-    where it falls back (one rank, not a symm group...) the cell is
+    where it falls back (one rank, ranks span nodes...) the cell is
     unavailable with the reason, instead of timing the unfused ops under the
     fused peer's name. Later calls (timed) run as they are."""
     if counts is None:
