@@ -153,6 +153,18 @@ def torch_symm_mem_cases(s: Setup, n: int) -> dict[str, Callable[[], object]]:
         return {}
 
 
+def mlp_operands(s: Setup) -> tuple[torch.Tensor, ...]:
+    """A Llama MLP's tensor-parallel operands at --model and --tokens: the
+    column-parallel layer's sequence shard and weight, the row-parallel
+    layer's input and weight."""
+    hidden, mlp = MODELS[s.args.model]
+    m, w = s.args.tokens, s.world
+    return (torch.randn(m // w, hidden, dtype=DTYPE, device=s.device),
+            torch.randn(hidden, mlp // w, dtype=DTYPE, device=s.device),
+            torch.randn(m, mlp // w, dtype=DTYPE, device=s.device),
+            torch.randn(mlp // w, hidden, dtype=DTYPE, device=s.device))
+
+
 def plain_group_cases(s: Setup) -> dict[str, Callable[[], object]]:
     """FSDP2's hooked all-gather and reduce-scatter (symmpool.fsdp) and the
     fused ops on the plain "nccl" group, beside NCCL's own calls on it where
@@ -175,13 +187,8 @@ def plain_group_cases(s: Setup) -> dict[str, Callable[[], object]]:
             "all_gather dist (nccl group)": lambda: dist.all_gather_into_tensor(ag_out, ag_in, group=group),
             "reduce_scatter dist (nccl group)": lambda: dist.reduce_scatter_tensor(rs_out, rs_in, group=group),
         })
-    hidden, mlp = MODELS[s.args.model]
-    m, w = s.args.tokens, s.world
-    a_shard = torch.randn(m // w, hidden, dtype=DTYPE, device=s.device)
-    b_col = torch.randn(hidden, mlp // w, dtype=DTYPE, device=s.device)
-    a_row = torch.randn(m, mlp // w, dtype=DTYPE, device=s.device)
-    b_row = torch.randn(mlp // w, hidden, dtype=DTYPE, device=s.device)
-    name = group.group_name
+    a_shard, b_col, a_row, b_row = mlp_operands(s)
+    name, w = group.group_name, s.world
     cases.update({
         "fused_all_gather_matmul op (nccl group)": lambda: torch.ops.symmpool.fused_all_gather_matmul(
             a_shard, [b_col], 0, w, name),
@@ -196,10 +203,7 @@ def fused_cases(s: Setup) -> dict[str, Callable[[], object]]:
     layers), from the op down to its C++ pipeline, and the matmuls alone."""
     hidden, mlp = MODELS[s.args.model]
     m, w = s.args.tokens, s.world
-    a_shard = torch.randn(m // w, hidden, dtype=DTYPE, device=s.device)
-    b_col = torch.randn(hidden, mlp // w, dtype=DTYPE, device=s.device)
-    a_row = torch.randn(m, mlp // w, dtype=DTYPE, device=s.device)
-    b_row = torch.randn(mlp // w, hidden, dtype=DTYPE, device=s.device)
+    a_shard, b_col, a_row, b_row = mlp_operands(s)
     a_full = torch.randn(m, hidden, dtype=DTYPE, device=s.device)
     c_full = torch.empty(m, mlp // w, dtype=DTYPE, device=s.device)
     c_row = torch.empty(m, hidden, dtype=DTYPE, device=s.device)
