@@ -79,8 +79,8 @@ void Communicator::allocate_signal_pads() {
 
 void Communicator::map_signal_pads() {
   heap_.check_symmetric(pads_, kPadBytes, "signal pads");  // by construction; checked all the same
-  // Fixed for the communicator's life; asking per call cost ~1 ms of host
-  // time (the clock-rate query), measured on H200.
+  // Fixed for the communicator's life: asked per call, the clock-rate query
+  // (a slow driver call) would add its host time to every call.
   for (int p = 0; p < world(); ++p)
     peer_pads_.peer[p] = static_cast<std::uint32_t*>(heap_.peer_ptr(pads_, p));
   if (low_latency_max_bytes_ > 0)

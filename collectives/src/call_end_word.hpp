@@ -2,10 +2,12 @@
 // Where eager calls whose kernel reports its own end (the low-latency
 // all-reduce) end: the kernel's last block writes the call's number into a
 // host-mapped 64-bit word as its last act, so the call records no CUDA
-// event (cuEventRecord was 8% of an eager 8 KiB all-reduce's host time,
-// py-spy on 2 H200s). The failure monitor reads the word to retire such
-// calls; the issue order makes another stream wait for it with a stream
-// memop. Calls end in the order issued, so the word only grows.
+// event (cuEventRecord was a large share of an eager small all-reduce's host
+// time: bench/peers/README.md,
+// bench/results/host_time_h200x2_2026-11-27_call-end-word-ab.json). The
+// failure monitor reads the word to retire such calls; the issue order makes
+// another stream wait for it with a stream memop. Calls end in the order
+// issued, so the word only grows.
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>

@@ -19,8 +19,9 @@ inline bool is_capturing(cudaStream_t stream) {
 }
 
 // The active capture `stream` belongs to, or 0 outside captures (ids start
-// at 1). Asked of the driver: the runtime's wrapper cost about 0.3 us more
-// per eager call (py-spy, 8 KiB all-reduce on 2 H200s).
+// at 1). Asked of the driver: the runtime's wrapper adds host time to every
+// eager call (docs/DESIGN.md, "Life of one collective";
+// bench/results/host_time_h200x2_2026-11-27_host-path-through-driver-ab.json).
 inline unsigned long long capture_of(cudaStream_t stream) {
   const DriverApi& drv = real_driver();
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;

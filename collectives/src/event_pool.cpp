@@ -34,8 +34,9 @@ void EventPool::give_back(cudaEvent_t event) noexcept {
 
 SharedEvent EventPool::record(cudaStream_t stream) {
   cudaEvent_t e = take();
-  // The driver's call: the runtime's wrapper cost about 0.3 us more per
-  // eager call (py-spy, 8 KiB all-reduce on 2 H200s).
+  // The driver's call: the runtime's wrapper adds host time to every eager
+  // call (docs/DESIGN.md, "Life of one collective";
+  // bench/results/host_time_h200x2_2026-11-27_host-path-through-driver-ab.json).
   const DriverApi& drv = real_driver();
   const CUresult status = drv.cuEventRecord(reinterpret_cast<CUevent>(e), reinterpret_cast<CUstream>(stream));
   if (status != CUDA_SUCCESS) {

@@ -2,9 +2,9 @@
 // Events for the ends of collectives, recorded once per eager call and
 // shared (SharedEvent) by the issue order, the flight record and the caller's
 // Work: one cudaEventRecord per call where each kept its own. Once a kernel
-// is queued a record costs more than on an idle stream: on an H100 host a
-// launch then three records and a wait took 4.5 us against 3.9 us for a
-// launch then one record, and 7.8 against 3.6 us with 2000 calls queued
+// is queued a record costs more than on an idle stream, and more again with
+// many calls queued: a launch then three records and a wait took longer than
+// a launch then one record
 // (bench/results/cuda_call_cost_h100x1_2026-11-24.json). Events are reused
 // once nobody holds them, so none is created or destroyed per call.
 

@@ -25,11 +25,11 @@ constexpr std::size_t kMaxEntries = 4096;
 // monitor's thread at every poll. The caller's thread retires only once
 // this many more are in flight than after the last retiring, as
 // backpressure when the host issues faster than the thread polls: a retire
-// on the caller's thread every 32 calls still took 3% of an eager 8 KiB
-// all-reduce's host time (py-spy, 2x H200; a query on each call, a tenth).
+// on the caller's thread even every 32 calls still showed in an eager small
+// all-reduce's host time (py-spy; a query on each call, much more).
 // Counted from the last retiring, not from zero: with the GPU more than a
 // batch behind the host, a fixed threshold stayed crossed and every record
-// queried again (py-spy, H100: 6% of an eager all-reduce).
+// queried again (py-spy showed it in an eager all-reduce's host time).
 constexpr std::size_t kRetireBatch = 1024;
 
 int volatile_read(const int& word) { return *static_cast<const volatile int*>(&word); }
@@ -120,8 +120,9 @@ bool FailureMonitor::finished(const Entry& entry) {
 // waits for the previous one's end: IssueOrder), so the newest finished one
 // vouches for every older one. The newest first (the GPU keeping up), then
 // the oldest (the GPU behind them all): one or two queries in the common
-// cases instead of one per call (each query took about 2 us, 12% of an
-// eager 8 KiB all-reduce's host time: py-spy, 2x H200); in between, probes
+// cases instead of one per call (a query per call was a large share of an
+// eager small all-reduce's host time: bench/peers/README.md,
+// bench/results/host_time_h200x2_2026-11-27_monitor-retire-ab.json); in between, probes
 // back from the newest (2, 4, ... calls back) and a bisection. Point-to-
 // point calls are outside that order and are queried one by one.
 void FailureMonitor::retire_finished(std::vector<Entry>* retired) {

@@ -79,7 +79,7 @@ class FailureMonitor {
   // The oldest eager call the GPU has not finished, as a failure names it.
   std::string describe_unfinished();
   // cudaEventQuery calls made to retire finished calls (a test's measure of
-  // their host cost: about 2 us each on an H200 host).
+  // their host cost, which shows in an eager call's: bench/peers/README.md).
   std::uint64_t event_queries() const;
   // Tests: finished calls are retired on the caller's thread only (every
   // 1024 records), so that the queries they count do not depend on when

@@ -292,8 +292,9 @@ struct ReduceScalars {
 // Loads a thread keeps in flight in the reduce kernel's main loop: at
 // kRanksCap ranks it takes kLoadsInFlight / kRanksCap vectors at a time.
 // Peer loads are latency-bound: with one vector per thread, 64 blocks keep
-// 512 KiB of peer reads in flight, about 2 us of NVLink at 262 GB/s; a
-// 1 GiB bf16 reduce-scatter on 2 H200s ran at 0.79x the bare peer copy.
+// 512 KiB of peer reads in flight, too little to hide NVLink's latency; a
+// large reduce-scatter ran well below the bare peer copy (docs/results.md,
+// bench/results/peers_h200x2_2026-11-26_unrolled-reduce.json).
 constexpr int kLoadsInFlight = 8;
 
 template <int kRanksCap>
@@ -481,7 +482,7 @@ cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, c
   bool vectorized = aligned16(dst) && bytes % 16 == 0;
   for (int p = 0; p < world; ++p) vectorized = vectorized && aligned16(src.ptr[p]);
   // 32 blocks at most, as measured (peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json);
-  // 64, the reductions' meeting grid since ed6ac05, is not measured for it.
+  // 64, the reductions' meeting grid, is not measured for it.
   constexpr std::size_t kGatherBlocks = 32;
   static_assert(kGatherBlocks <= kMaxSyncBlocks, "a block meets its peers on its own row");
   const int blocks = grid_for(bytes / 16 + 1, kGatherBlocks);  // equal on every rank

@@ -178,12 +178,13 @@ __global__ void __launch_bounds__(kThreads)
 bool aligned8(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 7) == 0; }
 
 // Launched through the driver with a context-free kernel handle (found once
-// per type): cudaLaunchKernelEx cost about 0.45 us more per eager call than
+// per type): cudaLaunchKernelEx adds host time to every eager call over
 // the cuLaunchKernelEx under it, and <<<>>> a cudaGetLastError besides
-// (py-spy, 8 KiB all-reduce on 2 H200s). cuLaunchKernel returns the launch's
-// error itself; a CUkernel runs in the context of the stream it is launched
-// on (loaded there on first use, as <<<>>> does under lazy loading), so one
-// handle serves every device.
+// (docs/DESIGN.md, "Life of one collective";
+// bench/results/host_time_h200x2_2026-11-27_host-path-through-driver-ab.json).
+// cuLaunchKernel returns the launch's error itself; a CUkernel runs in the
+// context of the stream it is launched on (loaded there on first use, as
+// <<<>>> does under lazy loading), so one handle serves every device.
 template <typename T>
 void low_latency_as(const LowLatencyLaunch& a, cudaStream_t stream) {
   static const CUfunction kernel = [] {

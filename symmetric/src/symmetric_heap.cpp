@@ -169,8 +169,8 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
   // allow_pids() below names the peers.
   server_ = std::make_unique<FdServer>([this](std::uint64_t id) { return export_fd(id); });
 
-  // (An iostream here once crashed inside a torch process, H200, torch 2.11:
-  // a private copy of libstdc++, fixed in cmake/SharedLibstdcxx.cmake.)
+  // (An iostream here once crashed inside a torch process: a private copy
+  // of libstdc++, fixed in cmake/SharedLibstdcxx.cmake.)
   // "<node> <va bytes> <pci address> <socket> <secret> <pid>"; none has spaces.
   const std::string gpu = pci_address(drv_, allocator_.device());
   const Environment env = Environment::from_process();

@@ -9,6 +9,7 @@
 #include "event_pool.hpp"
 #include "failure_monitor.hpp"
 #include "gpu_skip.hpp"
+#include "held_stream.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -21,35 +22,6 @@
 namespace symmpool::test {
 
 namespace {
-
-// A stream held by a host function until release(): events recorded on it
-// stay unfinished until then.
-class HeldStream {
- public:
-  HeldStream() {
-    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
-    EXPECT_EQ(cudaLaunchHostFunc(
-                  stream_,
-                  [](void* gate) {
-                    while (!static_cast<std::atomic<bool>*>(gate)->load()) std::this_thread::yield();
-                  },
-                  &released_),
-              cudaSuccess);
-  }
-  ~HeldStream() {
-    release();
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
-  }
-  HeldStream(const HeldStream&) = delete;
-  HeldStream& operator=(const HeldStream&) = delete;
-  void release() { released_ = true; }
-  cudaStream_t get() const { return stream_; }
-
- private:
-  std::atomic<bool> released_{false};
-  cudaStream_t stream_ = nullptr;
-};
 
 // A monitor of rank 0 of 2 on GPU 0, and the events its calls end at.
 class FailureMonitorOnGpu : public ::testing::Test {

@@ -2,6 +2,7 @@
 // them, statistics, empty_cache and the errors that only a device can show.
 
 #include "gpu_skip.hpp"
+#include "held_stream.hpp"
 
 #include <symmpool/caching_allocator.hpp>
 #include <symmpool/device_allocators.hpp>
@@ -87,24 +88,32 @@ TEST(RealAllocator, RecordStreamWaitsForTheOtherStream) {
   SYMMPOOL_SKIP_WITHOUT_GPUS(1);
   CUDA_OK(cudaSetDevice(0));
   auto a = real_allocator(0);
-  cudaStream_t s1, s2;
+  cudaStream_t s1;
   CUDA_OK(cudaStreamCreate(&s1));
-  CUDA_OK(cudaStreamCreate(&s2));
+  // Stream 2 is held until release(): its writes to p below cannot finish
+  // before then, however fast the GPU, so "still busy" is not a race.
+  // Declared after the allocator: destroyed (released, synchronized) first.
+  HeldStream held;
+  cudaStream_t s2 = held.get();
   auto* p = a->allocate(64 * MiB, reinterpret_cast<CUstream>(s1));
-  // Keep s2 busy on p, then free on s1: the block must not be handed out
+  // s2 writes p, then p is freed on s1: the block must not be handed out
   // again until s2's work is done.
-  for (int i = 0; i < 50; ++i) CUDA_OK(cudaMemsetAsync(p, i, 64 * MiB, s2));
+  for (int i = 0; i < 4; ++i) CUDA_OK(cudaMemsetAsync(p, i, 64 * MiB, s2));
   a->record_stream(p, reinterpret_cast<CUstream>(s2));
   a->deallocate(p, reinterpret_cast<CUstream>(s1));
+  ASSERT_EQ(cudaStreamQuery(s2), cudaErrorNotReady) << "stream 2 must still be held here";
   void* q = a->allocate(64 * MiB, reinterpret_cast<CUstream>(s1));
-  bool s2_done = cudaStreamQuery(s2) == cudaSuccess;
-  if (!s2_done) {
-    EXPECT_NE(q, p) << "reused while stream 2 was still writing";
-  }
+  EXPECT_NE(q, p) << "reused while stream 2 was still writing";
+  // Once s2 is done, p's block is free again: the next request of its size
+  // on s1 (q still held) gets it from the cache.
+  held.release();
   CUDA_OK(cudaStreamSynchronize(s2));
+  void* r = a->allocate(64 * MiB, reinterpret_cast<CUstream>(s1));
+  EXPECT_EQ(r, p) << "not handed out again after stream 2 finished";
+  a->deallocate(r, reinterpret_cast<CUstream>(s1));
   a->deallocate(q, reinterpret_cast<CUstream>(s1));
+  CUDA_OK(cudaStreamSynchronize(s1));
   CUDA_OK(cudaStreamDestroy(s1));
-  CUDA_OK(cudaStreamDestroy(s2));
 }
 
 TEST(RealAllocator, FreeOnTheWrongDeviceIsRejected) {

@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -121,7 +122,8 @@ struct Ctx {
   ncclComm_t nccl;
   cudaStream_t stream;
   CachingAllocator* alloc;
-  Communicator* comm;
+  SymmetricHeap* heap;
+  Communicator* comm;  // null for a scenario that makes its own (kNoCommunicator)
 };
 
 void* dev(Ctx& c, std::size_t bytes) {
@@ -664,7 +666,7 @@ int bad_input(Ctx& c) {
 
 // A bad SYMMPOOL_MAX_BLOCKS is refused, naming itself, before the
 // communicator does any collective work.
-int bad_environment(Ctx& c, SymmetricHeap& heap) {
+int bad_environment(Ctx& c) {
   const int rank = c.rank;
   int failures = 0;
   // Put back what the test was started with (ctest runs it once with a cap).
@@ -673,7 +675,7 @@ int bad_environment(Ctx& c, SymmetricHeap& heap) {
   const std::string previous = had_cap ? started_with : "";
   ::setenv("SYMMPOOL_MAX_BLOCKS", "lots", 1);
   try {
-    Communicator bad(heap, *c.alloc);
+    Communicator bad(*c.heap, *c.alloc);
     RANK_EXPECT(false, "SYMMPOOL_MAX_BLOCKS=lots was accepted");
   } catch (const logic_error& e) {
     RANK_EXPECT(std::strstr(e.what(), "SYMMPOOL_MAX_BLOCKS") && std::strstr(e.what(), "'lots'"), "%s",
@@ -686,40 +688,89 @@ int bad_environment(Ctx& c, SymmetricHeap& heap) {
   return failures;
 }
 
-// One rank per GPU, checked against the host reference and NCCL.
-int collectives_rank(int rank, int world, Rendezvous& rv) {
+using Scenario = int (*)(Ctx&);
+enum class Setup { kCommunicator, kNoCommunicator };
+
+// One rank of a scenario: NCCL's communicator (the reference), a stream, the
+// GPU's allocator, a heap named after the scenario (every test of this binary
+// shares one store) and, unless kNoCommunicator, symmpool's communicator.
+int scenario_rank(int rank, int world, Rendezvous& rv, const std::string& name, Scenario scenario,
+                  Setup setup) {
   ncclComm_t nccl = init_nccl(rank, world, rv, kTimeoutSeconds);
-  Ctx c{rank, world, nccl, nullptr, &device_allocator(rank), nullptr};
+  Ctx c{rank, world, nccl, nullptr, &device_allocator(rank), nullptr, nullptr};
   RANK_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
   FileStore store(shared_store_dir());
-  SymmetricHeap heap(real_driver(), *c.alloc, store, "coll" + std::to_string(world), rank, world);
-  int failures = bad_environment(c, heap);
-  // The smallest two-step pieces: the larger cases go through many pieces
-  // and reuse every staging slot.
-  CollectiveOptions options = CollectiveOptions::from_environment();
-  options.two_step_piece_bytes = CollectiveOptions::kSmallestTwoStepPieceBytes;
-  Communicator comm(heap, *c.alloc, Communicator::kDefaultBarrierTimeout, {}, options);
-  c.comm = &comm;
-  failures += correctness(c);
-  failures += back_to_back_and_graph(c);
-  failures += low_latency_in_sequence(c);
-  failures += collectives_on_two_streams(c);
-  failures += eager_calls_during_a_capture(c);
-  if (world > 1) failures += bad_input(c);  // mismatches need two ranks
+  SymmetricHeap heap(real_driver(), *c.alloc, store, "coll-" + name + "-" + std::to_string(world), rank,
+                     world);
+  c.heap = &heap;
+  std::optional<Communicator> comm;
+  if (setup == Setup::kCommunicator) {
+    // The smallest two-step pieces: the larger cases go through many pieces
+    // and reuse every staging slot.
+    CollectiveOptions options = CollectiveOptions::from_environment();
+    options.two_step_piece_bytes = CollectiveOptions::kSmallestTwoStepPieceBytes;
+    comm.emplace(heap, *c.alloc, Communicator::kDefaultBarrierTimeout, FailureHandler{}, options);
+    c.comm = &*comm;
+  }
+  const int failures = scenario(c);
   RANK_CUDA(cudaStreamSynchronize(c.stream));
-  std::printf("[rank %d of %d] %d failures\n", rank, world, failures);
+  std::printf("[rank %d of %d] %s: %d failures\n", rank, world, name.c_str(), failures);
   RANK_NCCL(ncclCommDestroy(nccl));
   return failures == 0 ? 0 : 1;
 }
 
+// Runs `scenario` with one rank per GPU, up to kMaxRanks: "" when every rank
+// passed, else who failed or hung.
+std::string run_on_every_gpu(int gpus, const std::string& name, Scenario scenario,
+                             Setup setup = Setup::kCommunicator) {
+  shared_store_dir();
+  return run_ranks(std::min(gpus, Communicator::kMaxRanks), kTimeoutSeconds,
+                   [&](int rank, int world, Rendezvous& rv) {
+                     return scenario_rank(rank, world, rv, name, scenario, setup);
+                   });
+}
+
 }  // namespace
 
-// One rank per GPU, up to 8. With a single GPU (world 1) the kernels,
+// One rank per GPU, up to 8, each scenario checked against the host
+// reference (and NCCL where named). With a single GPU (world 1) the kernels,
 // copies, graphs and checks still run, meeting only themselves.
-TEST(Collectives, MatchNcclOnAllGpus) {
+// tests/multigpu/CMakeLists.txt runs them all again (Collectives.*) with the
+// tuning knobs' unusual settings.
+
+TEST(Collectives, MatchNcclAndTheHostReference) {
   SYMMPOOL_GPUS_OR_SKIP(gpus, 1);
-  shared_store_dir();
-  EXPECT_EQ(run_ranks(std::min(gpus, Communicator::kMaxRanks), kTimeoutSeconds, collectives_rank), "");
+  EXPECT_EQ(run_on_every_gpu(gpus, "correctness", correctness), "");
+}
+
+TEST(Collectives, MatchTheHostReferenceBackToBackAndInGraphReplays) {
+  SYMMPOOL_GPUS_OR_SKIP(gpus, 1);
+  EXPECT_EQ(run_on_every_gpu(gpus, "back-to-back", back_to_back_and_graph), "");
+}
+
+TEST(Collectives, LowLatencyAllReducesInSequenceKeepTheirOwnPackets) {
+  SYMMPOOL_GPUS_OR_SKIP(gpus, 1);
+  EXPECT_EQ(run_on_every_gpu(gpus, "low-latency", low_latency_in_sequence), "");
+}
+
+TEST(Collectives, RunInIssueOrderAcrossTwoStreams) {
+  SYMMPOOL_GPUS_OR_SKIP(gpus, 1);
+  EXPECT_EQ(run_on_every_gpu(gpus, "two-streams", collectives_on_two_streams), "");
+}
+
+TEST(Collectives, EagerCallsDuringACaptureRunNow) {
+  SYMMPOOL_GPUS_OR_SKIP(gpus, 1);
+  EXPECT_EQ(run_on_every_gpu(gpus, "eager-in-capture", eager_calls_during_a_capture), "");
+}
+
+TEST(Collectives, BadInputIsRefusedWithItsReason) {
+  SYMMPOOL_GPUS_OR_SKIP(gpus, 2);  // sizes that differ across ranks need two
+  EXPECT_EQ(run_on_every_gpu(gpus, "bad-input", bad_input), "");
+}
+
+TEST(Collectives, BadEnvironmentIsRefusedBeforeAnyWork) {
+  SYMMPOOL_GPUS_OR_SKIP(gpus, 1);
+  EXPECT_EQ(run_on_every_gpu(gpus, "bad-environment", bad_environment, Setup::kNoCommunicator), "");
 }
 
 }  // namespace symmpool::test

@@ -12,10 +12,20 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_common import expect_error, host_barrier, init_group, poisoned, set_collectives_mode
+from dist_common import expect_error, host_barrier, init_group, poisoned, ranks_share_gpu, set_collectives_mode
 
 
 def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
+    """The "symm" backend's collectives, on symm buffers and on plain ones,
+    equal NCCL's on the same data, bit for bit. Every reference comes from a
+    group of NCCL's own, never from the "symm" default group: there a small
+    plain all-reduce runs symmpool's low-latency kernel (it reads no peer's
+    buffer, so any memory will do), and a reference through it would be
+    symmpool checked against itself."""
+    # The "symm" backend is a ProcessGroupNCCL: its plain tensors, and every
+    # call with collectives "0", go to NCCL, which refuses two ranks on one
+    # GPU; the gloo/CPU references of a shared GPU would not help here.
+    assert not ranks_share_gpu(), "symm_backend_matches_nccl needs one GPU per rank (launch.run_workers)"
     set_collectives_mode(collectives)
     import symmpool
 
@@ -28,15 +38,16 @@ def symm_backend_matches_nccl(rank: int, world: int, collectives: str) -> None:
     # reduce-scatter input) come from PyTorch's cache; other streams' from symmpool.
     assert symmpool.owns(on_default) == (collectives != "0"), collectives
     del on_default
+    nccl = dist.new_group(backend="nccl")  # the references: plain NCCL on plain tensors
     if collectives == "0":
         with torch.cuda.stream(torch.cuda.Stream(device)):
-            _symm_backend_matches_nccl_on_the_current_stream(rank, world, collectives, device, backend)
+            _symm_backend_matches_nccl_on_the_current_stream(rank, world, collectives, device, backend, nccl)
     else:
-        _symm_backend_matches_nccl_on_the_current_stream(rank, world, collectives, device, backend)
+        _symm_backend_matches_nccl_on_the_current_stream(rank, world, collectives, device, backend, nccl)
     dist.destroy_process_group()
 
 
-def _symm_backend_matches_nccl_on_the_current_stream(rank, world, collectives, device, backend) -> None:
+def _symm_backend_matches_nccl_on_the_current_stream(rank, world, collectives, device, backend, nccl) -> None:
     import symmpool
 
     first = backend.allocate_tensor(1001, dtype=torch.bfloat16, device=device)
@@ -47,40 +58,55 @@ def _symm_backend_matches_nccl_on_the_current_stream(rank, world, collectives, d
     def rand(n, dtype):  # random small integers: exact in any summation order
         return torch.randint(-8, 9, (n,), generator=gen).to(dtype).to(device)
 
+    def nan(n, dtype):
+        return torch.full((n,), float("nan"), dtype=dtype, device=device)
+
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for n in (1, 3, 1001, 65537, (1 << 20) + 7):
             where = f"{dtype} n={n} rank={rank}"
             x = rand(n, dtype)
-            plain_out = torch.full((n * world,), float("nan"), dtype=dtype, device=device)
+            expected = nan(n * world, dtype)
+            dist.all_gather_into_tensor(expected, x, group=nccl)
+            # A plain tensor on the "symm" group: NCCL, after the router's check.
+            plain_out = nan(n * world, dtype)
             dist.all_gather_into_tensor(plain_out, x)
+            assert torch.equal(plain_out, expected), f"plain tensors' all-gather differs: {where}"
             symm_in = backend.allocate_tensor(n, dtype=dtype, device=device)
             symm_in.copy_(x)
             symm_out = poisoned(backend, n * world, dtype, device)
             dist.all_gather_into_tensor(symm_out, symm_in)
-            assert torch.equal(symm_out, plain_out), f"all-gather differs: {where}"
+            assert torch.equal(symm_out, expected), f"all-gather differs: {where}"
             assert not symm_out.isnan().any(), f"all-gather left poison: {where}"
             # In place, as FSDP2 does it: the input is this rank's slice of the output.
             inplace = poisoned(backend, n * world, dtype, device)
             inplace[rank * n:(rank + 1) * n].copy_(x)
             dist.all_gather_into_tensor(inplace, inplace[rank * n:(rank + 1) * n])
-            assert torch.equal(inplace, plain_out), f"in-place all-gather differs: {where}"
+            assert torch.equal(inplace, expected), f"in-place all-gather differs: {where}"
 
             for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
                 y = rand(n * world, dtype)
-                plain_rs = torch.full((n,), float("nan"), dtype=dtype, device=device)
+                expected_rs = nan(n, dtype)
+                dist.reduce_scatter_tensor(expected_rs, y, op=op, group=nccl)
+                plain_rs = nan(n, dtype)
                 dist.reduce_scatter_tensor(plain_rs, y, op=op)
+                assert torch.equal(plain_rs, expected_rs), f"plain tensors' reduce-scatter {op} differs: {where}"
                 symm_y = backend.allocate_tensor(n * world, dtype=dtype, device=device)
                 symm_y.copy_(y)
                 symm_rs = poisoned(backend, n, dtype, device)
                 dist.reduce_scatter_tensor(symm_rs, symm_y, op=op)
-                assert torch.equal(symm_rs, plain_rs), f"reduce-scatter {op} differs: {where}"
+                assert torch.equal(symm_rs, expected_rs), f"reduce-scatter {op} differs: {where}"
 
             z = rand(n, dtype)
+            expected_z = z.clone()
+            dist.all_reduce(expected_z, group=nccl)
             symm_z = backend.allocate_tensor(n, dtype=dtype, device=device)
             symm_z.copy_(z)
+            # A plain tensor on the "symm" group: low-latency (symmpool) when
+            # small, else NCCL after the router's check.
             dist.all_reduce(z)
             dist.all_reduce(symm_z)
-            assert torch.equal(symm_z, z), f"all-reduce differs: {where}"
+            assert torch.equal(z, expected_z), f"plain tensors' all-reduce differs: {where}"
+            assert torch.equal(symm_z, expected_z), f"all-reduce differs: {where}"
 
     stats = symmpool.memory_stats(device)
     assert stats["nccl_registered_segments"] == stats["segments"]["current"] > 0, stats

@@ -30,9 +30,11 @@
 namespace symmpool {
 
 struct CollectiveOptions {
-  // 2x H200, 256 MiB reduce-scatter under 8 matmuls
-  // (bench/results/collectives_grid_cap_h200x2_2026-11-22.json): 528 blocks 328 GB/s at 1 GiB alone but
-  // matmuls 24.9% slower; 64 blocks 298 GB/s and 11.2% (NCCL: 260 GB/s, 12.2%); 32 blocks 166 GB/s.
+  // 2 ranks, a 256 MiB reduce-scatter under 8 matmuls
+  // (bench/results/collectives_grid_cap_h200x2_2026-11-22.json): the whole grid
+  // (528 blocks) was fastest alone but slowed the matmuls most; 64 blocks kept
+  // most of its bandwidth, above NCCL's, and slowed them no more than NCCL
+  // did; 32 blocks lost much of it.
   static constexpr int kDefaultMaxBlocks = 64;
   static constexpr int kLargestGrid = 65535;
   static constexpr int kDefaultCopyStreams = 1;
@@ -41,7 +43,7 @@ struct CollectiveOptions {
   // A piece long enough that a copy's start-up is small beside it, short
   // enough that the pipeline fills quickly; staging holds 3 pieces per peer
   // (96 MiB at 2 ranks, 672 MiB at 8: two-step is opt-in until measured).
-  // The all-reduce's best cap at 64 MiB, 256 MiB and 1 GiB on 2 H200s among
+  // The all-reduce's best cap at 64 MiB, 256 MiB and 1 GiB on 2 ranks among
   // 4-32 MiB, read under the half-chunk rule from runs made before it; the
   // reduce-scatter's best was 32 MiB at 1 GiB but 8 MiB at 64 and 256 MiB
   // (bench/results/collectives_h200x2_2026-11-24_two-step-pieces-and-low-latency.json,
