@@ -207,6 +207,8 @@ PYBIND11_MODULE(_C, m) {
   // The largest low-latency all-reduce in bytes, so tests size their calls
   // from it instead of from a copy of it.
   m.attr("LOW_LATENCY_MAX_BYTES") = symmpool::Communicator::kLowLatencyMaxBytes;
+  // torch.__version__ of the torch this extension compiled against (bindings/torch/CMakeLists.txt).
+  m.attr("BUILT_AGAINST_TORCH") = SYMMPOOL_TORCH_VERSION;
   m.def(
       "algorithm_counts",
       [] {

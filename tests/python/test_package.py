@@ -1,6 +1,8 @@
 """What works on any machine: the package, its backend and the C ABI's errors."""
 
 import ctypes
+import os
+import re
 import shutil
 import subprocess
 
@@ -72,8 +74,42 @@ def test_fsdp_helper_needs_fsdp_modules():
         symmpool.allocate_fsdp_comm_buffers_from_symm(nn.Linear(2, 2))
 
 
+def _library_bytes(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _torch_dirs_of_headers_named_in(library: bytes) -> set:
+    """The torch directories of the headers whose paths a library's strings
+    hold: what __FILE__ leaves in torch's inline checks, "<dir>/include/c10/...h"."""
+    dirs = set()
+    for m in re.finditer(rb"/include/(?:c10|ATen|torch)/", library):
+        start = m.start()
+        while start > 0 and 0x20 < library[start - 1] < 0x7f and library[start - 1] not in b"\"'":
+            start -= 1
+        dirs.add(os.path.realpath(library[start:m.start()].decode()))
+    return dirs
+
+
 def test_extension_built_against_this_torch():
-    assert torch.__version__.startswith("2.11"), torch.__version__
+    """What the built extension carries of the torch it compiled against, not
+    the torch installed now: its version, its headers' directory, the C++ ABI
+    of its std::string symbols and pybind11's internals id, each this torch's."""
+    assert symmpool._C.BUILT_AGAINST_TORCH == torch.__version__, (
+        f"built against torch {symmpool._C.BUILT_AGAINST_TORCH}, runs {torch.__version__}")
+    extension = _library_bytes(symmpool._C.__file__)
+    torch_dir = os.path.realpath(os.path.dirname(torch.__file__))
+    built_against = _torch_dirs_of_headers_named_in(extension)
+    assert built_against, f"{symmpool._C.__file__} names no torch header: what it was built against cannot be read"
+    assert built_against == {torch_dir}, f"compiled against the torch headers of {built_against}, runs {torch_dir}"
+    # std::__cxx11 names come only from the new C++ ABI (_GLIBCXX_USE_CXX11_ABI=1).
+    assert (b"St7__cxx11" in extension) == bool(torch._C._GLIBCXX_USE_CXX11_ABI), "C++ ABI differs from torch's"
+    # symmpool._C's classes derive from torch's (SymmBackend from ProcessGroupNCCL):
+    # only with pybind11 internals of the same version and ABI.
+    internals = rb"__pybind11_internals_v[\x21-\x7e]*"
+    ours = set(re.findall(internals, extension))
+    theirs = set(re.findall(internals, _library_bytes(os.path.join(torch_dir, "lib", "libtorch_python.so"))))
+    assert len(ours) == 1 and ours <= theirs, f"pybind11 internals {ours}, torch's {theirs}"
 
 
 def test_table_world_sizes_come_from_the_cpp_table():
