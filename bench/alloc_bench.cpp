@@ -152,6 +152,7 @@ std::string size_name(std::size_t bytes) {
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  symmpool::bench::require_clean_tree("symmpool_alloc_bench");
   if (!symmpool::bench::add_gpu_context()) {
     std::fprintf(stderr, "symmpool_alloc_bench: no CUDA GPU visible, nothing to measure\n");
     return 0;

@@ -607,6 +607,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   ranks = std::min(ranks, Communicator::kMaxRanks);
+  // Before the fork: every rank records the parent's answer.
+  symmpool::bench::require_clean_tree("symmpool_collectives_bench");
   char dir_template[] = "/tmp/symmpool-bench-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
   std::string failures =

@@ -11,13 +11,14 @@ Each (op, path) is timed over --calls calls per repetition, repetitions
 interleaved over the paths; the device is synchronized every --sync-every
 calls so the host never waits for a full launch queue. Rank 0 writes the
 JSON: per op and path, the median, p10 and p90 of the per-call host time over
-all repetitions, and which engine ran (symmpool's counters).
+all repetitions, and which engine ran (symmpool's counters). Refuses a tree
+whose tracked files differ from its commit unless --allow-dirty
+(bench/provenance.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, ReduceScatterOptions
 
+import provenance  # bench/, this script's folder
 import symmpool
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -102,7 +104,9 @@ def main() -> int:
                    help=f"comma-separated, from {', '.join(PATHS + BACKEND_PATHS)}")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, from {', '.join(OPS)}")
     p.add_argument("--out", help="JSON written by rank 0")
+    provenance.add_allow_dirty(p)
     args = p.parse_args()
+    tree = provenance.require_clean_tree(args.allow_dirty)
     paths, ops = args.paths.split(","), args.ops.split(",")
     unknown = [x for x in paths if x not in PATHS + BACKEND_PATHS] + [x for x in ops if x not in OPS]
     if unknown:
@@ -153,9 +157,7 @@ def main() -> int:
         if args.out:
             context = {
                 "what": "host time of one async collective call from Python (torch.distributed), per path",
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "gpu": torch.cuda.get_device_name(), "ranks": world, "torch": torch.__version__,
-                "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                **provenance.collect(state=tree), "ranks": world,
                 "symmpool_collectives": os.environ.get("SYMMPOOL_COLLECTIVES") or "table",
                 "reps": args.reps, "calls_per_rep": args.calls, "sync_every": args.sync_every,
             }

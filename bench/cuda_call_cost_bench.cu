@@ -5,6 +5,8 @@
 //
 //   build/bench/symmpool_cuda_call_cost_bench --benchmark_out=<json> --benchmark_out_format=json
 
+#include "bench_context.hpp"
+
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 
@@ -114,4 +116,7 @@ BENCHMARK(BM_KernelLaunch);
 BENCHMARK(BM_LaunchThenOneRecord);
 BENCHMARK(BM_LaunchThenThreeRecordsAndAWait);
 BENCHMARK(BM_StreamGetCaptureInfo);
-BENCHMARK_MAIN();
+
+int main(int argc, char** argv) {
+  return symmpool::bench::run_benchmarks(argc, argv, "symmpool_cuda_call_cost_bench");
+}

@@ -9,7 +9,9 @@ not depend on where the peer's GPU is), so it runs on one-GPU machines:
 
 The C++ loops are compiled at start (torch.utils.cpp_extension.load_inline,
 about a minute). Cases rotate within each repetition; per case the median,
-p10 and p90 over repetitions of the slowest rank's time per call.
+p10 and p90 over repetitions of the slowest rank's time per call. Refuses a
+tree whose tracked files differ from its commit unless --allow-dirty
+(bench/provenance.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch.distributed as dist  # noqa: E402
 from torch._C._distributed_c10d import AllreduceOptions  # noqa: E402
 from torch.utils.cpp_extension import load_inline  # noqa: E402
 
+import provenance  # noqa: E402  (bench/, this script's folder)
 import symmpool  # noqa: E402,F401  (registers the "symm" backend)
 from host_time import meet, per_call_us, report, sample_rotating  # noqa: E402  (bench/, this script's folder)
 
@@ -68,7 +71,9 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=200, help="calls per sample")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--out", help="JSON written by rank 0")
+    provenance.add_allow_dirty(p)
     args = p.parse_args()
+    tree = provenance.require_clean_tree(args.allow_dirty)
     loops = load_inline("symmpool_host_layers", cpp_sources=[LOOPS],
                         functions=["backend_allreduce", "group_allreduce", "add"], extra_cflags=["-O2"])
 
@@ -95,7 +100,7 @@ def main() -> int:
         run()
     report(sample_rotating(cases, args.reps, meet), {
         "what": "host time per call of a 1 KiB bf16 all-reduce on a \"symm\" group, by layer",
-        "calls_per_rep": n, "reps": args.reps}, args.out)
+        "calls_per_rep": n, "reps": args.reps}, args.out, tree)
     dist.destroy_process_group()
     return 0
 

@@ -21,7 +21,8 @@ Rank 0 prints a table and writes the JSON (median, p10, p90 over
 repetitions of the slowest rank's time). `--cases REGEX` keeps the cases it
 matches (short runs, alternated between two builds for an A/B);
 `--only CASE --seconds S` loops one case, for a sampling profiler (py-spy)
-to attach to.
+to attach to. Refuses a tree whose tracked files differ from its commit
+unless --allow-dirty (bench/provenance.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NV
                   SYMMPOOL_DISABLE_MULTICAST="1", SYMMPOOL_COLLECTIVES="always")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
@@ -46,6 +46,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, ReduceScatterOptions  # noqa: E402
 
+import provenance  # noqa: E402  (bench/, this script's folder)
 import symmpool  # noqa: E402
 import timing  # noqa: E402  (bench/peers)
 
@@ -253,10 +254,11 @@ def time_cases(cases: dict[str, Callable[[], object]], s: Setup) -> dict[str, li
                            s.args.reps, meet)
 
 
-def report(per_case: dict[str, list[float]], context: dict, out: str | None) -> None:
+def report(per_case: dict[str, list[float]], context: dict, out: str | None, tree: dict | None = None) -> None:
     """Collective: rank 0 prints each case's median, p10 and p90 over
-    repetitions of the slowest rank's time and writes them, with `context`,
-    to `out`."""
+    repetitions of the slowest rank's time and writes them, with `context`
+    and the run's provenance (`tree`: provenance.require_clean_tree's), to
+    `out`."""
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, per_case)
     if dist.get_rank() != 0:
@@ -271,10 +273,8 @@ def report(per_case: dict[str, list[float]], context: dict, out: str | None) -> 
     for r in rows:
         print(f"{r['case']:<{width}} {r['host_us_median']:>12.1f} {r['host_us_p10']:>8.1f} {r['host_us_p90']:>8.1f}")
     if out:
-        context = {**context, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   "gpu": torch.cuda.get_device_name(), "ranks": dist.get_world_size(),
-                   "ranks_share_gpu": share_gpu(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                   "symmpool_commit": os.environ.get("SYMMPOOL_COMMIT")}
+        context = {**context, **provenance.collect(state=tree), "ranks": dist.get_world_size(),
+                   "ranks_share_gpu": share_gpu()}
         with open(out, "w") as f:
             json.dump({"context": context, "results": rows}, f, indent=1)
 
@@ -294,7 +294,9 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--share-gpu", action="store_true", help="every rank on GPU 0 (one-GPU machines)")
     p.add_argument("--out", help="JSON written by rank 0")
+    provenance.add_allow_dirty(p)
     args = p.parse_args()
+    tree = provenance.require_clean_tree(args.allow_dirty)
     if args.share_gpu:
         os.environ["SYMMPOOL_TEST_RANKS_SHARE_GPU"] = "1"
 
@@ -323,7 +325,7 @@ def main() -> int:
         "what": "host time per call (first call to last return), slowest rank per repetition",
         "collective_bytes_per_rank": args.bytes, "hook_bytes_per_rank": args.hook_bytes, "model": args.model, "tokens": args.tokens,
         "calls_per_rep": args.calls, "reps": args.reps, "warmup": args.warmup, "cases": args.cases,
-    }, args.out)
+    }, args.out, tree)
     dist.destroy_process_group()
     return 0
 

@@ -5,6 +5,7 @@
 //
 //   build/bench/symmpool_local_reduce_bench --benchmark_out=<json> --benchmark_out_format=json
 
+#include "bench_context.hpp"
 #include "kernels.hpp"
 
 #include <benchmark/benchmark.h>
@@ -79,4 +80,6 @@ BENCHMARK(LocalReduce)
     ->Iterations(20)
     ->Unit(benchmark::kMicrosecond);
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  return symmpool::bench::run_benchmarks(argc, argv, "symmpool_local_reduce_bench");
+}

@@ -9,17 +9,15 @@ Each repetition allocates a fresh tensor of the size (its own segment) and
 runs one checked all-reduce on it (SYMMPOOL_COLLECTIVES=nccl-windows): the
 heap syncs, the new segment becomes a window, and symmpool's counters give
 the time spent in NCCL's registration. JSON with the per-rank times and the
-run's provenance.
+run's provenance (bench/provenance.py: refuses a tree whose tracked files
+differ from its commit unless --allow-dirty).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import socket
-import subprocess
 
 for name, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                     ("NVSHMEM_DISABLE_NVLS", "1")):
@@ -30,24 +28,10 @@ os.environ["SYMMPOOL_COLLECTIVES"] = "nccl-windows"
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import provenance  # noqa: E402  (bench/, this script's folder)
 import symmpool  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
-
-
-def provenance() -> dict:
-    def git(*cmd):
-        return subprocess.run(["git", "-C", ROOT, *cmd], capture_output=True, text=True).stdout.strip()
-    # A copy whose .git is older than its files (the lent GPU machines) is
-    # told its commit, from a clean checkout, in SYMMPOOL_COMMIT.
-    told = os.environ.get("SYMMPOOL_COMMIT")
-    commit = told or git("rev-parse", "HEAD") or None
-    clean = True if told else not git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit, "clean_tree": clean,
-            "host": socket.gethostname(), "gpu": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(),
-            "torch": torch.__version__, "cuda": torch.version.cuda,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())), "date": datetime.date.today().isoformat()}
 
 
 def main() -> None:
@@ -55,7 +39,9 @@ def main() -> None:
     parser.add_argument("--sizes-mib", default="2,64,256,1024", help="segment sizes, MiB, comma-separated")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", required=True)
+    provenance.add_allow_dirty(parser)
     args = parser.parse_args()
+    tree = provenance.require_clean_tree(args.allow_dirty)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(device)
@@ -80,7 +66,7 @@ def main() -> None:
             keep.append(t)  # a fresh segment each time
     if rank == 0:
         doc = {"context": {"what": "time in ncclCommWindowRegister per new symmetric segment of a symm group "
-                                   "(bench/window_registration.py)", "ranks": world, **provenance()},
+                                   "(bench/window_registration.py)", "ranks": world, **provenance.collect(state=tree)},
                "results": rows}
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)

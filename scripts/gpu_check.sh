@@ -16,6 +16,9 @@
 # tpops runs bench/tp_ops/run.py on every GPU (all-gather + matmul and matmul + reduce-scatter:
 # symmpool fused, NCCL unfused, torch fused, matmul alone, transfer alone) with a 480 s budget and
 # $TP_OPS_BENCH_ARGS, JSON and PNG into $OUT.
+# Every benchmark (the main job too) refuses a dirty tree, and this machine's .git may be stale: set
+# SYMMPOOL_COMMIT to the commit of the clean tree these files came from (or SYMMPOOL_BENCH_ALLOW_DIRTY=1
+# to measure changes, marked clean_tree: false). docs/results.md, *Provenance of a results file*.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh

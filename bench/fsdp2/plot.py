@@ -56,7 +56,9 @@ def plot(json_path: str) -> str:
             if not r["reps"]:
                 row[0].annotate("failed", (i, 0), ha="center", va="bottom", color="red", fontsize=8)
     ctx = doc.get("context", {})
-    return save_figure(fig, json_path, f"FSDP2 on {ctx.get('ranks')} x {ctx.get('gpu_name') or ctx.get('gpu')}, "
+    # "gpu" is the machine's GPU model (in older files a short name, the model in gpu_name)
+    where = "cpu" if ctx.get("device") == "cpu" else ctx.get("gpu_name") or ctx.get("gpu")
+    return save_figure(fig, json_path, f"FSDP2 on {ctx.get('ranks')} x {where}, "
                        f"torch {ctx.get('torch')}, NCCL {ctx.get('nccl')}")
 
 

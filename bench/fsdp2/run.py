@@ -10,7 +10,9 @@ rotates each rep so no mode always runs first).
 
 Writes the JSON after every finished run (a killed job keeps what it had),
 then a PNG next to it and a table. Exit status 1 if a run failed (or, with
---loss-rtol, if a mode's losses differ from stock's beyond it).
+--loss-rtol, if a mode's losses differ from stock's beyond it). Refuses a
+tree whose tracked files differ from its commit unless --allow-dirty
+(bench/provenance.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import datetime
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,10 +30,13 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+BENCH = os.path.dirname(HERE)
+ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, HERE)
+sys.path.append(BENCH)
 
 import aggregate  # noqa: E402
+import provenance  # noqa: E402  (bench/)
 from configs import ISSUE_CONFIGS, MODES, config_name, parse_config, parse_modes  # noqa: E402
 
 # NVLink multicast must stay off on the shared GPU hosts (scripts/env.sh):
@@ -94,7 +98,9 @@ def parse_args(argv=None):
                         "caller's unless it sets a malloc threshold), so no run pays page faults another does "
                         "not; default: GLIBC_TUNABLES as the caller set it")
     p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--merge", nargs="+", metavar="JSON", help="combine result files into --out; runs nothing")
+    provenance.add_allow_dirty(p)
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="combine result files into --out, each file's context kept in runs_context; runs nothing")
     args = p.parse_args(argv)
     try:
         if args.merge:
@@ -118,23 +124,20 @@ def parse_args(argv=None):
     return args
 
 
-def probe(device: str) -> dict:
-    """GPU count, name and versions, asked in a child process: the driver
-    itself must hold no CUDA context (it would use memory on GPU 0 that rank
-    0's mem_get_info counts)."""
-    code = ("import json, torch; n = torch.cuda.device_count(); print(json.dumps({"
-            "'count': n, 'gpu_name': torch.cuda.get_device_name(0) if n else None, 'torch': torch.__version__, "
-            "'cuda': torch.version.cuda, 'nccl': '.'.join(map(str, torch.cuda.nccl.version())) if n else None}))")
-    info = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+def probe() -> dict:
+    """GPU model and count, torch, NCCL and CUDA versions
+    (provenance.torch_versions), asked in a child process: the driver itself
+    must hold no CUDA context (it would use memory on GPU 0 that rank 0's
+    mem_get_info counts)."""
+    code = f"import json, sys; sys.path.insert(0, {BENCH!r}); import provenance; " \
+           "print(json.dumps(provenance.torch_versions()))"
+    return json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                                      text=True).stdout.strip().splitlines()[-1])
-    if device == "cpu":
-        info.update(gpu_name=None)
-    return info
 
 
 def short_gpu_name(name: str | None) -> str:
     """"NVIDIA H200" -> "h200"; no GPU -> "cpu"."""
-    if not name:
+    if not name or name == "none":
         return "cpu"
     words = [w for w in name.lower().replace("nvidia", "").split() if w]
     return "".join(c for c in (words[0] if words else "gpu") if c.isalnum())
@@ -175,21 +178,6 @@ def child_env(mode: str, deterministic: bool = False, keep_malloc_buffers: bool 
 def run_env(mode: str, args) -> dict:
     """child_env for one run of this invocation."""
     return child_env(mode, args.deterministic, args.glibc_malloc == "keep")
-
-
-def symmpool_commit() -> str | None:
-    """$SYMMPOOL_COMMIT where set (a copy whose .git is older than its files,
-    as on the lent GPU machines), else HEAD, "-dirty" when tracked files differ."""
-    if os.environ.get("SYMMPOOL_COMMIT"):
-        return os.environ["SYMMPOOL_COMMIT"]
-    try:
-        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], check=True, capture_output=True,
-                              text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], check=True,
-                               capture_output=True, text=True).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def launch(rep: int, config, mode: str, args, log_dir: str, timeout: float) -> dict:
@@ -265,7 +253,7 @@ def document(context: dict, records: list[dict], not_run: list[dict]) -> dict:
     ok = [r for r in records if r["status"] == "ok"]
     if ok:  # versions as the workers saw them
         worker_ctx = ok[0]["result"]["context"]
-        context.update({k: worker_ctx.get(k) for k in ("torch", "cuda", "nccl")})
+        context.update({k: worker_ctx[k] for k in ("torch", "cuda", "nccl") if worker_ctx.get(k) is not None})
         context["ranks"] = ok[0]["result"]["world"]
     return {"context": context, "configs": aggregate.aggregate(records), "not_run": not_run, "records": records}
 
@@ -308,8 +296,9 @@ def report(doc: dict, path: str, loss_rtol: float | None, plot: bool) -> int:
 def merge_keys(context: dict) -> dict:
     """What runs must share to be aggregated as one (config, mode): the
     machine, compiled or not, and the malloc they ran with (files from before
-    a key existed read None for it, which is what they ran with)."""
-    return {"gpu": context.get("gpu"), "ranks": context.get("ranks"), "device": context.get("device"),
+    a key existed read None for it, which is what they ran with; their "gpu"
+    was the short name)."""
+    return {"gpu": short_gpu_name(context.get("gpu")), "ranks": context.get("ranks"), "device": context.get("device"),
             "compile": context.get("compile"), "GLIBC_TUNABLES": context.get("env", {}).get("GLIBC_TUNABLES")}
 
 
@@ -335,7 +324,10 @@ def merge(paths: list[str], out: str) -> dict:
     # A repetition one file could not run is not missing once another file supplies it.
     ran = collections.Counter((r["config"], r["mode"]) for r in records if r.get("status") == "ok")
     not_run = [n for n in not_run if ran[(n["config"], n["mode"])] <= n["rep"]]
-    context = dict(first, merged_from=merged_from, dates=sorted(d for d in dates if d))
+    # Each source's own context (commit, tree, host, date...) in runs_context,
+    # found by a record's "source"; the top-level keys say "mixed" where they differ.
+    kept = provenance.merged([(os.path.basename(p), d["context"]) for p, d in zip(paths, docs)])
+    context = dict(first, **kept, merged_from=merged_from, dates=sorted(d for d in dates if d))
     doc = {"context": context, "configs": aggregate.aggregate(records), "not_run": not_run, "records": records}
     write_json(out, doc)
     return doc
@@ -347,13 +339,14 @@ def main(argv=None) -> int:
         doc = merge(args.merge, args.out)
         return report(doc, args.out, args.loss_rtol, not args.no_plot)
 
-    info = probe(args.device)
-    if args.device == "cuda" and info["count"] < 1:
+    tree = provenance.require_clean_tree(args.allow_dirty)
+    info = probe()
+    if args.device == "cuda" and info["gpus"] < 1:
         raise SystemExit("run.py: no CUDA GPU visible (--device cpu runs the stock mode on CPU)")
-    args.nproc = args.nproc or (info["count"] if args.device == "cuda" else 2)
-    if args.device == "cuda" and args.nproc > info["count"]:
-        raise SystemExit(f"run.py: --nproc {args.nproc} but only {info['count']} GPUs are visible")
-    gpu = short_gpu_name(info["gpu_name"])
+    args.nproc = args.nproc or (info["gpus"] if args.device == "cuda" else 2)
+    if args.device == "cuda" and args.nproc > info["gpus"]:
+        raise SystemExit(f"run.py: --nproc {args.nproc} but only {info['gpus']} GPUs are visible")
+    gpu = short_gpu_name(info["gpu"] if args.device == "cuda" else None)
     os.makedirs(args.out_dir, exist_ok=True)
     path = args.out or default_out(args.out_dir, gpu, args.nproc)
     # absolute: the children run in bench/fsdp2 and write their results here
@@ -363,18 +356,15 @@ def main(argv=None) -> int:
         print(f"run.py: SYMMPOOL_COLLECTIVES={os.environ['SYMMPOOL_COLLECTIVES']} from the environment is "
               "ignored: each mode sets its own", file=sys.stderr)
     context = {
-        "gpu": gpu, "gpu_name": info["gpu_name"], "ranks": args.nproc, "device": args.device,
-        "torch": info["torch"], "cuda": info["cuda"], "nccl": info["nccl"],
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": socket.gethostname(), "symmpool_commit": symmpool_commit(),
+        **provenance.collect(versions=info, state=tree), "ranks": args.nproc, "device": args.device,
         "env": {k: v for k, v in sorted(run_env("stock", args).items()) if k.startswith(ENV_OF_NOTE)},
         "command": [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:] if argv is None else ["run.py"] + argv,
         "steps": args.steps, "warmup": args.warmup, "compile": args.compile, "profile_steps": args.profile_steps, "seed": args.seed,
         "modes": args.modes, "log_dir": log_dir,
     }
     runs = plan(args.configs, args.modes, args.reps)
-    print(f"run.py: {len(runs)} runs on {args.nproc} x {info['gpu_name'] or 'cpu'}; logs in {log_dir}; "
-          f"results in {path}", flush=True)
+    print(f"run.py: {len(runs)} runs on {args.nproc} x {info['gpu'] if args.device == 'cuda' else 'cpu'}; "
+          f"logs in {log_dir}; results in {path}", flush=True)
     records, not_run, began = [], [], time.monotonic()
     for k, (rep, config, mode) in enumerate(runs, 1):
         timeout = args.run_timeout

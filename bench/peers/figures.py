@@ -19,5 +19,8 @@ def save_figure(fig, json_path: str, title: str) -> str:
 
 
 def versions(ctx: dict) -> str:
-    """The software a run measured, for a figure's title."""
-    return f"torch {ctx.get('torch')}, NCCL {ctx.get('nccl')}, symmpool {str(ctx.get('symmpool_commit'))[:12]}"
+    """The software a run measured, for a figure's title (files before
+    bench/provenance.py name the commit in symmpool_commit)."""
+    commit = str(ctx.get("commit") or ctx.get("symmpool_commit"))[:12] + (
+        " (dirty tree)" if ctx.get("clean_tree") is False else "")
+    return f"torch {ctx.get('torch')}, NCCL {ctx.get('nccl')}, symmpool {commit}"

@@ -18,7 +18,8 @@ of the slowest rank's. Rank 0 writes the JSON after every size (a killed job
 keeps what it had), then a PNG next to it (plot.py). An op a peer lacks, or
 one that raises, is recorded as unavailable with the reason. Exit status 1
 when a result differs from NCCL's or a call did not run where its peer says
-(symmpool's counter of the collectives it ran tells).
+(symmpool's counter of the collectives it ran tells). Refuses a tree whose
+tracked files differ from its commit unless --allow-dirty (bench/provenance.py).
 """
 
 from __future__ import annotations
@@ -39,15 +40,15 @@ os.environ["SYMMPOOL_COLLECTIVES"] = "always"
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import re  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.append(os.path.join(ROOT, "bench"))
 
+import provenance  # noqa: E402  (bench/)
 import timing  # noqa: E402
 from peers import (ALL_GATHER_IN_PLACE, ALL_REDUCE_ALGORITHMS, NCCL_PEERS, OPS, PEER_COPY, PEERS,  # noqa: E402
                    SYMMPOOL_OP, SYMMPOOL_OP_IN_PLACE, SYMMPOOL_OP_MAX_BYTES)
@@ -123,6 +124,7 @@ def parse_args(argv=None):
     p.add_argument("--algorithms-up-to", default="8M", help="largest size the --all-reduce-algorithms are timed at")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-plot", action="store_true")
+    provenance.add_allow_dirty(p)
     args = p.parse_args(argv)
     try:
         args.sizes = parse_sizes(args.sizes)
@@ -171,36 +173,20 @@ def document(context: dict, results: list[dict]) -> dict:
     return {"context": context, "results": results}
 
 
-def git_commit() -> str | None:
-    """$SYMMPOOL_COMMIT where set (a copy whose .git is older than its files,
-    as on the lent GPU machines), else HEAD of this checkout, "-dirty" when
-    tracked files differ from it."""
-    if os.environ.get("SYMMPOOL_COMMIT"):
-        return os.environ["SYMMPOOL_COMMIT"]
-    def git(*cmd):
-        return subprocess.run(["git", "-C", ROOT, *cmd], capture_output=True, text=True, check=True).stdout.strip()
-    try:
-        return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def default_out(gpu_name: str, world: int) -> str:
     gpu = (gpu_name.lower().replace("nvidia", "").split() or ["gpu"])[0]
     return os.path.join(ROOT, "bench", "results", f"peers_{gpu}x{world}_{datetime.date.today().isoformat()}.json")
 
 
-def context_of(args, world: int, device) -> dict:
+def context_of(args, world: int, device, tree: dict | None = None) -> dict:
+    """`tree`: provenance.require_clean_tree's (else asked here)."""
     import torch
     import torch.distributed as dist
 
     return {
         "what": "per-call time of bf16 collectives per peer, eager and in CUDA graphs (bench/peers)",
-        "gpu": torch.cuda.get_device_name(device), "ranks": world, "torch": torch.__version__,
-        "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        **provenance.collect(state=tree), "gpu": torch.cuda.get_device_name(device), "ranks": world,
         "nccl_runtime": ".".join(map(str, dist.ProcessGroupNCCL.get_runtime_nccl_version())),
-        "symmpool_commit": git_commit(), "host": socket.gethostname(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "env": {k: os.environ.get(k) for k in ENV_OF_NOTE},
         "inherited_env": INHERITED_ENV, "nvlink_gbps_per_direction": NVLINK_GBPS_PER_DIRECTION,
         "dtype": "bfloat16", "sizes": args.sizes, "ops": args.ops, "peers": args.peers, "iters": args.iters,
@@ -247,6 +233,7 @@ def context_of(args, world: int, device) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    tree = provenance.require_clean_tree(args.allow_dirty)
     import torch
     import torch.distributed as dist
 
@@ -265,7 +252,7 @@ def main(argv=None) -> int:
                                args.two_step_pieces, args.all_reduce_algorithms)
     for setup in ranks.gather(failed):  # a peer that failed on any rank is left out on every rank
         failed.update(setup)
-    context = context_of(args, world, device)
+    context = context_of(args, world, device, tree)
     context["setup_failures"] = failed
     context["start_skew_us"] = ranks.start_skew_us()
     context["host_floor"] = host_floor(args, ranks, device)

@@ -24,7 +24,9 @@ per call: median, p10 and p90 over rounds of the slowest rank's. Rank 0
 writes the JSON after every shape (a killed job keeps what it had), then a
 PNG next to it (plot.py). A peer that lacks an op, or raises, is recorded as
 unavailable with the reason; the run goes on. Exit status 1 when a result
-differs from NCCL's or symmpool's transfer did not run on symmpool.
+differs from NCCL's or symmpool's transfer did not run on symmpool. Refuses a
+tree whose tracked files differ from its commit unless --allow-dirty
+(bench/provenance.py).
 """
 
 from __future__ import annotations
@@ -61,7 +63,6 @@ import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import gc  # noqa: E402
-import socket  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
@@ -70,6 +71,7 @@ import torch.distributed as dist  # noqa: E402
 import cells  # noqa: E402  (bench/peers)
 import data  # noqa: E402
 import measure  # noqa: E402
+import provenance  # noqa: E402  (bench/, on the path bench/peers/run.py set)
 import report  # noqa: E402
 import run_output  # noqa: E402  (bench/peers)
 import shapes  # noqa: E402
@@ -116,6 +118,7 @@ def parse_args(argv=None):
                    help="skip a shape whose estimated need exceeds this part of the free memory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-plot", action="store_true")
+    provenance.add_allow_dirty(p)
     args = p.parse_args(argv)
     try:
         args.ops = peers_run.parse_names(args.ops, shapes.OPS, "ops")
@@ -154,14 +157,11 @@ def document(context: dict, cells: list[dict]) -> dict:
     return {"context": context, "cells": cells}
 
 
-def context_of(args, world: int, device) -> dict:
+def context_of(args, world: int, device, tree: dict | None = None) -> dict:
+    """`tree`: provenance.require_clean_tree's (else asked here)."""
     return {
         "what": "per-call time of tensor-parallel fused ops (bf16) per peer and shape (bench/tp_ops)",
-        "gpu": torch.cuda.get_device_name(device), "gpu_count": torch.cuda.device_count(), "ranks": world,
-        "torch": torch.__version__, "cuda": torch.version.cuda,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())), "symmpool_commit": peers_run.git_commit(),
-        "host": socket.gethostname(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **provenance.collect(state=tree), "gpu": torch.cuda.get_device_name(device), "ranks": world,
         "env": {k: os.environ.get(k) for k in ENV_OF_INTEREST}, "inherited_env": peers_run.INHERITED_ENV,
         "bf16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
         "dtype": "bfloat16", "ops": args.ops, "peers": args.peers, "models": args.models, "m": args.m,
@@ -291,12 +291,13 @@ def measure_cells(key, shape, args, env) -> list[dict]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    tree = provenance.require_clean_tree(args.allow_dirty)
     device, world, rank, ranks = cells.start_ranks()
     nccl = dist.new_group(backend="nccl")
     symmpool, symm, failed = setup_symmpool(args.peers)
     for setup in ranks.gather(failed):  # a peer that failed on any rank is left out on every rank
         failed.update(setup)
-    context = context_of(args, world, device)
+    context = context_of(args, world, device, tree)
     context["setup_failures"] = failed
     if "torch-fused" in args.peers:
         context["torch_symm_mem_enable"] = tp_peers.enable_torch_symm_mem(nccl.group_name) or "ok"

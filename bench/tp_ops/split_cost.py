@@ -29,7 +29,8 @@ hidden]), bf16, it times:
                   slots, as the fused op combines them since 5608019
 Per mode: median, p10 and p90 of --reps rounds of --iters calls between CUDA
 events; the modes' order rotates every round. JSON to --out (default
-bench/results/tp_ops_split_cost_<gpu>x1_<date>.json).
+bench/results/tp_ops_split_cost_<gpu>x1_<date>.json). Refuses a tree whose
+tracked files differ from its commit unless --allow-dirty (bench/provenance.py).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.append(os.path.dirname(HERE))
+import provenance  # noqa: E402  (bench/)
 import shapes  # noqa: E402
 
 
@@ -152,7 +155,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--out")
+    provenance.add_allow_dirty(p)
     args = p.parse_args(argv)
+    tree = provenance.require_clean_tree(args.allow_dirty)
     device = torch.device("cuda", 0)
     torch.manual_seed(0)
     gpu = torch.cuda.get_device_name(device)
@@ -179,10 +184,8 @@ def main(argv=None) -> int:
     out = args.out or os.path.join(HERE, "..", "results", f"tp_ops_split_cost_{tag}x1_{date}.json")
     context = {"what": "matmuls of a TP layer split into per-rank row chunks, on one GPU, no communication "
                        "(bench/tp_ops/split_cost.py)",
-               "gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda,
-               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "world": args.world, "dtype": "bfloat16", "iters": args.iters, "reps": args.reps,
-               "warmup": args.warmup,
+               **provenance.collect(state=tree), "gpu": gpu, "world": args.world, "dtype": "bfloat16",
+               "iters": args.iters, "reps": args.reps, "warmup": args.warmup,
                "bf16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
                "time": "per call, us: median, p10, p90 over --reps rounds of --iters calls between CUDA events; "
                        "modes in an order that rotates every round"}

@@ -139,16 +139,6 @@ def test_child_environment_sets_the_mode_and_keeps_multicast_off(monkeypatch):
     assert run.child_env("symm")["GLIBC_TUNABLES"] == "glibc.malloc.mmap_threshold=65536"
 
 
-def test_the_commit_stamp_can_come_from_the_environment(monkeypatch):
-    """A lent GPU machine gets the files of each call but the .git of the
-    session's first: SYMMPOOL_COMMIT names the commit the files are."""
-    monkeypatch.setenv("SYMMPOOL_COMMIT", "0123abc")
-    assert run.symmpool_commit() == "0123abc"
-    monkeypatch.delenv("SYMMPOOL_COMMIT")
-    stamp = run.symmpool_commit()
-    assert stamp is None or len(stamp.split("-")[0]) == 40
-
-
 def test_percentile_interpolates_like_numpy():
     values = list(range(1, 11))
     assert aggregate.percentile(values, 10) == pytest.approx(1.9)
@@ -231,6 +221,7 @@ def test_documents_merge_and_machines_must_match(tmp_path):
     stock = merged["configs"][0]["runs"][0]
     assert stock["reps"] == 2 and stock["device_peak_bytes"] == 41 << 30
     assert merged["context"]["merged_from"] == ["a.json", "b.json"] and len(merged["not_run"]) == 1
+    assert [r["source"] for r in merged["context"]["runs_context"]] == ["a.json", "b.json"]  # each file's context
     # Merging the merge with a file that holds the missing repetition: that
     # entry goes, and the sources stay the original files.
     c = tmp_path / "c.json"
@@ -241,6 +232,7 @@ def test_documents_merge_and_machines_must_match(tmp_path):
     run.write_json(str(c), run.document(dict(context), ran, []))
     again = run.merge([str(tmp_path / "m.json"), str(c)], str(tmp_path / "m2.json"))
     assert again["not_run"] == [] and again["context"]["merged_from"] == ["a.json", "b.json", "c.json"]
+    assert [r["source"] for r in again["context"]["runs_context"]] == ["a.json", "b.json", "c.json"]
     other = tmp_path / "c.json"
     run.write_json(str(other), run.document(dict(context, gpu="h100"), RECORDS[:1], []))
     with pytest.raises(SystemExit, match="its gpu is .h100."):
@@ -458,8 +450,9 @@ def test_time_budget_stops_launching_and_every_run_is_accounted_for(tmp_path, mo
 
     monkeypatch.setattr(run, "launch", fake_launch)
     monkeypatch.setattr(run.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(run, "probe", lambda device: {"count": 2, "gpu_name": "NVIDIA H200", "torch": "2.11.0",
-                                                      "cuda": "13.0", "nccl": "2.28.9"})
+    monkeypatch.setattr(run, "probe", lambda: {"gpu": "NVIDIA H200", "gpus": 2, "torch": "2.11.0", "cuda": "13.0",
+                                               "nccl": "2.28.9"})
+    monkeypatch.setenv("SYMMPOOL_COMMIT", "0123abc")  # a lent machine's stale .git: the caller names the commit
     out = tmp_path / "r.json"
     rc = run.main(["--configs", "1b-b2s1024", "--modes", "stock,symm", "--reps", "3", "--time-budget", "250",
                    "--out", str(out), "--no-plot", "--log-dir", str(tmp_path)])
@@ -468,6 +461,9 @@ def test_time_budget_stops_launching_and_every_run_is_accounted_for(tmp_path, mo
     doc = json.loads(out.read_text())
     assert len(doc["records"]) == 2 and len(doc["not_run"]) == 4
     assert all("time budget" in n["reason"] for n in doc["not_run"])
+    ctx = doc["context"]  # the run's provenance (bench/provenance.py)
+    assert (ctx["commit"], ctx["commit_source"], ctx["clean_tree"]) == ("0123abc", "SYMMPOOL_COMMIT", True)
+    assert (ctx["gpu"], ctx["gpus"], ctx["nccl"]) == ("NVIDIA H200", 2, "2.28.9") and ctx["host"] and ctx["date"]
 
 
 def test_failed_and_hung_children_are_recorded_with_their_output(tmp_path, monkeypatch):
