@@ -125,7 +125,7 @@ def hsdp_placement_with_simulated_hosts(rank: int, world: int, layout: str) -> N
         group = mesh.get_group(dim)
         members = dist.get_process_group_ranks(group)
         in_one_host = len({symmpool_host(r, layout, shard_size) for r in members}) == 1
-        spans_before = symmpool.routing_counts()["group spans nodes"]
+        spans_before = symmpool._C.routing_counts()["group spans nodes"]
         inp = all_gather.allocate((n,), dtype=torch.float32, device=device)
         inp.copy_(torch.arange(n, dtype=torch.float32) + rank)
         out = all_gather.allocate((n * len(members),), dtype=torch.float32, device=device).fill_(float("nan"))
@@ -135,7 +135,7 @@ def hsdp_placement_with_simulated_hosts(rank: int, world: int, layout: str) -> N
             want = torch.cat([torch.arange(n, dtype=torch.float32) + r for r in members])
             assert torch.equal(out.cpu(), want), f"rank {rank} {layout} {dim}: wrong all-gather"
         else:
-            assert symmpool.routing_counts()["group spans nodes"] == spans_before + 1
+            assert symmpool._C.routing_counts()["group spans nodes"] == spans_before + 1
         symmpool.release_group(group)
     torch.cuda.synchronize(device)
     print(f"[rank {rank}] {layout}: symmpool where the group shares a host, NCCL elsewhere", flush=True)
