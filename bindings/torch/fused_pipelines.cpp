@@ -21,6 +21,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -108,6 +109,37 @@ class WorkspaceUse {
   bool finished_ = false;
 };
 
+// Where one call's host time goes, step by step (SYMMPOOL_DEBUG=TRACE,
+// subsystem TP): one line per call, each step's microseconds. Eager
+// tensor parallelism at small batch is bound by this time.
+class HostSteps {
+ public:
+  explicit HostSteps(const char* op) : op_(op), on_(log::enabled(log::Level::kTrace, log::kTp)) {
+    if (on_) last_ = std::chrono::steady_clock::now();
+  }
+  HostSteps(const HostSteps&) = delete;
+  HostSteps& operator=(const HostSteps&) = delete;
+  ~HostSteps() {
+    if (on_) SYMMPOOL_TRACE(kTp, "%s host us:%s", op_, steps_.c_str());
+  }
+
+  void mark(const char* step) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    const double us = std::chrono::duration<double, std::micro>(now - last_).count();
+    last_ = now;
+    char text[64];
+    std::snprintf(text, sizeof(text), " %s=%.1f", step, us);
+    steps_ += text;
+  }
+
+ private:
+  const char* op_;
+  const bool on_;
+  std::chrono::steady_clock::time_point last_;
+  std::string steps_;
+};
+
 // A stream-memory-op barrier of the group on `stream` (a kernel under capture).
 void meet(Communicator& comm, const CUDAStream& stream) {
   call_translating_errors([&] {
@@ -151,6 +183,7 @@ void check_matrix(const at::Tensor& t, const char* name) {
 std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(PeerGroup& peers, const at::Tensor& x_in,
                                                                   at::TensorList Bs, std::int64_t gather_dim,
                                                                   FusedWorkspace& workspace) {
+  HostSteps steps("all_gather_matmul");
   check_matrix(x_in, "A_shard (as a matrix)");
   TORCH_CHECK(gather_dim == 0 || gather_dim == 1, "symmpool fused ops: gather_dim must be 0 or 1, got ",
               gather_dim);
@@ -181,7 +214,9 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(PeerGroup& pee
       else
         at::addmm_out(outs[i], outs[i], a, Bs[i].narrow(0, r * k, k));
     }
+    steps.mark("matmuls");
   };
+  steps.mark("setup");
 
   // Our shard into the workspace, where the peers read it, on the caller's
   // stream ahead of our own matmuls: a copy within one GPU runs on SMs, so
@@ -190,8 +225,11 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(PeerGroup& pee
   // and every pull waited behind it). The meeting, after which every
   // workspace is ready, and the pulls (copy engines) go on the copy stream.
   copy_bytes(mine.data_ptr(), x.data_ptr(), shard_bytes, main);
+  steps.mark("stage");
   use.fork();
+  steps.mark("fork");
   meet(comm, copies);
+  steps.mark("meet");
   // Our shard's place in the gathered A: on the copy stream once the pulls
   // are enqueued, so it waits for SMs beside the last matmuls, not ahead of a pull.
   auto place_own_shard = [&] { copy_bytes(shard(rank).data_ptr(), x.data_ptr(), shard_bytes, copies); };
@@ -201,15 +239,22 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(PeerGroup& pee
     const int src = (rank + step) % world;
     void* remote =
         call_translating_errors([&] { return comm.peer_address(mine.data_ptr(), shard_bytes, src); });
+    steps.mark("address");
     copy_bytes(shard(src).data_ptr(), remote, shard_bytes, copies);
+    steps.mark("pull");
     wait_stream(main, copies, use.joined());
+    steps.mark("join");
     if (step == world - 1) place_own_shard();
+    steps.mark("place");
     consume(src, shard(src), /*first=*/false);
   }
   wait_stream(main, copies, use.joined());
+  steps.mark("join");
   // Nobody reads our workspace any more.
   meet(comm, main);
+  steps.mark("meet");
   use.finish();
+  steps.mark("finish");
   return {gathered, outs};
 }
 
