@@ -498,8 +498,8 @@ CUevent CachingAllocator::record_outside_capture(CUstream stream) {
 // symmetric buffers stay at equal offsets). Per-stream pools otherwise add
 // their peaks: in FSDP2 the all-gather buffers of the copy-in stream lie
 // idle at the end of backward, when the reduce-scatter stream needs the
-// root's gradient (+2.2% of device memory over stock on the main job,
-// docs/fsdp2_flag_memory.md change 2). The requesting stream waits for an
+// root's gradient (docs/fsdp2_flag_memory.md, change 2, has the device
+// peak before and after). The requesting stream waits for an
 // event recorded on the segment's stream: work queued there before now may
 // still use it (frees from other streams wait on events, so their blocks are
 // not free yet). Not in a capture (no event outside the graph), nor where

@@ -148,10 +148,10 @@ RouteDecision CollectiveRouter::run_on_nccl_windows(CollectiveKind kind, const a
   return {Engine::kNcclWindows, asked.reason};
 }
 
-// The device is nearly always current already: a guard on every call cost
-// two cudaGetDevice calls and a primary-context check, and one cudaGetDevice
-// still 0.6 us (py-spy, an eager 8 KiB all-reduce on 2 H200s). The current
-// context, read from the driver, is a thread-local.
+// The device is nearly always current already: a guard on every call costs
+// two cudaGetDevice calls and a primary-context check, each visible in an
+// eager small all-reduce's host time. The current context, read from the
+// driver, is a thread-local.
 Communicator* CollectiveRouter::communicator_on(const at::Device& device,
                                                 std::optional<c10::cuda::CUDAGuard>& guard) {
   if (!in_device_context()) {

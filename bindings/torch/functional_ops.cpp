@@ -5,8 +5,8 @@
 // collective into a new tensor and wait for it, as a synchronous
 // torch.distributed call does. On a plain NCCL group symmpool's router
 // decides first (group_symmetry.hpp), as a "symm" backend's does. In C++ so that a call costs the backend's
-// host time without torch.distributed's Python wrapper around it (about
-// 10 us per call on the lent hosts: bench/results/host_time_*).
+// host time without torch.distributed's Python wrapper around it
+// (bench/results/host_time_h100x1_2026-11-24_functional-ops-cpp-ab.json).
 
 #include "functional_ops.hpp"
 
@@ -105,9 +105,8 @@ at::Tensor reduce_scatter(const at::Tensor& input, c10::string_view op, std::int
 }
 
 // On a "symm" group the backend runs it straight into a new tensor (no
-// copy of the input first, no trip through c10d's dispatcher, no Work):
-// 23-25 us eager at 1-8 KiB on 2 H200s instead of 31-38 (bench/peers/README.md);
-// torch's own one-shot op still takes about 10 us less.
+// copy of the input first, no trip through c10d's dispatcher, no Work;
+// docs/usage.md has the before and after).
 at::Tensor all_reduce(const at::Tensor& input, c10::string_view op, c10::string_view group_name) {
   c10d::AllreduceOptions opts;
   opts.reduceOp = reduce_op(op);
@@ -130,8 +129,8 @@ at::Tensor all_reduce(const at::Tensor& input, c10::string_view op, c10::string_
 }
 
 // In place, as torch's two_shot_all_reduce_ and c10d's all_reduce_: no
-// output to allocate (1.65 us of an 8 KiB call's host time from Python on a
-// fast 2x H200 host, bench/results/host_time_h200x2_2026-11-27_small-all-reduce-op-vs-torch.json).
+// output to allocate
+// (bench/results/host_time_h200x2_2026-11-27_small-all-reduce-op-vs-torch.json).
 // A tensor that is not contiguous is reduced through a contiguous copy and
 // written back.
 void all_reduce_(at::Tensor& input, c10::string_view op, c10::string_view group_name) {

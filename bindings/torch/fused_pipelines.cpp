@@ -1,9 +1,8 @@
 // The fused tensor-parallel ops' pipelines, one C++ call each: fused_ops.cpp
 // decides whether to fuse and sizes the workspace; these order the call
 // after the workspace's last use and enqueue its copies, matmuls and
-// barriers. Written as Python loops they took ~640 us of
-// host time per call at Llama-3-8B M=2048 for ~200 us of GPU work
-// (bench/results/tp_ops_h200x2_2026-11-23_host-time-8b.json).
+// barriers. Written as Python loops they took several times the GPU's
+// time on the host (bench/results/tp_ops_h200x2_2026-11-23_host-time-8b.json).
 
 #include "fused_pipelines.hpp"
 
@@ -221,8 +220,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(PeerGroup& pee
   // Our shard into the workspace, where the peers read it, on the caller's
   // stream ahead of our own matmuls: a copy within one GPU runs on SMs, so
   // beside a matmul that holds every SM it starts only as the matmul drains
-  // (on the copy stream at 8B M=8192 it began 267 us into a 312-us matmul,
-  // and every pull waited behind it). The meeting, after which every
+  // (on the copy stream it began late in the matmul and every pull waited
+  // behind it: bench/tp_ops/README.md). The meeting, after which every
   // workspace is ready, and the pulls (copy engines) go on the copy stream.
   copy_bytes(mine.data_ptr(), x.data_ptr(), shard_bytes, main);
   steps.mark("stage");
@@ -266,9 +265,9 @@ namespace {
 at::Tensor combine(const at::Tensor& stacked, const std::string& how) {
   // Two slots: one elementwise add, round(a + b) as the sum gives (but for
   // -0 + -0: -0, as NCCL's sum, where at::sum starts from +0). at::sum
-  // over the outer dim of a [2, rows, cols] bf16 stack ran at ~1.3 TB/s on an
-  // H200 (303 us at Llama-3-8B M=32768, 10.8% of the matmul;
-  // bench/results/tp_ops_split_cost_h200x1_2026-11-26_with-reduce-scatter-sum.json).
+  // over the outer dim of a [2, rows, cols] stack runs far below the
+  // device's bandwidth
+  // (bench/results/tp_ops_split_cost_h200x1_2026-11-26_with-reduce-scatter-sum.json).
   if (how == "sum" && stacked.size(0) == 2) return at::add(stacked[0], stacked[1]);
   if (how == "sum") return at::sum(stacked, 0);
   if (how == "avg") return at::mean(stacked, 0);

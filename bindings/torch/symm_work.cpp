@@ -22,9 +22,8 @@ SymmWork::SymmWork(std::vector<at::Tensor> outputs, c10d::OpType type, std::uint
       failure_(std::move(failure)),
       blocking_wait_(blocking_wait) {
   if (done_) return;
-  // Reused events: SymmWork's constructor and destructor, which made and
-  // destroyed one per collective, were 11% of an eager all-reduce's host
-  // time, the record included (py-spy, H100).
+  // Reused events: making and destroying one per collective was a visible
+  // share of an eager all-reduce's host time.
   own_done_ = c10d::CUDAEventCache::get(stream.device_index())->create(/*timing=*/false);
   own_done_->record(stream);
 }
@@ -41,7 +40,7 @@ bool SymmWork::done_query() const {
 }
 
 // Made on first use: most callers (FSDP2) only wait(), and making it costs
-// about a microsecond per collective (measured with py-spy on 2x H200).
+// host time on every collective.
 c10::intrusive_ptr<c10::ivalue::Future> SymmWork::getFuture() {
   std::call_once(future_made_, [this] {
     // As ProcessGroupNCCL: the future is complete once enqueued; marking it

@@ -4,12 +4,10 @@ Autograd kernel in C++ that passes calls through and makes a backward
 through the outputs, or through an input the op mutated, raise.
 
 Not ``torch.library.custom_op``: its Python layers around the same
-implementation (autograd wrapper, redispatch, aliasing checks) took 96 us
-of a fused all-gather + matmul's 330 us of host time on an H200 host
-(``bench/results/host_time_h200x1_2026-11-24_custom-op-layers.json``). With
-them gone and the workspace's stream bookkeeping in C++, a fused call's host
-time fell from 254-348 us to 149-188 us on one machine
-(``bench/results/host_time_h200x1_2026-11-24_fused-ops-define-impl-ab.json``).
+implementation (autograd wrapper, redispatch, aliasing checks) were a large
+share of a fused call's host time
+(``bench/results/host_time_h200x1_2026-11-24_custom-op-layers.json``; the
+change: ``bench/results/host_time_h200x1_2026-11-24_fused-ops-define-impl-ab.json``).
 The fused ops' kernels then moved to C++ as well (``bindings/torch/fused_ops.cpp``).
 """
 
