@@ -7,7 +7,6 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
-#include <algorithm>
 #include <atomic>
 
 namespace symmpool::torch_ext {
@@ -23,9 +22,7 @@ std::shared_ptr<PeerGroup> peer_group_of(const std::string& group_name, c10::Dev
 }
 
 std::shared_ptr<PeerGroup> peer_group_of(c10d::ProcessGroup& group, c10::DeviceIndex device) {
-  const auto types = group.getDeviceTypes();
-  if (std::find(types.begin(), types.end(), c10::Device(c10::DeviceType::CUDA)) == types.end()) return {};
-  c10::intrusive_ptr<c10d::Backend> backend = group.getBackend(c10::DeviceType::CUDA);
+  c10::intrusive_ptr<c10d::Backend> backend = cuda_backend_of(group);
   if (auto* symm = dynamic_cast<SymmBackend*>(backend.get())) {
     // The handle holds the backend: a "symm" group's state lives in it.
     return std::shared_ptr<PeerGroup>(symm, [held = std::move(backend)](PeerGroup*) {});
@@ -36,11 +33,9 @@ std::shared_ptr<PeerGroup> peer_group_of(c10d::ProcessGroup& group, c10::DeviceI
 
 namespace {
 
-// Whether the group's CUDA backend is one peer_group_of serves.
+// Whether the group's CUDA backend is one peer_group_of serves ("symm" is a ProcessGroupNCCL too).
 bool has_peer_side(c10d::ProcessGroup& group) {
-  const auto types = group.getDeviceTypes();
-  if (std::find(types.begin(), types.end(), c10::Device(c10::DeviceType::CUDA)) == types.end()) return false;
-  return dynamic_cast<c10d::ProcessGroupNCCL*>(group.getBackend(c10::DeviceType::CUDA).get()) != nullptr;
+  return dynamic_cast<c10d::ProcessGroupNCCL*>(cuda_backend_of(group).get()) != nullptr;
 }
 
 }  // namespace

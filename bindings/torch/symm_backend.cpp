@@ -446,10 +446,14 @@ c10::intrusive_ptr<c10d::Work> SymmBackend::on_symmpool(CollectiveKind kind, at:
                                        comm.take_end_of_last_call(), failure_, blocking_wait_);
 }
 
-c10::intrusive_ptr<c10d::Backend> symm_backend_of(c10d::ProcessGroup& group) {
+c10::intrusive_ptr<c10d::Backend> cuda_backend_of(c10d::ProcessGroup& group) {
   const auto types = group.getDeviceTypes();
   if (std::find(types.begin(), types.end(), c10::Device(c10::DeviceType::CUDA)) == types.end()) return {};
-  auto backend = group.getBackend(c10::DeviceType::CUDA);
+  return group.getBackend(c10::DeviceType::CUDA);
+}
+
+c10::intrusive_ptr<c10d::Backend> symm_backend_of(c10d::ProcessGroup& group) {
+  auto backend = cuda_backend_of(group);
   return dynamic_cast<SymmBackend*>(backend.get()) ? backend : c10::intrusive_ptr<c10d::Backend>();
 }
 

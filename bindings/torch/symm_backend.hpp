@@ -143,6 +143,8 @@ class SymmBackend final : public c10d::ProcessGroupNCCL, public PeerGroup {
 RegistrationCounts registration_counts_of_all_backends();
 WindowCounts window_counts_of_all_backends();
 
+// The group's backend for CUDA, or null where it has none.
+c10::intrusive_ptr<c10d::Backend> cuda_backend_of(c10d::ProcessGroup& group);
 // The group's "symm" backend for CUDA, or null.
 c10::intrusive_ptr<c10d::Backend> symm_backend_of(c10d::ProcessGroup& group);
 
