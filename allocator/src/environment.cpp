@@ -47,6 +47,7 @@ Environment Environment::from_process() {
   if (const char* v = std::getenv("SYMMPOOL_REDUCE_SCATTER_ALGORITHM")) env.reduce_scatter_algorithm = v;
   if (const char* v = std::getenv("SYMMPOOL_TWO_STEP_PIECE_BYTES")) env.two_step_piece_bytes = v;
   if (const char* v = std::getenv("SYMMPOOL_FUSED_MAX_BYTES")) env.fused_max_bytes = v;
+  if (const char* v = std::getenv("SYMMPOOL_TP_ONE_SHOT_BYTES")) env.tp_one_shot_bytes = v;
   if (const char* v = std::getenv("SYMMPOOL_HOST_ID")) env.host_id = v;
   env.test_ranks_share_gpu = is_true("SYMMPOOL_TEST_RANKS_SHARE_GPU");
   return env;

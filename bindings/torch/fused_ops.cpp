@@ -9,7 +9,9 @@
 #include "fused_ops.hpp"
 
 #include "functional_ops.hpp"
+#include "fused_one_shot.hpp"
 #include "fused_pipelines.hpp"
+#include "fused_steps.hpp"
 #include "fused_workspace.hpp"
 #include "torch_errors.hpp"
 
@@ -48,6 +50,11 @@ constexpr std::array<const char*, 3> kOps = {"fused_all_gather_matmul", "fused_m
 enum Op { kAllGatherMatmul, kMatmulReduceScatter, kProduceAndAllToAll };
 
 std::array<std::atomic<std::uint64_t>, 3> fused_calls{};
+std::array<std::atomic<std::uint64_t>, 3> one_shot_calls{};  // of the fused ones, those run in one step
+
+void count_one_shot(Op op, bool one_shot) {
+  if (one_shot) one_shot_calls[op].fetch_add(1, std::memory_order_relaxed);
+}
 std::mutex fallbacks_mutex;
 std::map<std::string, std::uint64_t> fallbacks;  // "<op>.fallback" and "<op>.fallback: <why>"
 
@@ -190,15 +197,21 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> fused_all_gather_matmul(const at
                                                                         std::int64_t gather_dim,
                                                                         std::int64_t group_size,
                                                                         c10::string_view group_name) {
+  HostSteps steps("fused_all_gather_matmul");
   gather_dim = check_all_gather_matmul(A_shard, Bs, gather_dim, group_size);
+  steps.mark("checks");
   auto group = group_of(group_name, group_size, kAllGatherMatmul);
+  steps.mark("group");
   // From A_shard alone: each rank's Bs are its own (an uneven column split
   // may leave one rank's empty), and a decision that differed between ranks
   // would leave one in a collective the others never enter.
   Fusing f =
       fusing(kAllGatherMatmul, *group, group_name, {&A_shard}, A_shard.numel() * A_shard.element_size());
+  steps.mark("decide");
   if (!f.peers) return all_gather_matmul_unfused(A_shard, Bs, gather_dim, group_size, group_name);
   const std::int64_t last = A_shard.dim() - 1;
+  count_one_shot(kAllGatherMatmul, all_gather_in_one_shot(gather_dim != last, static_cast<int>(group_size),
+                                                          A_shard.numel() * A_shard.element_size()));
   // Along K: A @ B sums each shard @ (its rank's rows of B), accumulated as they arrive.
   if (gather_dim == last) {
     const at::Tensor x = as_rows(A_shard);
@@ -211,6 +224,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> fused_all_gather_matmul(const at
   }
   const at::Tensor x = A_shard.movedim(gather_dim, 0);
   auto [A_flat, outs] = all_gather_matmul(*f.peers, as_rows(x), Bs, 0, *f.workspace);
+  steps.mark("pipeline");
   if (A_shard.dim() == 2) return {A_flat, outs};  // [M, K] along rows, the common case: nothing to lay out
   std::vector<std::int64_t> lead = x.sizes().slice(0, last).vec();
   lead[0] *= group_size;
@@ -258,6 +272,8 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   Fusing f =
       fusing(kMatmulReduceScatter, *group, group_name, {&A, &B}, group_size * elements * A.element_size());
   if (!f.peers) return matmul_reduce_scatter_unfused(A, B, reduce_op, scatter_dim, group_size, group_name);
+  count_one_shot(kMatmulReduceScatter, all_to_all_in_one_shot(scatter_dim == A.dim() - 1 ? 1 : 0,
+                                                              group_size * elements * A.element_size()));
   const std::string how(reduce_op);
   if (scatter_dim == A.dim() - 1)  // each rank owns a block of B's columns
     return produce_and_all_to_all(*f.peers, as_rows(A), B, 1, *f.workspace, how).view(shape);
@@ -290,6 +306,7 @@ at::Tensor pipelined_produce_and_all_to_all(const at::Tensor& A, const at::Tenso
     wait_if_any(group->alltoall_base(out_real, product, even, even, opts));
     return out;
   }
+  count_one_shot(op, all_to_all_in_one_shot(0, A.size(0) * n * A.element_size()));
   return produce_and_all_to_all(*f.peers, A, B, 0, *f.workspace, "none").view({A.size(0), n});
 }
 
@@ -313,16 +330,20 @@ void define_fused_ops(py::module& m) {
       [] {
         std::map<std::string, std::uint64_t> counts;
         for (std::size_t op = 0; op < kOps.size(); ++op)
-          if (std::uint64_t n = fused_calls[op].load(std::memory_order_relaxed))
+          if (std::uint64_t n = fused_calls[op].load(std::memory_order_relaxed)) {
             counts[std::string(kOps[op]) + ".fused"] = n;
+            counts[std::string(kOps[op]) + ".fused in one step"] =
+                one_shot_calls[op].load(std::memory_order_relaxed);
+          }
         std::lock_guard<std::mutex> lock(fallbacks_mutex);
         for (const auto& [key, n] : fallbacks) counts[key] = n;
         return counts;
       },
-      "Fused-op calls of this process by where they ran: '<op>.fused', '<op>.fallback' and "
-      "'<op>.fallback: <why>'.");
+      "Fused-op calls of this process by where they ran: '<op>.fused' (of which '<op>.fused in one "
+      "step'), '<op>.fallback' and '<op>.fallback: <why>'.");
   m.def("_reset_fused_op_counts", [] {
     for (auto& n : fused_calls) n.store(0, std::memory_order_relaxed);
+    for (auto& n : one_shot_calls) n.store(0, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(fallbacks_mutex);
     fallbacks.clear();
   });

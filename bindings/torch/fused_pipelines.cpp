@@ -1,28 +1,27 @@
 // The fused tensor-parallel ops' pipelines, one C++ call each: fused_ops.cpp
 // decides whether to fuse and sizes the workspace; these order the call
 // after the workspace's last use and enqueue its copies, matmuls and
-// barriers. Written as Python loops they took several times the GPU's
-// time on the host (bench/results/tp_ops_h200x2_2026-11-23_host-time-8b.json).
+// barriers, shard by shard, or in one step where the call is small
+// (fused_one_shot.cpp). Written as Python loops they took several times
+// the GPU's time on the host
+// (bench/results/tp_ops_h200x2_2026-11-23_host-time-8b.json).
 
 #include "fused_pipelines.hpp"
 
+#include "fused_one_shot.hpp"
+#include "fused_steps.hpp"
 #include "peer_memory.hpp"
 #include "torch_errors.hpp"
 
-#include <symmpool/log.hpp>
-
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <array>
-#include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -33,145 +32,6 @@ namespace py = pybind11;
 namespace symmpool::torch_ext {
 
 using c10::cuda::CUDAStream;
-
-namespace {
-
-// `to`'s later work starts after `from`'s earlier work.
-void wait_stream(const CUDAStream& to, const CUDAStream& from, at::cuda::CUDAEvent& event) {
-  event.record(from);
-  event.block(to);
-}
-
-// One call's use of the workspace, on the caller's stream `main`: it starts
-// after the previous op's use (which may have been on another stream);
-// finish() records where it left the workspace. A call that throws before
-// finish() still has the caller's stream join whatever it gave the copy
-// stream (under a capture only once the copy stream was forked from it: a
-// wait on work outside the capture would end the capture) and records its
-// use. Graph replays are not tracked: replaying a graph with fused ops on
-// one stream while fused ops run on another is the caller's to order.
-class WorkspaceUse {
- public:
-  WorkspaceUse(FusedWorkspace& ws, c10::DeviceIndex device)
-      : ws_(ws),
-        main_(c10::cuda::getCurrentCUDAStream(device)),
-        capturing_(is_capturing(main_)),
-        copies_(capturing_ ? ws.captured_copies : ws.copies) {
-    TORCH_CHECK(ws.buffer.defined(), "symmpool fused ops: the workspace was never sized");
-    // A stream runs its own work in order (cudaStreamPerThread names a
-    // different stream in each thread).
-    const bool same_stream = main_.stream() == ws.last_use_stream && main_.stream() != cudaStreamPerThread;
-    if (!capturing_ && !same_stream) ws.last_use.block(main_);
-    ws.captured = ws.captured || capturing_;
-  }
-  WorkspaceUse(const WorkspaceUse&) = delete;
-  WorkspaceUse& operator=(const WorkspaceUse&) = delete;
-
-  ~WorkspaceUse() {
-    if (finished_) return;
-    try {
-      if (forked_ || !capturing_) wait_stream(main_, copies_, ws_.joined);
-    } catch (const std::exception& e) {
-      SYMMPOOL_WARN(kTp, "fused ops: joining the copy stream after a failed call failed: %s", e.what());
-    }
-    try {
-      if (!capturing_) ws_.record_use(main_);
-    } catch (const std::exception& e) {
-      SYMMPOOL_WARN(kTp, "fused ops: recording the workspace's use after a failed call failed: %s", e.what());
-    }
-  }
-
-  const CUDAStream& main() const { return main_; }
-  const CUDAStream& copies() const { return copies_; }
-  at::cuda::CUDAEvent& joined() { return ws_.joined; }
-  const at::Tensor& buffer() const { return ws_.buffer; }
-
-  // The copy stream starts after what the caller's stream has so far.
-  void fork() {
-    wait_stream(copies_, main_, ws_.joined);
-    forked_ = true;
-  }
-
-  // Everything is enqueued and the caller's stream has joined the copy
-  // stream: record where the workspace was left (a failure raises).
-  void finish() {
-    finished_ = true;
-    if (!capturing_) ws_.record_use(main_);
-  }
-
- private:
-  FusedWorkspace& ws_;
-  CUDAStream main_;
-  bool capturing_;
-  CUDAStream copies_;  // the workspace's copy stream for eager ops, or for captured ones
-  bool forked_ = false;
-  bool finished_ = false;
-};
-
-// Where one call's host time goes, step by step (SYMMPOOL_DEBUG=TRACE,
-// subsystem TP): one line per call, each step's microseconds. Eager
-// tensor parallelism at small batch is bound by this time.
-class HostSteps {
- public:
-  explicit HostSteps(const char* op) : op_(op), on_(log::enabled(log::Level::kTrace, log::kTp)) {
-    if (on_) last_ = std::chrono::steady_clock::now();
-  }
-  HostSteps(const HostSteps&) = delete;
-  HostSteps& operator=(const HostSteps&) = delete;
-  ~HostSteps() {
-    if (on_) SYMMPOOL_TRACE(kTp, "%s host us:%s", op_, steps_.c_str());
-  }
-
-  void mark(const char* step) {
-    if (!on_) return;
-    const auto now = std::chrono::steady_clock::now();
-    const double us = std::chrono::duration<double, std::micro>(now - last_).count();
-    last_ = now;
-    char text[64];
-    std::snprintf(text, sizeof(text), " %s=%.1f", step, us);
-    steps_ += text;
-  }
-
- private:
-  const char* op_;
-  const bool on_;
-  std::chrono::steady_clock::time_point last_;
-  std::string steps_;
-};
-
-// A stream-memory-op barrier of the group on `stream` (a kernel under capture).
-void meet(Communicator& comm, const CUDAStream& stream) {
-  call_translating_errors([&] {
-    comm.barrier(stream.stream(), BarrierKind::kStreamOps);
-    return 0;
-  });
-}
-
-void copy_bytes(void* dst, const void* src, std::size_t bytes, const CUDAStream& stream) {
-  C10_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream.stream()));
-}
-
-// out = a @ b, out a view (mm_out takes it by non-const reference).
-void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_out(out, a, b); }
-
-std::size_t bytes_of(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); }
-
-// This rank's workspace viewed as a contiguous tensor of `sizes` and `dtype`.
-at::Tensor staging(const at::Tensor& workspace, at::IntArrayRef sizes, at::ScalarType dtype) {
-  std::int64_t count = 1;
-  for (std::int64_t s : sizes) count *= s;
-  const std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dtype));
-  TORCH_CHECK(bytes <= workspace.numel(), "symmpool fused ops: the workspace holds ", workspace.numel(),
-              " bytes, ", bytes, " are needed");
-  return workspace.narrow(0, 0, bytes).view(dtype).view(sizes);
-}
-
-void check_matrix(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_cuda() && t.dim() == 2, "symmpool fused ops: ", name, " must be a CUDA matrix, got ",
-              t.sizes());
-}
-
-}  // namespace
 
 // all-gather of x [m, k] through the workspace, each rank's shard consumed
 // by the matmuls as soon as it has arrived. Along rows (dim 0): returns
@@ -196,6 +56,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(PeerGroup& pee
   const std::int64_t m = x.size(0), k = x.size(1);
   const bool rows = gather_dim == 0;
   const std::size_t shard_bytes = bytes_of(x);
+  if (all_gather_in_one_shot(rows, world, static_cast<std::int64_t>(shard_bytes)))
+    return all_gather_then_matmul(comm, use, x, Bs, steps);
   const at::Tensor mine = staging(use.buffer(), {m, k}, x.scalar_type());
   // Shard r's place in the gathered A: rows r of A_flat, or slot r of the stack.
   at::Tensor gathered = rows ? at::empty({world * m, k}, x.options()) : at::empty({world, m, k}, x.options());
@@ -257,25 +119,6 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_matmul(PeerGroup& pee
   return {gathered, outs};
 }
 
-namespace {
-
-// What the caller gets of the slots that the ranks' chunks landed in: their
-// sum or mean (reduce-scatter), or a copy (all-to-all). Never the workspace
-// itself, which the group's next fused op overwrites.
-at::Tensor combine(const at::Tensor& stacked, const std::string& how) {
-  // Two slots: one elementwise add, round(a + b) as the sum gives (but for
-  // -0 + -0: -0, as NCCL's sum, where at::sum starts from +0). at::sum
-  // over the outer dim of a [2, rows, cols] stack runs far below the
-  // device's bandwidth
-  // (bench/results/tp_ops_split_cost_h200x1_2026-11-26_with-reduce-scatter-sum.json).
-  if (how == "sum" && stacked.size(0) == 2) return at::add(stacked[0], stacked[1]);
-  if (how == "sum") return at::sum(stacked, 0);
-  if (how == "avg") return at::mean(stacked, 0);
-  return stacked.clone();
-}
-
-}  // namespace
-
 // Every rank's chunk for rank d is produced by a matmul: rows d of A times B
 // (split 0) or A times B's column block d (split 1). Each chunk for a peer
 // is made in a staging buffer and pushed into the peer's workspace slot by
@@ -298,6 +141,8 @@ at::Tensor produce_and_all_to_all(PeerGroup& peers, const at::Tensor& A, const a
   TORCH_CHECK((split == 0 ? A.size(0) : B.size(1)) % world == 0,
               "symmpool fused ops: the split dim does not divide by the group size ", world);
   WorkspaceUse use(workspace, device);
+  if (all_to_all_in_one_shot(split, A.size(0) * B.size(1) * A.element_size()))
+    return produce_then_all_to_all(comm, use, A, B, how);
   const CUDAStream &main = use.main(), &copies = use.copies();
   const std::int64_t rows = split == 0 ? A.size(0) / world : A.size(0);
   const std::int64_t cols = split == 0 ? B.size(1) : B.size(1) / world;
@@ -340,6 +185,8 @@ at::Tensor produce_and_all_to_all(PeerGroup& peers, const at::Tensor& A, const a
 }
 
 void define_fused_pipelines(py::module& m) {
+  m.def("_tp_one_shot_bytes", &one_shot_bytes,
+        "SYMMPOOL_TP_ONE_SHOT_BYTES as the fused ops read it (ValueError when it is not a size).");
   py::class_<FusedWorkspace, std::shared_ptr<FusedWorkspace>>(
       m, "FusedWorkspace",
       "A group's fused-op workspace on one device: its buffer, its copy stream, and "

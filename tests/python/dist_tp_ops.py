@@ -112,12 +112,33 @@ SYMM = "cpu:gloo,cuda:symm"
 NCCL = "cpu:gloo,cuda:nccl"
 
 
+def _set_one_shot_bytes(one_shot_bytes: str) -> None:
+    """SYMMPOOL_TP_ONE_SHOT_BYTES for this worker, read at its first fused
+    call: "0" pipelines every fused call shard by shard."""
+    if one_shot_bytes:
+        os.environ["SYMMPOOL_TP_ONE_SHOT_BYTES"] = one_shot_bytes
+
+
+def _check_one_step_counts(counts: dict, one_shot_bytes: str, rank: int) -> None:
+    """Calls ran in one step where small (the default), none with "0"; a
+    gather along K is always pipelined."""
+    fused = sum(v for k, v in counts.items() if k.endswith(".fused"))
+    one_step = sum(v for k, v in counts.items() if k.endswith(".fused in one step"))
+    if one_shot_bytes == "0":
+        assert one_step == 0, f"rank {rank}: calls ran in one step with SYMMPOOL_TP_ONE_SHOT_BYTES=0: {counts}"
+    else:
+        assert 0 < one_step < fused, f"rank {rank}: {one_step} of {fused} fused calls in one step: {counts}"
+
+
 def fused_ops_match_unfused(rank: int, world: int, on_gpu: bool, dtypes: list, store_file: str = "",
-                            backend: str = SYMM) -> None:
+                            backend: str = SYMM, one_shot_bytes: str = "") -> None:
     """Every fused op, every case and dtype, equals the unfused collectives
     on the same random data; on a "symm" or plain "nccl" group the fused
-    path ran (counted), on gloo the fallback did."""
+    path ran (counted; small calls in one step unless `one_shot_bytes` is
+    "0"), on gloo the fallback did."""
     import symmpool
+
+    _set_one_shot_bytes(one_shot_bytes)
 
     if on_gpu:
         device = init_group(rank, world, backend)
@@ -184,6 +205,8 @@ def fused_ops_match_unfused(rank: int, world: int, on_gpu: bool, dtypes: list, s
     where = "fused" if on_gpu else "fallback"
     ran = sum(v for k, v in counts.items() if k.endswith(f".{where}"))
     assert ran == calls, f"rank {rank}: {ran} of {calls} calls ran {where}: {counts}"
+    if on_gpu:
+        _check_one_step_counts(counts, one_shot_bytes, rank)
     print(f"[rank {rank}] {calls} fused-op calls matched the unfused ops ({where}): {counts}", flush=True)
     if on_gpu and backend == NCCL:
         # What symmpool made for the plain group goes with release_group, workspace included.
@@ -213,11 +236,15 @@ def _poison_workspace(group_name, device):
         ws.buffer.fill_(0xFF)
 
 
-def fused_ops_replay_in_cuda_graphs_and_compile(rank: int, world: int, backend: str = SYMM) -> None:
+def fused_ops_replay_in_cuda_graphs_and_compile(rank: int, world: int, backend: str = SYMM,
+                                                one_shot_bytes: str = "") -> None:
     """The fused ops captured in a CUDA graph (workspace reserved first), run
     eagerly while that capture is open, and compiled with
-    torch.compile(fullgraph=True) give what eager gives."""
+    torch.compile(fullgraph=True) give what eager gives (in one step or,
+    with `one_shot_bytes` "0", pipelined)."""
     import symmpool
+
+    _set_one_shot_bytes(one_shot_bytes)
 
     device = init_group(rank, world, backend)
     name = dist.group.WORLD.group_name

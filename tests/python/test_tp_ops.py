@@ -3,6 +3,10 @@ plain "nccl" ones. Schemas, fake kernels, opcheck and the unfused fallback
 run here on gloo (CPU); the fused paths, graphs, compile and signals need a
 GPU (two ranks share one where there is only one) and skip without."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -20,6 +24,20 @@ def group_name():
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     yield dist.group.WORLD.group_name
     dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("value, expected", [(None, 4 << 20), ("0", 0), ("65536", 65536), ("lots", None),
+                                             ("-1", None), ("12 MiB", None)])
+def test_one_shot_bytes_setting_is_read_or_refused(value, expected):
+    env = {k: v for k, v in os.environ.items() if k != "SYMMPOOL_TP_ONE_SHOT_BYTES"}
+    if value is not None:
+        env["SYMMPOOL_TP_ONE_SHOT_BYTES"] = value
+    done = subprocess.run([sys.executable, "-c", "import symmpool; print(symmpool._C._tp_one_shot_bytes())"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    if expected is None:
+        assert done.returncode != 0 and "ValueError: SYMMPOOL_TP_ONE_SHOT_BYTES must be" in done.stderr, done.stderr
+    else:
+        assert done.returncode == 0 and int(done.stdout.split()[-1]) == expected, done.stderr
 
 
 def test_every_op_takes_the_group_size_its_shapes_depend_on():
@@ -132,11 +150,16 @@ def test_fallback_on_two_gloo_ranks_matches_the_unfused_ops(tmp_path):
                 str(tmp_path / "store"), timeout=240)
 
 
+# SYMMPOOL_TP_ONE_SHOT_BYTES: "" (the default: small calls in one step) or "0" (every call pipelined).
+ONE_SHOT = pytest.mark.parametrize("one_shot_bytes", ["", "0"], ids=["default", "pipelined"])
+
+
 @needs_two
+@ONE_SHOT
 @pytest.mark.parametrize("backend", [dist_tp_ops.SYMM, dist_tp_ops.NCCL], ids=["symm", "nccl"])
-def test_fused_ops_match_nccl_in_every_dtype(backend):
+def test_fused_ops_match_nccl_in_every_dtype(backend, one_shot_bytes):
     run_workers(dist_tp_ops.fused_ops_match_unfused, gpu_count(), True,
-                [torch.bfloat16, torch.float16, torch.float32], "", backend, timeout=300)
+                [torch.bfloat16, torch.float16, torch.float32], "", backend, one_shot_bytes, timeout=300)
 
 
 @needs_gpu
@@ -155,9 +178,11 @@ def test_a_destroyed_groups_workspace_is_freed_on_every_rank():
 
 
 @needs_two
+@ONE_SHOT
 @pytest.mark.parametrize("backend", [dist_tp_ops.SYMM, dist_tp_ops.NCCL], ids=["symm", "nccl"])
-def test_fused_ops_replay_in_cuda_graphs_and_compile(backend):
-    run_workers(dist_tp_ops.fused_ops_replay_in_cuda_graphs_and_compile, gpu_count(), backend, timeout=300)
+def test_fused_ops_replay_in_cuda_graphs_and_compile(backend, one_shot_bytes):
+    run_workers(dist_tp_ops.fused_ops_replay_in_cuda_graphs_and_compile, gpu_count(), backend, one_shot_bytes,
+                timeout=300)
 
 
 @needs_two
@@ -206,8 +231,11 @@ def test_a_wait_the_gpu_has_not_reached_does_not_time_out():
 @pytest.mark.parametrize("worker, args", [
     ("fused_ops_match_unfused", (True, [torch.bfloat16, torch.float16, torch.float32])),
     ("fused_ops_match_unfused", (True, [torch.bfloat16, torch.float16, torch.float32], "", dist_tp_ops.NCCL)),
+    ("fused_ops_match_unfused",
+     (True, [torch.bfloat16, torch.float16, torch.float32], "", dist_tp_ops.SYMM, "0")),
     ("fused_ops_replay_in_cuda_graphs_and_compile", ()),
     ("fused_ops_replay_in_cuda_graphs_and_compile", (dist_tp_ops.NCCL,)),
+    ("fused_ops_replay_in_cuda_graphs_and_compile", (dist_tp_ops.SYMM, "0")),
     ("fused_ops_back_to_back_with_a_late_rank", ()),
     ("peer_memory_api", ()),
     ("peer_memory_api", (dist_tp_ops.NCCL,)),
@@ -216,7 +244,8 @@ def test_a_wait_the_gpu_has_not_reached_does_not_time_out():
     ("a_wait_the_gpu_has_not_reached_does_not_time_out", ()),
     ("a_destroyed_groups_workspace_is_freed", ()),
     ("signal_before_setup_is_refused", ()),
-], ids=["fused_vs_unfused", "fused_vs_unfused_nccl", "graphs_and_compile", "graphs_and_compile_nccl",
+], ids=["fused_vs_unfused", "fused_vs_unfused_nccl", "fused_vs_unfused_pipelined", "graphs_and_compile",
+        "graphs_and_compile_nccl", "graphs_and_compile_pipelined",
         "late_rank", "peer_memory_api", "peer_memory_api_nccl", "peer_view_outlives_group",
         "wait_timeout", "late_gpu_wait",
         "workspace_freed", "signal_before_setup"])

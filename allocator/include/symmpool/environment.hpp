@@ -56,6 +56,10 @@ struct Environment {
   // each peer and still meets its peers inside one launch; larger ones run
   // between barrier kernels (the algorithm table's limit when unset).
   std::string fused_max_bytes;
+  // SYMMPOOL_TP_ONE_SHOT_BYTES: the largest gathered A or product that a
+  // fused tensor-parallel op moves in one step, with one matmul, rather
+  // than pipelined shard by shard; empty when unset.
+  std::string tp_one_shot_bytes;
   // SYMMPOOL_HOST_ID: this node's identity, like NCCL_HOSTID, where hostname
   // and boot id cannot tell nodes apart (tests use it to make one machine
   // look like several nodes); empty when unset.

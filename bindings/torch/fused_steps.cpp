@@ -1,0 +1,154 @@
+#include "fused_steps.hpp"
+
+#include "torch_errors.hpp"
+
+#include <symmpool/environment.hpp>
+#include <symmpool/log.hpp>
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+
+namespace symmpool::torch_ext {
+
+using c10::cuda::CUDAStream;
+
+WorkspaceUse::WorkspaceUse(FusedWorkspace& ws, c10::DeviceIndex device)
+    : ws_(ws),
+      main_(c10::cuda::getCurrentCUDAStream(device)),
+      capturing_(is_capturing(main_)),
+      copies_(capturing_ ? ws.captured_copies : ws.copies) {
+  TORCH_CHECK(ws.buffer.defined(), "symmpool fused ops: the workspace was never sized");
+  // A stream runs its own work in order (cudaStreamPerThread names a
+  // different stream in each thread).
+  const bool same_stream = main_.stream() == ws.last_use_stream && main_.stream() != cudaStreamPerThread;
+  if (!capturing_ && !same_stream) ws.last_use.block(main_);
+  ws.captured = ws.captured || capturing_;
+}
+
+WorkspaceUse::~WorkspaceUse() {
+  if (finished_) return;
+  try {
+    if (forked_ || !capturing_) wait_stream(main_, copies_, ws_.joined);
+  } catch (const std::exception& e) {
+    SYMMPOOL_WARN(kTp, "fused ops: joining the copy stream after a failed call failed: %s", e.what());
+  }
+  try {
+    if (!capturing_) ws_.record_use(main_);
+  } catch (const std::exception& e) {
+    SYMMPOOL_WARN(kTp, "fused ops: recording the workspace's use after a failed call failed: %s", e.what());
+  }
+}
+
+void WorkspaceUse::fork() {
+  wait_stream(copies_, main_, ws_.joined);
+  forked_ = true;
+}
+
+void WorkspaceUse::finish() {
+  finished_ = true;
+  if (!capturing_) ws_.record_use(main_);
+}
+
+HostSteps::HostSteps(const char* op) : op_(op), on_(log::enabled(log::Level::kTrace, log::kTp)) {
+  if (on_) last_ = std::chrono::steady_clock::now();
+}
+
+HostSteps::~HostSteps() {
+  if (on_) SYMMPOOL_TRACE(kTp, "%s host us:%s", op_, steps_.c_str());
+}
+
+void HostSteps::mark_now(const char* step) {
+  const auto now = std::chrono::steady_clock::now();
+  const double us = std::chrono::duration<double, std::micro>(now - last_).count();
+  last_ = now;
+  char text[64];
+  std::snprintf(text, sizeof(text), " %s=%.1f", step, us);
+  steps_ += text;
+}
+
+namespace {
+
+constexpr std::int64_t kDefaultOneShotBytes = 4 << 20;
+
+std::int64_t read_one_shot_bytes() {
+  const std::string value = Environment::from_process().tp_one_shot_bytes;
+  if (value.empty()) return kDefaultOneShotBytes;
+  char* end = nullptr;
+  errno = 0;
+  const long long bytes = std::strtoll(value.c_str(), &end, 10);
+  TORCH_CHECK_VALUE(errno == 0 && end != value.c_str() && *end == '\0' && bytes >= 0,
+                    "SYMMPOOL_TP_ONE_SHOT_BYTES must be a number of bytes >= 0, got '", value, "'");
+  return bytes;
+}
+
+}  // namespace
+
+std::int64_t one_shot_bytes() {
+  static const std::int64_t bytes = read_one_shot_bytes();
+  return bytes;
+}
+
+void wait_stream(const CUDAStream& to, const CUDAStream& from, at::cuda::CUDAEvent& event) {
+  event.record(from);
+  event.block(to);
+}
+
+void meet(Communicator& comm, const CUDAStream& stream) {
+  call_translating_errors([&] {
+    comm.barrier(stream.stream(), BarrierKind::kStreamOps);
+    return 0;
+  });
+}
+
+void copy_bytes(void* dst, const void* src, std::size_t bytes, const CUDAStream& stream) {
+  C10_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream.stream()));
+}
+
+void copy_all(const std::vector<void*>& dsts, const std::vector<const void*>& srcs, std::size_t bytes,
+              const CUDAStream& stream, bool capturing) {
+  TORCH_CHECK(dsts.size() == srcs.size(), "symmpool fused ops: ", dsts.size(), " destinations for ",
+              srcs.size(), " sources");
+  if (capturing || dsts.size() == 1) {
+    for (std::size_t i = 0; i < dsts.size(); ++i) copy_bytes(dsts[i], srcs[i], bytes, stream);
+    return;
+  }
+  std::vector<std::size_t> sizes(dsts.size(), bytes);
+  cudaMemcpyAttributes attributes{};
+  attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // sources written earlier on `stream`
+  std::size_t first = 0;                                       // one set of attributes, from copy 0 on
+  C10_CUDA_CHECK(cudaMemcpyBatchAsync(const_cast<void* const*>(dsts.data()), srcs.data(), sizes.data(),
+                                      dsts.size(), &attributes, &first, 1, stream.stream()));
+}
+
+at::Tensor staging(const at::Tensor& workspace, at::IntArrayRef sizes, at::ScalarType dtype) {
+  std::int64_t count = 1;
+  for (std::int64_t s : sizes) count *= s;
+  const std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dtype));
+  TORCH_CHECK(bytes <= workspace.numel(), "symmpool fused ops: the workspace holds ", workspace.numel(),
+              " bytes, ", bytes, " are needed");
+  return workspace.narrow(0, 0, bytes).view(dtype).view(sizes);
+}
+
+void check_matrix(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda() && t.dim() == 2, "symmpool fused ops: ", name, " must be a CUDA matrix, got ",
+              t.sizes());
+}
+
+at::Tensor combine(const at::Tensor& stacked, const std::string& how) {
+  // Two slots: one elementwise add, round(a + b) as the sum gives (but for
+  // -0 + -0: -0, as NCCL's sum, where at::sum starts from +0). at::sum
+  // over the outer dim of a [2, rows, cols] stack runs far below the
+  // device's bandwidth
+  // (bench/results/tp_ops_split_cost_h200x1_2026-11-26_with-reduce-scatter-sum.json).
+  if (how == "sum" && stacked.size(0) == 2) return at::add(stacked[0], stacked[1]);
+  if (how == "sum") return at::sum(stacked, 0);
+  if (how == "avg") return at::mean(stacked, 0);
+  return stacked.clone();
+}
+
+}  // namespace symmpool::torch_ext
