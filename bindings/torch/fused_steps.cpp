@@ -113,7 +113,10 @@ void copy_all(const std::vector<void*>& dsts, const std::vector<const void*>& sr
               const CUDAStream& stream, bool capturing) {
   TORCH_CHECK(dsts.size() == srcs.size(), "symmpool fused ops: ", dsts.size(), " destinations for ",
               srcs.size(), " sources");
-  if (capturing || dsts.size() == 1) {
+  // The driver refuses a batch on the legacy default stream (torch's
+  // default) as it has no graph node for one.
+  const bool legacy = stream.stream() == nullptr || stream.stream() == cudaStreamLegacy;
+  if (capturing || legacy || dsts.size() == 1) {
     for (std::size_t i = 0; i < dsts.size(); ++i) copy_bytes(dsts[i], srcs[i], bytes, stream);
     return;
   }

@@ -97,8 +97,8 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes, const c10::cuda::
 
 // Copies of `bytes` each, from srcs[i] to dsts[i], in any order among
 // themselves, after `stream`'s earlier work: one driver call where it can
-// (cudaMemcpyBatchAsync), one per copy under a capture (the driver has no
-// graph node for a batch).
+// (cudaMemcpyBatchAsync), one per copy under a capture or on the legacy
+// default stream.
 void copy_all(const std::vector<void*>& dsts, const std::vector<const void*>& srcs, std::size_t bytes,
               const c10::cuda::CUDAStream& stream, bool capturing);
 
