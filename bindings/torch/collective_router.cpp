@@ -20,6 +20,10 @@ namespace {
 std::array<std::atomic<std::uint64_t>, kRouteReasons> decisions{};
 std::atomic<std::uint64_t> on_windows{0};  // decisions whose engine is NCCL on windows
 
+constexpr RouteDecision nccl(RouteReason reason) { return {Engine::kNccl, reason}; }
+
+}  // namespace
+
 std::optional<DataType> symmpool_type(at::ScalarType t) {
   switch (t) {
     case at::kFloat:
@@ -32,10 +36,6 @@ std::optional<DataType> symmpool_type(at::ScalarType t) {
       return std::nullopt;
   }
 }
-
-constexpr RouteDecision nccl(RouteReason reason) { return {Engine::kNccl, reason}; }
-
-}  // namespace
 
 CollectiveRouter::CollectiveRouter(const c10d::Backend& group, const Environment& env,
                                    CommunicatorOf communicator, WindowsOf windows)

@@ -28,6 +28,9 @@
 
 namespace symmpool::torch_ext {
 
+// The element type symmpool's reductions take for `t`, if any.
+std::optional<DataType> symmpool_type(at::ScalarType t);
+
 class CollectiveRouter {
  public:
   // The group's communicator on `device`, made on the first call that may

@@ -1,18 +1,25 @@
 #include "fused_one_shot.hpp"
 
+#include "collective_router.hpp"
 #include "torch_errors.hpp"
 
-#include <c10/util/Exception.h>
+#include <symmpool/algorithm_table.hpp>
 
 #include <cstddef>
 #include <cstdint>
 
 namespace symmpool::torch_ext {
 
+bool reduce_scatter_in_one_shot(std::int64_t split, std::int64_t product_bytes, at::ScalarType dtype,
+                                const std::string& how) {
+  return split == 0 && product_bytes <= one_shot_bytes() && (how == "sum" || how == "avg") &&
+         symmpool_type(dtype).has_value();
+}
+
 std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_then_matmul(Communicator& comm, WorkspaceUse& use,
                                                                        const at::Tensor& x, at::TensorList Bs,
                                                                        HostSteps& steps) {
-  const int world = comm.world(), rank = comm.rank();
+  const int world = comm.world();
   const std::int64_t m = x.size(0), k = x.size(1);
   const std::size_t shard_bytes = bytes_of(x);
   const at::Tensor mine = staging(use.buffer(), {m, k}, x.scalar_type());
@@ -22,61 +29,45 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_then_matmul(Communica
   for (const at::Tensor& B : Bs) outs.push_back(at::empty({world * m, B.size(1)}, x.options()));
   steps.mark("setup");
 
-  // Our shard where the peers read it; then, once every rank's is there,
-  // every shard (ours from x) into its rows of A at once.
+  // Our shard where the peers read it, then the group's all-gather (the
+  // peers read it into `gathered`, which is not symmetric: a pull where the
+  // table would push).
   copy_bytes(mine.data_ptr(), x.data_ptr(), shard_bytes, use.main());
   steps.mark("stage");
-  meet(comm, use.main());
-  steps.mark("meet");
-  std::vector<void*> dsts;
-  std::vector<const void*> srcs;
-  for (int r = 0; r < world; ++r) {
-    dsts.push_back(gathered.narrow(0, r * m, m).data_ptr());
-    srcs.push_back(r == rank ? x.data_ptr() : call_translating_errors([&] {
-      return comm.peer_address(mine.data_ptr(), shard_bytes, r);
-    }));
-  }
-  copy_all(dsts, srcs, shard_bytes, use.main(), use.capturing());
+  Algorithm algorithm = choose_algorithm(CollectiveKind::kAllGather, shard_bytes * world, world);
+  if (algorithm == Algorithm::kCopyEnginePush) algorithm = Algorithm::kCopyEnginePull;
+  call_translating_errors([&] {
+    comm.all_gather(mine.data_ptr(), gathered.data_ptr(), shard_bytes, use.main().stream(), algorithm,
+                    BarrierKind::kStreamOps);
+    return 0;
+  });
   steps.mark("gather");
   for (std::size_t i = 0; i < Bs.size(); ++i) mm_into(outs[i], gathered, Bs[i]);
   steps.mark("matmuls");
-  // Nobody reads our workspace any more.
-  meet(comm, use.main());
-  steps.mark("meet");
   use.finish();
   steps.mark("finish");
   return {gathered, outs};
 }
 
-at::Tensor produce_then_all_to_all(Communicator& comm, WorkspaceUse& use, const at::Tensor& A,
-                                   const at::Tensor& B, const std::string& how) {
-  HostSteps steps("produce_and_all_to_all");
-  const int world = comm.world(), rank = comm.rank();
+at::Tensor matmul_then_reduce_scatter(Communicator& comm, WorkspaceUse& use, const at::Tensor& A,
+                                      const at::Tensor& B, const std::string& how) {
+  HostSteps steps("matmul_reduce_scatter");
+  const int world = comm.world();
   const std::int64_t rows = A.size(0) / world, cols = B.size(1);
-  const at::Tensor stacked = staging(use.buffer(), {world, rows, cols}, A.scalar_type());
-  const std::size_t chunk_bytes = static_cast<std::size_t>(rows * cols) * A.element_size();
+  // The product where the peers read their rows of it: the previous fused
+  // call left the workspace free on every rank (its last meeting).
+  const at::Tensor product = staging(use.buffer(), {A.size(0), cols}, A.scalar_type());
+  at::Tensor out = at::empty({rows, cols}, A.options());
   steps.mark("setup");
-  const at::Tensor product = at::mm(A, B);  // chunk d: rows d
+  mm_into(product, A, B);
   steps.mark("matmul");
-  // Every peer is done with its workspace's last use: pushes may write into it.
-  meet(comm, use.main());
-  steps.mark("meet");
-  std::vector<void*> dsts;
-  std::vector<const void*> srcs;
-  void* my_slot = stacked[rank].data_ptr();
-  for (int d = 0; d < world; ++d) {
-    dsts.push_back(d == rank ? my_slot : call_translating_errors([&] {
-      return comm.peer_address(my_slot, chunk_bytes, d);
-    }));
-    srcs.push_back(product.narrow(0, d * rows, rows).data_ptr());
-  }
-  copy_all(dsts, srcs, chunk_bytes, use.main(), use.capturing());
-  steps.mark("push");
-  // Every push has landed, everywhere.
-  meet(comm, use.main());
-  steps.mark("meet");
-  at::Tensor out = combine(stacked, how);
-  steps.mark("combine");
+  call_translating_errors([&] {
+    comm.reduce_scatter(product.data_ptr(), out.data_ptr(), static_cast<std::size_t>(rows * cols),
+                        *symmpool_type(A.scalar_type()), how == "avg" ? ReduceOp::kAvg : ReduceOp::kSum,
+                        use.main().stream());
+    return 0;
+  });
+  steps.mark("reduce-scatter");
   use.finish();
   steps.mark("finish");
   return out;

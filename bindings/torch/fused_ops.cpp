@@ -272,9 +272,10 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
   Fusing f =
       fusing(kMatmulReduceScatter, *group, group_name, {&A, &B}, group_size * elements * A.element_size());
   if (!f.peers) return matmul_reduce_scatter_unfused(A, B, reduce_op, scatter_dim, group_size, group_name);
-  count_one_shot(kMatmulReduceScatter, all_to_all_in_one_shot(scatter_dim == A.dim() - 1 ? 1 : 0,
-                                                              group_size * elements * A.element_size()));
   const std::string how(reduce_op);
+  count_one_shot(kMatmulReduceScatter,
+                 reduce_scatter_in_one_shot(scatter_dim == A.dim() - 1 ? 1 : 0,
+                                            group_size * elements * A.element_size(), A.scalar_type(), how));
   if (scatter_dim == A.dim() - 1)  // each rank owns a block of B's columns
     return produce_and_all_to_all(*f.peers, as_rows(A), B, 1, *f.workspace, how).view(shape);
   const at::Tensor x = A.movedim(scatter_dim, 0);
@@ -306,7 +307,6 @@ at::Tensor pipelined_produce_and_all_to_all(const at::Tensor& A, const at::Tenso
     wait_if_any(group->alltoall_base(out_real, product, even, even, opts));
     return out;
   }
-  count_one_shot(op, all_to_all_in_one_shot(0, A.size(0) * n * A.element_size()));
   return produce_and_all_to_all(*f.peers, A, B, 0, *f.workspace, "none").view({A.size(0), n});
 }
 

@@ -141,8 +141,8 @@ at::Tensor produce_and_all_to_all(PeerGroup& peers, const at::Tensor& A, const a
   TORCH_CHECK((split == 0 ? A.size(0) : B.size(1)) % world == 0,
               "symmpool fused ops: the split dim does not divide by the group size ", world);
   WorkspaceUse use(workspace, device);
-  if (all_to_all_in_one_shot(split, A.size(0) * B.size(1) * A.element_size()))
-    return produce_then_all_to_all(comm, use, A, B, how);
+  if (reduce_scatter_in_one_shot(split, A.size(0) * B.size(1) * A.element_size(), A.scalar_type(), how))
+    return matmul_then_reduce_scatter(comm, use, A, B, how);
   const CUDAStream &main = use.main(), &copies = use.copies();
   const std::int64_t rows = split == 0 ? A.size(0) / world : A.size(0);
   const std::int64_t cols = split == 0 ? B.size(1) : B.size(1) / world;

@@ -109,25 +109,6 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes, const CUDAStream&
   C10_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream.stream()));
 }
 
-void copy_all(const std::vector<void*>& dsts, const std::vector<const void*>& srcs, std::size_t bytes,
-              const CUDAStream& stream, bool capturing) {
-  TORCH_CHECK(dsts.size() == srcs.size(), "symmpool fused ops: ", dsts.size(), " destinations for ",
-              srcs.size(), " sources");
-  // The driver refuses a batch on the legacy default stream (torch's
-  // default) as it has no graph node for one.
-  const bool legacy = stream.stream() == nullptr || stream.stream() == cudaStreamLegacy;
-  if (capturing || legacy || dsts.size() == 1) {
-    for (std::size_t i = 0; i < dsts.size(); ++i) copy_bytes(dsts[i], srcs[i], bytes, stream);
-    return;
-  }
-  std::vector<std::size_t> sizes(dsts.size(), bytes);
-  cudaMemcpyAttributes attributes{};
-  attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // sources written earlier on `stream`
-  std::size_t first = 0;                                       // one set of attributes, from copy 0 on
-  C10_CUDA_CHECK(cudaMemcpyBatchAsync(const_cast<void* const*>(dsts.data()), srcs.data(), sizes.data(),
-                                      dsts.size(), &attributes, &first, 1, stream.stream()));
-}
-
 at::Tensor staging(const at::Tensor& workspace, at::IntArrayRef sizes, at::ScalarType dtype) {
   std::int64_t count = 1;
   for (std::int64_t s : sizes) count *= s;

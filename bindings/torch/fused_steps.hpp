@@ -16,7 +16,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 namespace symmpool::torch_ext {
 
@@ -94,13 +93,6 @@ void wait_stream(const c10::cuda::CUDAStream& to, const c10::cuda::CUDAStream& f
 void meet(Communicator& comm, const c10::cuda::CUDAStream& stream);
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes, const c10::cuda::CUDAStream& stream);
-
-// Copies of `bytes` each, from srcs[i] to dsts[i], in any order among
-// themselves, after `stream`'s earlier work: one driver call where it can
-// (cudaMemcpyBatchAsync), one per copy under a capture or on the legacy
-// default stream.
-void copy_all(const std::vector<void*>& dsts, const std::vector<const void*>& srcs, std::size_t bytes,
-              const c10::cuda::CUDAStream& stream, bool capturing);
 
 // out = a @ b, out a view (mm_out takes it by non-const reference).
 inline void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_out(out, a, b); }
