@@ -138,9 +138,7 @@ void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
   active_.emplace(block->ptr, block);
 
   ++stats_.allocations;
-  stats_.allocated_bytes.add(static_cast<std::int64_t>(block->size));
-  stats_.requested_bytes.add(static_cast<std::int64_t>(bytes));
-  stats_.active_blocks.add(1);
+  stats_.add_blocks(small, 1, static_cast<std::int64_t>(block->size), static_cast<std::int64_t>(bytes));
   return reinterpret_cast<void*>(block->ptr);
 }
 
@@ -184,7 +182,8 @@ CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size, s
         format_bytes(requested) + " (a new segment of " + format_bytes(want) + "); symmpool has " +
         format_bytes(static_cast<std::size_t>(stats_.reserved_bytes.current)) + " reserved, of which " +
         format_bytes(static_cast<std::size_t>(stats_.allocated_bytes.current)) +
-        " allocated; the device has " + format_bytes(free_bytes) + " free of " + format_bytes(total_bytes));
+        " allocated, and its largest free cached block is " + format_bytes(largest_free_block_locked()) +
+        "; the device has " + format_bytes(free_bytes) + " free of " + format_bytes(total_bytes));
   }
   auto* block = new Block;
   block->ptr = segment->address;
@@ -194,8 +193,8 @@ CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size, s
   block->small = small;
   segment_heads_.emplace(segment->id, block);
   ++stats_.segment_maps;
-  stats_.segments.add(1);
-  stats_.reserved_bytes.add(static_cast<std::int64_t>(segment->size));
+  stats_.add_segments(small ? &stats_.small_pool : &stats_.large_pool, 1,
+                      static_cast<std::int64_t>(segment->size));
   return block;
 }
 
@@ -249,9 +248,8 @@ CachingAllocator::Block* CachingAllocator::take_active(void* ptr) {
 
 void CachingAllocator::release(Block* block, CUstream stream) {
   ++stats_.frees;
-  stats_.allocated_bytes.add(-static_cast<std::int64_t>(block->size));
-  stats_.requested_bytes.add(-static_cast<std::int64_t>(block->requested));
-  stats_.active_blocks.add(-1);
+  stats_.add_blocks(block->small, -1, static_cast<std::int64_t>(block->size),
+                    static_cast<std::int64_t>(block->requested));
   block->allocated = false;
   block->requested = 0;
 
@@ -393,11 +391,11 @@ void CachingAllocator::unmap_free_segment(Block* head) {
   pool_of(head).erase(head);
   const Segment* segment = head->segment;
   const std::size_t size = segment->size;
+  PoolStats* pool = head->small ? &stats_.small_pool : &stats_.large_pool;
   segment_heads_.erase(segment->id);
   delete head;
   ++stats_.segment_unmaps;
-  stats_.segments.add(-1);
-  stats_.reserved_bytes.add(-static_cast<std::int64_t>(size));
+  stats_.add_segments(pool, -1, static_cast<std::int64_t>(size));
   arena_->unmap_segment(segment);
 }
 
@@ -572,8 +570,7 @@ void* CachingAllocator::map_internal_segment(int slot) {
   if (segment == nullptr)
     throw out_of_memory("symmpool: out of memory on device " + std::to_string(device()) +
                         " for an internal segment of " + format_bytes(arena_->granularity()));
-  stats_.reserved_bytes.add(static_cast<std::int64_t>(segment->size));
-  stats_.segments.add(1);
+  stats_.add_segments(nullptr, 1, static_cast<std::int64_t>(segment->size));
   return segment->ptr();
 }
 
@@ -584,8 +581,7 @@ void CachingAllocator::unmap_internal_segment(void* ptr) {
       segment != nullptr && arena_->is_internal(*segment) && segment->ptr() == ptr,
       detail::format_pointer(ptr) + " is not an internal segment of device " + std::to_string(device()));
   ContextGuard guard(drv_, arena_->context());
-  stats_.reserved_bytes.add(-static_cast<std::int64_t>(segment->size));
-  stats_.segments.add(-1);
+  stats_.add_segments(nullptr, -1, static_cast<std::int64_t>(segment->size));
   arena_->unmap_segment(segment);
 }
 
@@ -653,9 +649,7 @@ AllocatorStats CachingAllocator::stats() const {
 
 void CachingAllocator::reset_peak_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (Stat* s : {&stats_.allocated_bytes, &stats_.requested_bytes, &stats_.reserved_bytes,
-                  &stats_.active_blocks, &stats_.segments})
-    s->reset_peak();
+  stats_.reset_peaks();
 }
 
 void CachingAllocator::add_observer(SegmentObserver* observer, bool replay_existing) {
@@ -673,6 +667,32 @@ std::vector<Segment> CachingAllocator::segments() const {
   std::vector<Segment> out;
   for (const Segment* s : arena_->segments()) out.push_back(*s);
   return out;
+}
+
+std::vector<SegmentSnapshot> CachingAllocator::snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<SegmentSnapshot> out;
+  out.reserve(segment_heads_.size());
+  for (const auto& [id, head] : segment_heads_) {
+    SegmentSnapshot segment{head->segment->address, head->segment->size, head->stream, head->small, {}};
+    for (const Block* b = head; b != nullptr; b = b->next)
+      segment.blocks.push_back({b->ptr, b->size, b->requested, b->allocated, !b->allocated && !b->is_free()});
+    out.push_back(std::move(segment));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.address < b.address; });
+  return out;
+}
+
+std::size_t CachingAllocator::largest_free_block() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return largest_free_block_locked();
+}
+
+std::size_t CachingAllocator::largest_free_block_locked() const {
+  std::size_t largest = 0;
+  for (const Pool* pool : {&small_pool_, &large_pool_})
+    for (const Block* b : *pool) largest = std::max(largest, b->size);
+  return largest;
 }
 
 }  // namespace symmpool

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 namespace symmpool {
 
@@ -16,12 +17,30 @@ struct Stat {
   void reset_peak() { peak = current; }
 };
 
+// What one pool holds (PyTorch's small_pool and large_pool).
+struct PoolStats {
+  Stat allocated_bytes;
+  Stat requested_bytes;
+  Stat reserved_bytes;
+  Stat active_blocks;
+  Stat segments;
+
+  void reset_peaks() {
+    for (Stat* s : {&allocated_bytes, &requested_bytes, &reserved_bytes, &active_blocks, &segments})
+      s->reset_peak();
+  }
+};
+
 struct AllocatorStats {
   Stat allocated_bytes;  // bytes in live blocks (rounded sizes)
   Stat requested_bytes;  // bytes callers asked for in live blocks
   Stat reserved_bytes;   // bytes in mapped segments
   Stat active_blocks;    // live allocations
   Stat segments;         // mapped segments
+  // The same, by pool; the totals above also hold the internal segments
+  // (signal pads), which are in neither pool.
+  PoolStats small_pool;
+  PoolStats large_pool;
   std::uint64_t allocations = 0;
   std::uint64_t frees = 0;
   std::uint64_t cache_hits = 0;    // served from a cached block
@@ -32,6 +51,28 @@ struct AllocatorStats {
   std::uint64_t segment_stream_moves = 0;       // idle segments another stream took instead of a map
   std::uint64_t oom_retries = 0;                // cache emptied to satisfy a request
   std::uint64_t ooms = 0;                       // requests that failed with out_of_memory
+
+  // `count` (+1 or -1) live blocks of `size` rounded and `requested` asked-for bytes.
+  void add_blocks(bool small, std::int64_t count, std::int64_t size, std::int64_t requested) {
+    PoolStats& pool = small ? small_pool : large_pool;
+    for (Stat* s : {&allocated_bytes, &pool.allocated_bytes}) s->add(count * size);
+    for (Stat* s : {&requested_bytes, &pool.requested_bytes}) s->add(count * requested);
+    for (Stat* s : {&active_blocks, &pool.active_blocks}) s->add(count);
+  }
+  // `count` (+1 or -1) segments of `size` bytes, in a pool or (`pool` null) internal.
+  void add_segments(PoolStats* pool, std::int64_t count, std::int64_t size) {
+    reserved_bytes.add(count * size);
+    segments.add(count);
+    if (pool == nullptr) return;
+    pool->reserved_bytes.add(count * size);
+    pool->segments.add(count);
+  }
+  void reset_peaks() {
+    for (Stat* s : {&allocated_bytes, &requested_bytes, &reserved_bytes, &active_blocks, &segments})
+      s->reset_peak();
+    small_pool.reset_peaks();
+    large_pool.reset_peaks();
+  }
 };
 
 }  // namespace symmpool

@@ -31,6 +31,23 @@ struct LiveAllocation {
   std::uint64_t serial = 0;
 };
 
+// One segment of a pool as CachingAllocator::snapshot() sees it, its
+// blocks in address order (torch.cuda.memory_snapshot's segments).
+struct BlockSnapshot {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;       // rounded
+  std::size_t requested = 0;  // asked for (live blocks)
+  bool allocated = false;
+  bool pending = false;  // freed, waiting for work on its streams before reuse
+};
+struct SegmentSnapshot {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  CUstream stream = nullptr;  // the stream it serves
+  bool small = false;         // in the small pool
+  std::vector<BlockSnapshot> blocks;
+};
+
 class CachingAllocator {
  public:
   static constexpr std::size_t kMinBlockSize = 512;        // every size rounds up to this
@@ -102,6 +119,10 @@ class CachingAllocator {
   }
 
   std::vector<Segment> segments() const;  // copies, for inspection
+  // The pools' segments and their blocks (internal segments are in neither).
+  std::vector<SegmentSnapshot> snapshot() const;
+  // The largest block free for reuse now, in bytes (0 if none).
+  std::size_t largest_free_block() const;
   int device() const { return arena_->device(); }
   std::size_t device_total_memory() const { return device_total_; }
   const MulticastDecision& multicast() const { return arena_->multicast(); }
@@ -142,6 +163,7 @@ class CachingAllocator {
   void unmap_free_segment(Block* head);      // head: releasable
   CUevent take_event();
   Pool& pool_of(const Block* block);
+  std::size_t largest_free_block_locked() const;
   [[noreturn]] void throw_unknown_pointer(const void* ptr, const char* action) const;
 
   const DriverApi& drv_;                 // declared before arena_: taken from the arena before it is moved in

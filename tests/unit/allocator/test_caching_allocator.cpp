@@ -504,6 +504,7 @@ TEST_F(CachingAllocatorTest, OutOfMemoryErrorNamesTheSizes) {
     EXPECT_NE(msg.find("tried to allocate 300.00 MiB"), std::string::npos) << msg;
     EXPECT_NE(msg.find("800.00 MiB"), std::string::npos) << msg;  // reserved
     EXPECT_NE(msg.find("224.00 MiB"), std::string::npos) << msg;  // device free
+    EXPECT_NE(msg.find("largest free cached block is 0 B"), std::string::npos) << msg;
   }
   EXPECT_EQ(a->stats().ooms, 1u);
   a->deallocate(held, stream(1));
@@ -522,6 +523,41 @@ TEST_F(CachingAllocatorTest, StatisticsTrackPeaksAndCounts) {
   EXPECT_EQ(st.active_blocks.peak, 2);
   EXPECT_EQ(st.active_blocks.current, 0);
   EXPECT_EQ(st.segment_maps, 1u);
+}
+
+TEST_F(CachingAllocatorTest, PoolsAndTheSnapshotShowWhereBytesAre) {
+  auto a = make_allocator();
+  void* small = a->allocate(1000, stream(1));
+  void* large = a->allocate(4 * MiB, stream(2));
+  void* freed = a->allocate(6 * MiB, stream(2));
+  a->deallocate(freed, stream(2));
+  const AllocatorStats st = a->stats();
+  EXPECT_EQ(st.small_pool.allocated_bytes.current, 1024);
+  EXPECT_EQ(st.small_pool.requested_bytes.current, 1000);
+  EXPECT_EQ(st.small_pool.reserved_bytes.current, static_cast<std::int64_t>(2 * MiB));
+  EXPECT_EQ(st.large_pool.allocated_bytes.current, static_cast<std::int64_t>(4 * MiB));
+  EXPECT_EQ(st.large_pool.allocated_bytes.peak, static_cast<std::int64_t>(10 * MiB));
+  EXPECT_EQ(st.large_pool.reserved_bytes.current, static_cast<std::int64_t>(20 * MiB));
+  EXPECT_EQ(st.large_pool.segments.current, 1);
+  const std::vector<SegmentSnapshot> segments = a->snapshot();
+  ASSERT_EQ(segments.size(), 2u);
+  const SegmentSnapshot& s = segments[0].small ? segments[0] : segments[1];
+  const SegmentSnapshot& l = segments[0].small ? segments[1] : segments[0];
+  EXPECT_EQ(s.stream, stream(1));
+  ASSERT_EQ(s.blocks.size(), 2u);  // ours, then the rest of the segment, free
+  EXPECT_EQ(s.blocks[0].address, reinterpret_cast<std::uintptr_t>(small));
+  EXPECT_TRUE(s.blocks[0].allocated);
+  EXPECT_EQ(s.blocks[0].requested, 1000u);
+  EXPECT_FALSE(s.blocks[1].allocated);
+  EXPECT_EQ(l.stream, stream(2));
+  ASSERT_EQ(l.blocks.size(), 2u);  // the 4 MiB block, then 16 MiB free (the freed 6 MiB merged back)
+  EXPECT_EQ(l.blocks[0].address, reinterpret_cast<std::uintptr_t>(large));
+  EXPECT_EQ(l.blocks[1].size, 16 * MiB);
+  EXPECT_EQ(a->largest_free_block(), 16 * MiB);
+  a->reset_peak_stats();
+  EXPECT_EQ(a->stats().large_pool.allocated_bytes.peak, static_cast<std::int64_t>(4 * MiB));
+  a->deallocate(small, stream(1));
+  a->deallocate(large, stream(2));
 }
 
 TEST_F(CachingAllocatorTest, ThreadSafeUnderConcurrentUse) {

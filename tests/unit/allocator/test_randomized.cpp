@@ -2,6 +2,7 @@
 
 #include <symmpool/error.hpp>
 
+#include <array>
 #include <cstring>
 #include <map>
 #include <ostream>
@@ -273,6 +274,44 @@ class PropertyRun {
     ASSERT_EQ(st.requested_bytes.current, static_cast<std::int64_t>(requested_)) << *this;
     ASSERT_LE(st.allocated_bytes.current, st.reserved_bytes.current) << *this;
     ASSERT_EQ(st.allocations - st.frees, live_.size()) << *this;
+    check_pools_and_snapshot(st);
+  }
+
+  // The pools add up to the totals (no internal segments here), and the
+  // snapshot's segments and blocks add up to both.
+  void check_pools_and_snapshot(const AllocatorStats& st) {
+    const PoolStats &small = st.small_pool, &large = st.large_pool;
+    ASSERT_EQ(small.allocated_bytes.current + large.allocated_bytes.current, st.allocated_bytes.current)
+        << *this;
+    ASSERT_EQ(small.requested_bytes.current + large.requested_bytes.current, st.requested_bytes.current)
+        << *this;
+    ASSERT_EQ(small.active_blocks.current + large.active_blocks.current, st.active_blocks.current) << *this;
+    ASSERT_EQ(small.reserved_bytes.current + large.reserved_bytes.current, st.reserved_bytes.current)
+        << *this;
+    ASSERT_EQ(small.segments.current + large.segments.current, st.segments.current) << *this;
+    std::array<std::int64_t, 2> reserved{}, allocated{}, blocks{};  // [small, large]
+    for (const SegmentSnapshot& segment : a_.snapshot()) {
+      std::uintptr_t next = segment.address;
+      for (const BlockSnapshot& b : segment.blocks) {
+        ASSERT_EQ(b.address, next) << "blocks must tile their segment " << *this;
+        next += b.size;
+        if (b.allocated) {
+          allocated[segment.small ? 0 : 1] += static_cast<std::int64_t>(b.size);
+          ++blocks[segment.small ? 0 : 1];
+          ASSERT_TRUE(live_.count(b.address)) << "a live block the model does not know " << *this;
+        }
+      }
+      ASSERT_EQ(next, segment.address + segment.size) << *this;
+      reserved[segment.small ? 0 : 1] += static_cast<std::int64_t>(segment.size);
+    }
+    ASSERT_EQ(reserved,
+              (std::array<std::int64_t, 2>{small.reserved_bytes.current, large.reserved_bytes.current}))
+        << *this;
+    ASSERT_EQ(allocated,
+              (std::array<std::int64_t, 2>{small.allocated_bytes.current, large.allocated_bytes.current}))
+        << *this;
+    ASSERT_EQ(blocks, (std::array<std::int64_t, 2>{small.active_blocks.current, large.active_blocks.current}))
+        << *this;
   }
 
   CachingAllocator& a_;
