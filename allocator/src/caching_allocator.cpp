@@ -652,6 +652,11 @@ void CachingAllocator::reset_peak_stats() {
   stats_.reset_peaks();
 }
 
+void CachingAllocator::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.reset_accumulated();
+}
+
 void CachingAllocator::add_observer(SegmentObserver* observer, bool replay_existing) {
   std::lock_guard<std::mutex> lock(mutex_);
   arena_->add_observer(observer, replay_existing);

@@ -2,6 +2,7 @@
 // Counters of one caching allocator, in the spirit of torch.cuda.memory_stats.
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 
@@ -10,11 +11,15 @@ namespace symmpool {
 struct Stat {
   std::int64_t current = 0;
   std::int64_t peak = 0;
+  std::int64_t increased = 0;  // sum of the increases since the last reset_accumulated (torch's "allocated")
+  std::int64_t decreased = 0;  // and of the decreases (torch's "freed")
   void add(std::int64_t n) {
     current += n;
     peak = std::max(peak, current);
+    (n >= 0 ? increased : decreased) += n >= 0 ? n : -n;
   }
   void reset_peak() { peak = current; }
+  void reset_accumulated() { increased = decreased = 0; }
 };
 
 // What one pool holds (PyTorch's small_pool and large_pool).
@@ -25,9 +30,14 @@ struct PoolStats {
   Stat active_blocks;
   Stat segments;
 
+  std::array<Stat*, 5> stats() {
+    return {&allocated_bytes, &requested_bytes, &reserved_bytes, &active_blocks, &segments};
+  }
   void reset_peaks() {
-    for (Stat* s : {&allocated_bytes, &requested_bytes, &reserved_bytes, &active_blocks, &segments})
-      s->reset_peak();
+    for (Stat* s : stats()) s->reset_peak();
+  }
+  void reset_accumulated() {
+    for (Stat* s : stats()) s->reset_accumulated();
   }
 };
 
@@ -72,6 +82,16 @@ struct AllocatorStats {
       s->reset_peak();
     small_pool.reset_peaks();
     large_pool.reset_peaks();
+  }
+  // Zeroes what accumulates (the stats' increases and decreases, the
+  // counters), as torch.cuda.reset_accumulated_memory_stats does.
+  void reset_accumulated() {
+    for (Stat* s : {&allocated_bytes, &requested_bytes, &reserved_bytes, &active_blocks, &segments})
+      s->reset_accumulated();
+    small_pool.reset_accumulated();
+    large_pool.reset_accumulated();
+    allocations = frees = cache_hits = cache_misses = segment_maps = segment_unmaps = 0;
+    outgrown_segment_releases = segment_stream_moves = oom_retries = ooms = 0;
   }
 };
 

@@ -104,6 +104,7 @@ class CachingAllocator {
 
   AllocatorStats stats() const;
   void reset_peak_stats();
+  void reset_accumulated_stats();  // AllocatorStats::reset_accumulated
 
   // Registration hooks: see SegmentArena::add_observer / remove_observer.
   void add_observer(SegmentObserver* observer, bool replay_existing);

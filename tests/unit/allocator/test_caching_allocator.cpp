@@ -523,6 +523,16 @@ TEST_F(CachingAllocatorTest, StatisticsTrackPeaksAndCounts) {
   EXPECT_EQ(st.active_blocks.peak, 2);
   EXPECT_EQ(st.active_blocks.current, 0);
   EXPECT_EQ(st.segment_maps, 1u);
+  EXPECT_EQ(st.allocated_bytes.increased, static_cast<std::int64_t>(10 * MiB));
+  EXPECT_EQ(st.allocated_bytes.decreased, static_cast<std::int64_t>(10 * MiB));
+  EXPECT_EQ(st.large_pool.active_blocks.increased, 2);
+  a->reset_accumulated_stats();
+  st = a->stats();
+  EXPECT_EQ(st.allocations, 0u);
+  EXPECT_EQ(st.segment_maps, 0u);
+  EXPECT_EQ(st.allocated_bytes.increased, 0);
+  EXPECT_EQ(st.large_pool.active_blocks.decreased, 0);
+  EXPECT_EQ(st.reserved_bytes.current, static_cast<std::int64_t>(20 * MiB));  // what is held stays
 }
 
 TEST_F(CachingAllocatorTest, PoolsAndTheSnapshotShowWhereBytesAre) {
