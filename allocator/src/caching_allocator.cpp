@@ -238,6 +238,14 @@ void CachingAllocator::deallocate(void* ptr, std::size_t bytes, CUstream stream)
   release(block, stream);
 }
 
+void CachingAllocator::deallocate_in_stream_order(void* ptr) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  RelaxedCapture relaxed(drv_);
+  Block* block = take_active(ptr);
+  release(block, block->stream);
+}
+
 CachingAllocator::Block* CachingAllocator::take_active(void* ptr) {
   auto it = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == active_.end()) throw_unknown_pointer(ptr, "free");

@@ -7,6 +7,7 @@
 #include "fused_pipelines.hpp"
 #include "group_symmetry.hpp"
 #include "peer_memory.hpp"
+#include "process_allocator.hpp"
 #include "symm_backend.hpp"
 #include "symmetric_tensor.hpp"
 #include "torch_errors.hpp"
@@ -237,6 +238,7 @@ PYBIND11_MODULE(_C, m) {
         "layers for the same cost a large share of a fused call's host time: symmpool/_library.py).");
   symmpool::torch_ext::define_peer_memory(m);
   symmpool::torch_ext::define_fused_pipelines(m);
+  symmpool::torch_ext::define_process_allocator(m);
   symmpool::torch_ext::define_fused_ops(m);
   symmpool::torch_ext::define_functional_ops(m);
   m.def(

@@ -82,6 +82,10 @@ class CachingAllocator {
   // As above, checking that `bytes` is what was asked for.
   void deallocate(void* ptr, std::size_t bytes, CUstream stream);
 
+  // Frees `ptr` in the order of the stream it was allocated on (PyTorch's
+  // caching allocator frees the same way; record_stream names the others).
+  void deallocate_in_stream_order(void* ptr);
+
   // `ptr` is used on `stream` too: its block is reused only after that work.
   void record_stream(void* ptr, CUstream stream);
 

@@ -14,7 +14,7 @@ from . import fused_ops  # registers torch.ops.symmpool.fused_* and pipelined_*
 from . import ops  # registers torch.ops.symmpool.*
 from ._backend import BACKEND_NAME, register_backend
 from ._fsdp import allocate_fsdp_comm_buffers_from_symm
-from ._pool import empty_cache, library_path, mem_pool, memory_stats, owns, reset_peak_memory_stats
+from ._pool import empty_cache, install, library_path, mem_pool, memory_stats, owns, reset_peak_memory_stats
 from .fused_ops import reserve_workspace
 from .peer_memory import (barrier, is_available, peer_memory_counts, peer_tensor, release_group, rendezvous,
                           reset_peer_memory_counts, signal, wait)
@@ -27,6 +27,7 @@ __all__ = [
     "barrier",
     "empty_cache",
     "fsdp",
+    "install",
     "is_available",
     "library_path",
     "mem_pool",

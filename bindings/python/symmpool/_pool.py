@@ -23,6 +23,24 @@ def _pluggable_allocator() -> torch.cuda.memory.CUDAPluggableAllocator:
     )
 
 
+def install() -> bool:
+    """Makes symmpool the CUDA allocator of this process: every CUDA tensor,
+    compute and communication alike, comes from symmpool's per-device cache,
+    and ``torch.cuda.memory_stats``, ``memory_allocated``/``memory_reserved``
+    and their peaks, ``memory_summary``, ``memory_snapshot``, ``empty_cache``,
+    ``Tensor.record_stream`` and out-of-memory errors
+    (``torch.OutOfMemoryError``) speak for it.
+
+    Call it before the process's first CUDA allocation (RuntimeError after,
+    and on a machine with no GPU). Returns False when symmpool already is
+    the allocator. Not supported yet, each raising an error that names it:
+    private pools (CUDA graph capture, ``torch.cuda.MemPool``,
+    ``torch.compile(mode="reduce-overhead")``), CUDA IPC, allocation history,
+    peer access between devices of one process, memory fractions below 1.
+    """
+    return _C._install_process_allocator()
+
+
 def mem_pool() -> torch.cuda.MemPool:
     """A new ``torch.cuda.MemPool`` whose segments come from symmpool.
 

@@ -1,0 +1,336 @@
+#include "process_allocator.hpp"
+
+#include <symmpool/device_allocators.hpp>
+#include <symmpool/error.hpp>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace symmpool::torch_ext {
+
+namespace {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::StatType;
+
+CUstream driver_stream(cudaStream_t stream) { return reinterpret_cast<CUstream>(stream); }
+
+[[noreturn]] void unsupported(const std::string& what, const std::string& why) {
+  TORCH_CHECK(false, "symmpool's process allocator (symmpool.install()) does not support ", what, ": ", why);
+}
+
+void check_default_pool(c10::MempoolId_t id, const char* what) {
+  if (id.first != 0 || id.second != 0)
+    unsupported(std::string(what) + " of a private pool (CUDA graphs, torch.cuda.MemPool)",
+                "symmpool keeps one pool a device");
+}
+
+void copy_stat(c10::CachingAllocator::Stat& to, const Stat& from) {
+  to.current = from.current;
+  to.peak = from.peak;
+  to.allocated = from.increased;
+  to.freed = from.decreased;
+}
+
+void copy_stats(c10::CachingAllocator::StatArray& to, const Stat& all, const Stat& small, const Stat& large) {
+  copy_stat(to[static_cast<std::size_t>(StatType::AGGREGATE)], all);
+  copy_stat(to[static_cast<std::size_t>(StatType::SMALL_POOL)], small);
+  copy_stat(to[static_cast<std::size_t>(StatType::LARGE_POOL)], large);
+}
+
+// The counts of blocks that are neither live nor reusable yet (freed, their
+// streams' work pending) and of free blocks inside split segments, per pool
+// ([aggregate, small, large]), from a snapshot: current values only.
+struct SnapshotCounts {
+  std::int64_t pending[3] = {}, pending_bytes[3] = {}, split_free[3] = {}, split_free_bytes[3] = {};
+};
+
+SnapshotCounts count_snapshot(const std::vector<SegmentSnapshot>& segments) {
+  SnapshotCounts c;
+  for (const SegmentSnapshot& s : segments) {
+    const int pool = s.small ? 1 : 2;
+    for (const BlockSnapshot& b : s.blocks) {
+      const auto size = static_cast<std::int64_t>(b.size);
+      for (int i : {0, pool}) {
+        if (b.pending) ++c.pending[i], c.pending_bytes[i] += size;
+        if (!b.allocated && !b.pending && s.blocks.size() > 1)
+          ++c.split_free[i], c.split_free_bytes[i] += size;
+      }
+    }
+  }
+  return c;
+}
+
+// A current value with no history: its peak is its current value.
+void set_current(c10::CachingAllocator::StatArray& to, const std::int64_t (&values)[3]) {
+  for (std::size_t i = 0; i < 3; ++i) to[i].current = to[i].peak = values[i];
+}
+
+class ProcessAllocator final : public cca::CUDAAllocator {
+ public:
+  c10::DataPtr allocate(std::size_t bytes) override {
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    void* ptr = allocate_on(bytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+    return {ptr, ptr, &free_block, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_block; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+  }
+
+  void* raw_alloc(std::size_t bytes) override {
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    return allocate_on(bytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+  void* raw_alloc_with_stream(std::size_t bytes, cudaStream_t stream) override {
+    return allocate_on(bytes, c10::cuda::current_device(), stream);
+  }
+  void raw_delete(void* ptr) override { free_block(ptr); }
+
+  void init(int /*device_count*/) override {}
+  bool initialized() override { return true; }
+  double getMemoryFraction(c10::DeviceIndex /*device*/) override { return 1.0; }  // no cap
+  void setMemoryFraction(double fraction, c10::DeviceIndex /*device*/) override {
+    if (fraction < 1.0) unsupported("a memory fraction", "it caps nothing but the device's own memory");
+  }
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex /*device*/) override {
+    return {};  // its segments are cuMem mappings of a fixed size each
+  }
+  void enable(bool value) override {
+    if (!value) unsupported("being disabled", "it is the process's only CUDA allocator");
+  }
+  bool isEnabled() const override { return true; }
+
+  void emptyCache(c10::MempoolId_t id) override {
+    check_default_pool(id, "emptying the cache");
+    for (int device = 0; device < c10::cuda::device_count(); ++device)
+      if (CachingAllocator* a = existing_device_allocator(device)) a->empty_cache();
+  }
+  void cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) override {
+    CachingAllocator* a = existing_device_allocator(device);
+    *largest_block = a ? a->largest_free_block() : 0;
+  }
+  void* getBaseAllocation(void* ptr, std::size_t* size) override {
+    for (int device = 0; device < c10::cuda::device_count(); ++device)
+      if (CachingAllocator* a = existing_device_allocator(device); a && a->owns(ptr))
+        for (const SegmentSnapshot& s : a->snapshot())
+          if (reinterpret_cast<std::uintptr_t>(ptr) >= s.address &&
+              reinterpret_cast<std::uintptr_t>(ptr) < s.address + s.size) {
+            *size = s.size;
+            return reinterpret_cast<void*>(s.address);
+          }
+    TORCH_CHECK(false, "symmpool: ", ptr, " lies in no segment of a symmpool pool");
+  }
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    if (!ptr.get() || ptr.get_deleter() != &free_block) return;  // not ours (a view of foreign memory)
+    device_allocator(ptr.device().index()).record_stream(ptr.get(), driver_stream(stream.stream()));
+  }
+
+  DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    DeviceStats out;
+    out.max_split_size =
+        static_cast<std::int64_t>(std::numeric_limits<std::size_t>::max());  // none, as torch
+    CachingAllocator* a = existing_device_allocator(device);
+    if (a == nullptr) return out;
+    const AllocatorStats s = a->stats();
+    const PoolStats &small = s.small_pool, &large = s.large_pool;
+    copy_stats(out.allocation, s.active_blocks, small.active_blocks, large.active_blocks);
+    copy_stats(out.segment, s.segments, small.segments, large.segments);
+    copy_stats(out.allocated_bytes, s.allocated_bytes, small.allocated_bytes, large.allocated_bytes);
+    copy_stats(out.reserved_bytes, s.reserved_bytes, small.reserved_bytes, large.reserved_bytes);
+    copy_stats(out.requested_bytes, s.requested_bytes, small.requested_bytes, large.requested_bytes);
+    // torch's "active" holds freed blocks whose streams' work is pending too,
+    // and "inactive_split" free blocks of split segments: symmpool keeps no
+    // history of either, so they are their current values, and "active" is
+    // the live blocks' figures plus the pending blocks now.
+    const SnapshotCounts c = count_snapshot(a->snapshot());
+    copy_stats(out.active, s.active_blocks, small.active_blocks, large.active_blocks);
+    copy_stats(out.active_bytes, s.allocated_bytes, small.allocated_bytes, large.allocated_bytes);
+    for (std::size_t i = 0; i < 3; ++i) {
+      out.active[i].current += c.pending[i];
+      out.active[i].peak = std::max(out.active[i].peak, out.active[i].current);
+      out.active_bytes[i].current += c.pending_bytes[i];
+      out.active_bytes[i].peak = std::max(out.active_bytes[i].peak, out.active_bytes[i].current);
+    }
+    set_current(out.inactive_split, c.split_free);
+    set_current(out.inactive_split_bytes, c.split_free_bytes);
+    out.num_alloc_retries = static_cast<std::int64_t>(s.oom_retries);
+    out.num_ooms = static_cast<std::int64_t>(s.ooms);
+    out.num_device_alloc = static_cast<std::int64_t>(s.segment_maps);
+    out.num_device_free = static_cast<std::int64_t>(s.segment_unmaps);
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    if (CachingAllocator* a = existing_device_allocator(device)) a->reset_accumulated_stats();
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    if (CachingAllocator* a = existing_device_allocator(device)) a->reset_peak_stats();
+  }
+
+  cca::SnapshotInfo snapshot(c10::MempoolId_t id, bool /*include_traces*/) override {
+    check_default_pool(id, "a snapshot");
+    cca::SnapshotInfo info;
+    const int devices = c10::cuda::device_count();
+    info.device_traces.resize(static_cast<std::size_t>(devices));  // no history is recorded
+    for (int device = 0; device < devices; ++device) {
+      CachingAllocator* a = existing_device_allocator(device);
+      if (a == nullptr) continue;
+      for (const SegmentSnapshot& s : a->snapshot()) {
+        c10::CachingDeviceAllocator::SegmentInfo segment;
+        segment.device = static_cast<c10::DeviceIndex>(device);
+        segment.address = s.address;
+        segment.total_size = s.size;
+        segment.stream = s.stream;
+        segment.is_large = !s.small;
+        for (const BlockSnapshot& b : s.blocks) {
+          c10::CachingDeviceAllocator::BlockInfo block;
+          block.size = b.size;
+          block.requested_size = b.requested;
+          block.allocated = b.allocated;
+          block.active = b.allocated || b.pending;
+          segment.requested_size += b.requested;
+          segment.allocated_size += b.allocated ? b.size : 0;
+          segment.active_size += block.active ? b.size : 0;
+          segment.blocks.push_back(block);
+        }
+        info.segments.push_back(std::move(segment));
+      }
+    }
+    return info;
+  }
+
+  void beginAllocateToPool(c10::DeviceIndex, c10::MempoolId_t, std::function<bool(cudaStream_t)>) override {
+    unsupported("private pools (CUDA graph capture, torch.cuda.MemPool)", "symmpool keeps one pool a device");
+  }
+  void endAllocateToPool(c10::DeviceIndex, c10::MempoolId_t) override {
+    unsupported("private pools (CUDA graph capture, torch.cuda.MemPool)", "symmpool keeps one pool a device");
+  }
+  void releasePool(c10::DeviceIndex, c10::MempoolId_t) override {
+    unsupported("private pools (CUDA graph capture, torch.cuda.MemPool)", "symmpool keeps one pool a device");
+  }
+
+  cca::ShareableHandle shareIpcHandle(void* /*ptr*/) override {
+    unsupported("CUDA IPC (sharing CUDA tensors between processes)",
+                "its memory is cuMem mappings, which cudaIpcGetMemHandle refuses");
+  }
+  std::shared_ptr<void> getIpcDevPtr(std::string /*handle*/) override {
+    unsupported("CUDA IPC (sharing CUDA tensors between processes)",
+                "its memory is cuMem mappings, which cudaIpcGetMemHandle refuses");
+  }
+  bool isHistoryEnabled() override { return false; }
+  void recordHistory(bool enabled, cca::CreateContextFn, std::size_t, cca::RecordContext, bool,
+                     const std::vector<std::string>&) override {
+    if (enabled) unsupported("recording allocation history", "not implemented yet");
+  }
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
+    std::lock_guard<std::mutex> lock(observers_mutex_);
+    oom_observers_.push_back(std::move(observer));
+  }
+  void attachAllocatorTraceTracker(cca::AllocatorTraceTracker /*tracker*/) override {
+    unsupported("allocator trace trackers", "not implemented yet");
+  }
+  void enablePeerAccess(c10::DeviceIndex, c10::DeviceIndex) override {
+    unsupported("peer access between devices of one process",
+                "its segments are mapped for their own device only");
+  }
+  cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device, std::size_t count,
+                          cudaStream_t stream, bool /*p2p_enabled*/) override {
+    // Peer copies work without peer access to cuMem mappings.
+    if (dst_device == src_device) return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
+  }
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex, c10::MempoolId_t) override {
+    unsupported("checkpointing pool state (CUDA graph trees)", "symmpool keeps one pool a device");
+  }
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex,
+                                              std::shared_ptr<cca::AllocatorState>) override {
+    unsupported("checkpointing pool state (CUDA graph trees)", "symmpool keeps one pool a device");
+  }
+  std::string name() override { return "symmpool"; }
+
+ private:
+  void* allocate_on(std::size_t bytes, c10::DeviceIndex device, cudaStream_t stream) {
+    if (bytes == 0) return nullptr;
+    try {
+      return device_allocator(device).allocate(bytes, driver_stream(stream));
+    } catch (const out_of_memory& e) {
+      tell_observers(device);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+    }
+  }
+
+  void tell_observers(c10::DeviceIndex device) {
+    std::vector<cca::OutOfMemoryObserver> observers;
+    {
+      std::lock_guard<std::mutex> lock(observers_mutex_);
+      observers = oom_observers_;
+    }
+    if (observers.empty()) return;
+    c10::cuda::CUDAGuard guard(device);
+    std::size_t free = 0, total = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    CachingAllocator* a = existing_device_allocator(device);
+    const auto allocated = a ? static_cast<std::size_t>(a->stats().allocated_bytes.current) : 0;
+    for (auto& observer : observers) observer(device, allocated, total, free);
+  }
+
+  // Frees in the order of the stream the block was allocated on, as torch's
+  // allocator does (record_stream names the other streams).
+  static void free_block(void* ptr) {
+    if (ptr == nullptr) return;
+    for (int device = 0; device < c10::cuda::device_count(); ++device)
+      if (CachingAllocator* a = existing_device_allocator(device); a && a->owns(ptr)) {
+        a->deallocate_in_stream_order(ptr);
+        return;
+      }
+    TORCH_CHECK(false, "symmpool: free of ", ptr, ", which no symmpool pool holds");
+  }
+
+  std::mutex observers_mutex_;
+  std::vector<cca::OutOfMemoryObserver> oom_observers_;
+};
+
+std::shared_ptr<ProcessAllocator>& installed() {
+  static std::shared_ptr<ProcessAllocator> allocator;
+  return allocator;
+}
+
+}  // namespace
+
+void define_process_allocator(pybind11::module& m) {
+  m.def(
+      "_install_process_allocator",
+      [] {
+        if (installed()) return false;
+        TORCH_CHECK(c10::cuda::device_count() > 0, "symmpool.install(): no CUDA device");
+        TORCH_CHECK(!cca::get()->initialized(),
+                    "symmpool.install() must come before the process's first CUDA allocation: torch's "
+                    "CUDA allocator (",
+                    cca::get()->name(),
+                    ") already serves this process, and memory it handed out cannot move");
+        auto allocator = std::make_shared<ProcessAllocator>();
+        torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+        installed() = allocator;
+        return true;
+      },
+      "Makes symmpool the process's CUDA allocator; False if it already is. Raises once torch's own "
+      "allocator has served an allocation.");
+  m.def(
+      "_process_allocator_installed", [] { return static_cast<bool>(installed()); },
+      "Whether symmpool is the process's CUDA allocator.");
+}
+
+}  // namespace symmpool::torch_ext
