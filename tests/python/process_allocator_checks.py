@@ -68,11 +68,11 @@ def memory_api() -> None:
     with torch.cuda.stream(side):
         large.add_(1)
     large.record_stream(side)
-    reserved = torch.cuda.memory_reserved()
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     del small, large
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    assert torch.cuda.memory_allocated() == 0
+    assert torch.cuda.memory_allocated() == allocated - 1024 - 6 * MiB, (torch.cuda.memory_allocated(), allocated)
     assert torch.cuda.memory_reserved() < reserved, (torch.cuda.memory_reserved(), reserved)
     torch.cuda.reset_accumulated_memory_stats()
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == 0
