@@ -54,8 +54,8 @@ def memory_api() -> None:
 
     snapshot = torch.cuda.memory_snapshot()
     spans = [(s["address"], s["address"] + s["total_size"]) for s in snapshot]
-    for t in (small, large):
-        assert any(lo <= t.data_ptr() < hi for lo, hi in spans), f"{t.data_ptr():#x} in no segment: {spans}"
+    for ptr in (small.data_ptr(), large.data_ptr()):
+        assert any(lo <= ptr < hi for lo, hi in spans), f"{ptr:#x} in no segment: {spans}"
     for s in snapshot:
         assert sum(b["size"] for b in s["blocks"]) == s["total_size"], s
         assert s["allocated_size"] == sum(b["size"] for b in s["blocks"] if b["state"] == "active_allocated"), s
