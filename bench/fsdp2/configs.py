@@ -51,7 +51,15 @@ MODES = {
     "symm-nccl": ("symm", "flag", "0"),
     "symm-noflag": ("symm", "default", None),
     "symm-hooks": ("nccl", "hooks", None),
+    # symm-hooks with symmpool as the process's CUDA allocator (symmpool.install()):
+    # compute and communication share one cache.
+    "symm-global": ("nccl", "hooks", None),
+    "stock-expandable": ("nccl", "default", None),
 }
+# Environment a mode's processes get on top of the caller's.
+MODE_ENV = {"stock-expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
+# Modes whose processes call symmpool.install() before their first CUDA allocation.
+INSTALLS_SYMMPOOL = {"symm-global"}
 
 _CONFIG_RE = re.compile(r"^(?P<preset>[0-9a-z.]+)-b(?P<batch>[0-9]+)s(?P<seq>[0-9]+)$")
 

@@ -37,7 +37,7 @@ sys.path.append(BENCH)
 
 import aggregate  # noqa: E402
 import provenance  # noqa: E402  (bench/)
-from configs import ISSUE_CONFIGS, MODES, config_name, parse_config, parse_modes  # noqa: E402
+from configs import ISSUE_CONFIGS, MODE_ENV, MODES, config_name, parse_config, parse_modes  # noqa: E402
 
 # NVLink multicast must stay off on the shared GPU hosts (scripts/env.sh):
 # set in every child whatever the caller's environment says.
@@ -170,6 +170,8 @@ def child_env(mode: str, deterministic: bool = False, keep_malloc_buffers: bool 
     env.pop("SYMMPOOL_COLLECTIVES", None)
     if MODES[mode][2] is not None:
         env["SYMMPOOL_COLLECTIVES"] = MODES[mode][2]
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # each mode's allocator is its own
+    env.update(MODE_ENV.get(mode, {}))
     env.update(MULTICAST_OFF)
     env["PYTHONUNBUFFERED"] = "1"
     return env

@@ -27,7 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: E402
 
-from configs import MODES, PRESETS, config_name, model_fields, parse_config  # noqa: E402
+from configs import INSTALLS_SYMMPOOL, MODES, PRESETS, config_name, model_fields, parse_config  # noqa: E402
 import host_meter  # noqa: E402
 import llama  # noqa: E402
 
@@ -136,6 +136,10 @@ def symmpool_stats(device) -> dict | None:
 
 def run(args) -> dict:
     """This rank's measurements."""
+    if args.mode in INSTALLS_SYMMPOOL:
+        if symmpool is None or args.device != "cuda":
+            raise SystemExit(f"mode {args.mode} needs symmpool and CUDA: {SYMMPOOL_IMPORT_ERROR or args.device}")
+        symmpool.install()  # before CUDA's first allocation (set_device initialises torch's allocator)
     if args.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
@@ -309,6 +313,8 @@ def check_mode(args, result: dict) -> list[str]:
         problems.append("the flag is on but symmpool made no allocation")
     if buffers == "hooks" and not stats.get("allocations"):
         problems.append("symmpool's FSDP2 hooks are on but symmpool made no allocation")
+    if args.mode in INSTALLS_SYMMPOOL and not symmpool._C._process_allocator_installed():
+        problems.append("symmpool is not the process's CUDA allocator")
     if collectives == "always" and not stats.get("symm_collectives"):
         problems.append("SYMMPOOL_COLLECTIVES=always but no collective ran on symmpool")
     if collectives == "0" and stats.get("symm_collectives"):

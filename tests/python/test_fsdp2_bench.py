@@ -139,6 +139,13 @@ def test_child_environment_sets_the_mode_and_keeps_multicast_off(monkeypatch):
     assert run.child_env("symm")["GLIBC_TUNABLES"] == "glibc.malloc.mmap_threshold=65536"
 
 
+def test_each_mode_gets_its_own_allocator(monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # the caller's is dropped
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in run.child_env("stock")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in run.child_env("symm-global")
+    assert run.child_env("stock-expandable")["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
 def test_percentile_interpolates_like_numpy():
     values = list(range(1, 11))
     assert aggregate.percentile(values, 10) == pytest.approx(1.9)
