@@ -1,5 +1,6 @@
 #pragma once
-// Launchers of the collectives' device code (kernels.cu). Kernels given an
+// Launchers of the collectives' device code (barrier_kernels.cu,
+// reduce_kernel.cu, gather_kernel.cu, low_latency_kernel.cu). Kernels given an
 // enabled BlockSync meet their peers block by block at their start (inputs
 // ready everywhere) and at their end (nobody reads or writes a peer any
 // more); otherwise the caller brackets them with launch_barrier.

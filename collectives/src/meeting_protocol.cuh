@@ -1,14 +1,15 @@
+#pragma once
+// The device side of a meeting between ranks: signals and waits on the
+// peers' signal pads, the call check of a call's first meeting, giving up
+// on a peer, and the start and end meetings of block-synchronised kernels
+// (BlockMeeting). Included by the kernels that meet their peers.
+
 #include "device_common.cuh"
 #include "kernels.hpp"
 
-#include <algorithm>
-#include <type_traits>
+#include <cstdint>
 
 namespace symmpool::detail {
-
-namespace {
-
-constexpr int kThreads = 512;
 
 // Memory orders follow PyTorch's symmetric-memory kernels: a signal is a
 // release only where this kernel wrote data a peer reads after it, and a
@@ -200,35 +201,6 @@ __device__ __forceinline__ bool start_meeting(const PeerSignals& s, int world, s
   return false;
 }
 
-// Between copies or kernels of one collective: what came before on every
-// rank is visible to what comes after on every rank. At a call's first
-// meeting (signals.call) it also checks that every rank is at the same call
-// with the same buffers. Where it fails, the kernels after it see the
-// failed word and leave peers alone; copies after it run all the same, on a
-// communicator that has failed.
-__global__ void barrier_kernel(PeerSignals signals, int world, std::uint32_t* epoch_counter) {
-  const std::uint32_t epoch = *epoch_counter + 1;
-  const bool failed_before = has_failed(signals.failure);  // read beside the counter, not after it
-  __syncwarp();  // every lane read the counter before lane 0 moves it on
-  signal_and_wait(signals, world, kKernelBarrierRow, epoch, cuda::std::memory_order_release,
-                  cuda::std::memory_order_acquire, signals.call, failed_before);
-  if (threadIdx.x == 0) *epoch_counter = epoch;
-}
-
-__global__ void signal_kernel(PeerSignals signals, int peer, std::uint32_t* sent) {
-  const std::uint32_t count = sent[peer] + 1;
-  sent[peer] = count;
-  signal(pick(signals.peers.peer, peer) + kSignalRow * kMaxRanks + signals.rank, count,
-         cuda::std::memory_order_release);
-}
-
-__global__ void wait_kernel(PeerSignals signals, int peer, std::uint32_t* received) {
-  const std::uint32_t count = received[peer] + 1;
-  wait_for(signals.my_pads + kSignalRow * kMaxRanks + peer, count, cuda::std::memory_order_acquire, peer,
-           signals.failure);
-  received[peer] = count;
-}
-
 // Start and end meetings of a block-synchronised kernel: each block uses
 // its own start words, pad row and epoch, so blocks never wait for each
 // other. Only threads below `world` take part; each keeps the block's epoch
@@ -274,223 +246,5 @@ struct BlockMeeting {
     }
   }
 };
-
-// The reduce kernel's scalars. Its pointer arrays and BlockSync stay
-// parameters of their own: with all of ReduceLaunch as one parameter, the
-// kernel reached them through the parameter's address and compiled to other
-// machine code (sm_90, nvdisasm); this way it is the same as with one
-// parameter per field.
-struct ReduceScalars {
-  std::size_t src_offset;
-  std::size_t dst_offset;
-  std::size_t count;
-  int n_outs;
-  int world;
-  float scale;
-};
-
-// Loads a thread keeps in flight in the reduce kernel's main loop: at
-// kRanksCap ranks it takes kLoadsInFlight / kRanksCap vectors at a time.
-// Peer loads are latency-bound: with one vector per thread, 64 blocks keep
-// 512 KiB of peer reads in flight, too little to hide NVLink's latency; a
-// large reduce-scatter ran well below the bare peer copy (docs/results.md,
-// bench/results/peers_h200x2_2026-11-26_unrolled-reduce.json).
-constexpr int kLoadsInFlight = 8;
-
-template <int kRanksCap>
-constexpr int kVectorsPerThread = kRanksCap >= kLoadsInFlight ? 1 : kLoadsInFlight / kRanksCap;
-
-// Sums one 16-byte vector of every rank in fp32 and scales it.
-template <typename T, int kRanksCap>
-__device__ __forceinline__ uint4 reduce_vector(const uint4 (&raw)[kRanksCap], int world, float scale) {
-  constexpr int V = 16 / sizeof(T);
-  float acc[V] = {};
-#pragma unroll
-  for (int p = 0; p < kRanksCap; ++p) {
-    if (p < world) {
-      const T* e = reinterpret_cast<const T*>(&raw[p]);
-#pragma unroll
-      for (int j = 0; j < V; ++j) acc[j] += to_float(e[j]);
-    }
-  }
-  uint4 packed;
-  T* sums = reinterpret_cast<T*>(&packed);
-#pragma unroll
-  for (int j = 0; j < V; ++j) sums[j] = from_float<T>(acc[j] * scale);
-  return packed;
-}
-
-// kRanksCap >= world: the smallest of 2, 4, kMaxRanks (reduce_as picks it).
-template <typename T, int kRanksCap>
-__global__ void __launch_bounds__(kThreads)
-    reduce_kernel(BlockSync sync, PeerPointers in, OutPointers out, ReduceScalars r, bool vectorized) {
-  BlockMeeting meeting{sync, r.world};
-  if (!meeting.start()) return;
-  constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
-  constexpr int U = kVectorsPerThread<kRanksCap>;
-  // A grid-stride loop taking U strides at a time: each load instruction
-  // stays coalesced across the warp, and a grid that covers the message
-  // (small calls) gives each thread one vector, as a plain loop would.
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::size_t vectors = vectorized ? r.count / V : 0;
-  for (std::size_t base = first; base < vectors; base += stride * U) {
-    uint4 raw[U][kRanksCap];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {  // every load in flight before the first add
-      const std::size_t v = base + u * stride;
-#pragma unroll
-      for (int p = 0; p < kRanksCap; ++p)
-        if (p < r.world && v < vectors)
-          raw[u][p] =
-              __ldcg(reinterpret_cast<const uint4*>(static_cast<const T*>(in.ptr[p]) + r.src_offset) + v);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const std::size_t v = base + u * stride;
-      if (v >= vectors) break;
-      const uint4 packed = reduce_vector<T, kRanksCap>(raw[u], r.world, r.scale);
-#pragma unroll
-      for (int o = 0; o < kRanksCap; ++o)
-        if (o < r.n_outs) reinterpret_cast<uint4*>(static_cast<T*>(out.ptr[o]) + r.dst_offset)[v] = packed;
-    }
-  }
-  for (std::size_t i = vectors * V + first; i < r.count; i += stride) {
-    float acc = 0.f;
-#pragma unroll
-    for (int p = 0; p < kRanksCap; ++p)
-      if (p < r.world) acc += to_float(__ldcg(static_cast<const T*>(in.ptr[p]) + r.src_offset + i));
-    const T value = from_float<T>(acc * r.scale);
-#pragma unroll
-    for (int o = 0; o < kRanksCap; ++o)
-      if (o < r.n_outs) static_cast<T*>(out.ptr[o])[r.dst_offset + i] = value;
-  }
-  meeting.end();
-}
-
-// As the reduce kernel: kLoadsInFlight loads a thread, a grid-stride loop
-// taking U strides at a time (kRanksCap >= world, picked by the launcher).
-template <int kRanksCap>
-__global__ void __launch_bounds__(kThreads)
-    gather_copy_kernel(BlockSync sync, PeerPointers src, char* dst, std::size_t bytes, int world,
-                       bool vectorized) {
-  BlockMeeting meeting{sync, world};
-  if (!meeting.start()) return;
-  constexpr int U = kVectorsPerThread<kRanksCap>;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::size_t vectors = vectorized ? bytes / 16 : 0;
-  for (std::size_t base = first; base < vectors; base += stride * U) {
-    uint4 raw[U][kRanksCap];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const std::size_t v = base + u * stride;
-#pragma unroll
-      for (int p = 0; p < kRanksCap; ++p)
-        if (p < world && v < vectors) raw[u][p] = __ldcg(static_cast<const uint4*>(src.ptr[p]) + v);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const std::size_t v = base + u * stride;
-      if (v >= vectors) break;
-#pragma unroll
-      for (int p = 0; p < kRanksCap; ++p)
-        if (p < world) reinterpret_cast<uint4*>(dst + p * bytes)[v] = raw[u][p];
-    }
-  }
-  for (std::size_t i = vectors * 16 + first; i < bytes; i += stride) {
-#pragma unroll
-    for (int p = 0; p < kRanksCap; ++p)
-      if (p < world) dst[p * bytes + i] = static_cast<const char*>(src.ptr[p])[i];
-  }
-  meeting.end();
-}
-
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0; }
-
-int grid_for(std::size_t work, std::size_t cap) {
-  const std::size_t blocks = (work + kThreads - 1) / kThreads;
-  return static_cast<int>(std::max<std::size_t>(1, std::min(blocks, cap)));
-}
-
-template <typename T, int kRanksCap>
-cudaError_t reduce_as(const ReduceLaunch& r, cudaStream_t stream) {
-  constexpr int V = 16 / sizeof(T);
-  // Alignment may differ across ranks (reduce-scatter reads at rank * count),
-  // so it picks the loads but never the grid: meeting blocks must match.
-  bool vectorized = true;
-  for (int p = 0; p < r.world; ++p)
-    vectorized = vectorized && aligned16(static_cast<const T*>(r.in.ptr[p]) + r.src_offset);
-  for (int o = 0; o < r.n_outs; ++o)
-    vectorized = vectorized && aligned16(static_cast<T*>(r.out.ptr[o]) + r.dst_offset);
-  // Meeting blocks each have their own row of signal pads.
-  if (r.max_blocks < 1 || (r.sync.enabled && r.max_blocks > kMaxSyncBlocks)) return cudaErrorInvalidValue;
-  const int blocks = grid_for(r.grid_count / V + 1, static_cast<std::size_t>(r.max_blocks));
-  const ReduceScalars scalars{r.src_offset, r.dst_offset, r.count, r.n_outs, r.world, r.scale};
-  reduce_kernel<T, kRanksCap><<<blocks, kThreads, 0, stream>>>(r.sync, r.in, r.out, scalars, vectorized);
-  return cudaGetLastError();
-}
-
-// Calls launch(std::integral_constant<int, cap>) with the smallest of 2, 4,
-// kMaxRanks that is >= ranks: a kernel's per-rank arrays as small as the world
-// allows, so more vectors are in flight per thread in the same registers.
-template <typename Launch>
-cudaError_t with_ranks_cap(int ranks, Launch&& launch) {
-  if (ranks <= 2) return launch(std::integral_constant<int, 2>{});
-  if (ranks <= 4) return launch(std::integral_constant<int, 4>{});
-  return launch(std::integral_constant<int, kMaxRanks>{});
-}
-
-template <typename T>
-cudaError_t reduce_as(const ReduceLaunch& r, cudaStream_t stream) {
-  return with_ranks_cap(std::max(r.world, r.n_outs),
-                        [&](auto cap) { return reduce_as<T, decltype(cap)::value>(r, stream); });
-}
-
-}  // namespace
-
-cudaError_t launch_barrier(const PeerSignals& signals, int world, std::uint32_t* epoch_counter,
-                           cudaStream_t stream) {
-  barrier_kernel<<<1, 32, 0, stream>>>(signals, world, epoch_counter);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_signal(const PeerSignals& signals, int peer, std::uint32_t* sent, cudaStream_t stream) {
-  signal_kernel<<<1, 1, 0, stream>>>(signals, peer, sent);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_wait(const PeerSignals& signals, int peer, std::uint32_t* received, cudaStream_t stream) {
-  wait_kernel<<<1, 1, 0, stream>>>(signals, peer, received);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_reduce(const ReduceLaunch& launch, cudaStream_t stream) {
-  switch (launch.type) {
-    case DataType::kFloat32:
-      return reduce_as<float>(launch, stream);
-    case DataType::kFloat16:
-      return reduce_as<__half>(launch, stream);
-    case DataType::kBFloat16:
-      return reduce_as<__nv_bfloat16>(launch, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
-cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, char* dst, std::size_t bytes,
-                               int world, cudaStream_t stream) {
-  bool vectorized = aligned16(dst) && bytes % 16 == 0;
-  for (int p = 0; p < world; ++p) vectorized = vectorized && aligned16(src.ptr[p]);
-  // 32 blocks at most, as measured (peers_h200x2_2026-11-27_gather-unroll-and-fused-4m.json);
-  // 64, the reductions' meeting grid, is not measured for it.
-  constexpr std::size_t kGatherBlocks = 32;
-  static_assert(kGatherBlocks <= kMaxSyncBlocks, "a block meets its peers on its own row");
-  const int blocks = grid_for(bytes / 16 + 1, kGatherBlocks);  // equal on every rank
-  return with_ranks_cap(world, [&](auto cap) {
-    gather_copy_kernel<decltype(cap)::value>
-        <<<blocks, kThreads, 0, stream>>>(sync, src, dst, bytes, world, vectorized);
-    return cudaGetLastError();
-  });
-}
 
 }  // namespace symmpool::detail
