@@ -1,3 +1,5 @@
+#include "symmetric_heap_internal.hpp"
+
 #include <symmpool/detail/format.hpp>
 #include <symmpool/environment.hpp>
 #include <symmpool/error.hpp>
@@ -17,6 +19,8 @@
 #include <stdexcept>
 
 namespace symmpool {
+
+using detail::split_words;
 
 std::string SymmetricHeap::key(const std::string& what, int r) const {
   return "symmpool/" + group_ + "/" + std::to_string(instance_) + "/" + what + "/" + std::to_string(r);
@@ -106,17 +110,6 @@ std::string pci_address(const DriverApi& drv, int ordinal) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%08x:%02x:%02x.0", domain, bus, device);
   return buf;
-}
-
-std::vector<std::string> split_words(const std::string& text) {
-  std::vector<std::string> words;
-  std::size_t start = 0;
-  while (start < text.size()) {
-    const std::size_t end = std::min(text.find(' ', start), text.size());
-    if (end > start) words.push_back(text.substr(start, end - start));
-    start = end + 1;
-  }
-  return words;
 }
 
 bool is_decimal(const std::string& text, std::size_t max_digits) {
@@ -298,89 +291,6 @@ void SymmetricHeap::mark_published() {
   for (const auto& entry : local_) published_.insert(entry.first);
 }
 
-void SymmetricHeap::map_peer(int peer, const Piece& piece) {
-  // A view that still holds the peer's earlier segment there (see peer_view)
-  // keeps its range mapped: refused before anything is fetched.
-  {
-    std::lock_guard<std::mutex> lock(peers_mutex_);
-    auto& lingering = lingering_[static_cast<std::size_t>(peer)];
-    lingering.erase(
-        std::remove_if(lingering.begin(), lingering.end(), [](const auto& w) { return w.expired(); }),
-        lingering.end());
-    for (const auto& weak : lingering) {
-      const auto held = weak.lock();
-      if (held && piece.offset < held->offset() + held->size() && held->offset() < piece.offset + piece.size)
-        throw logic_error("a view of its earlier segment at offsets [" + std::to_string(held->offset()) +
-                          ", " + std::to_string(held->offset() + held->size()) +
-                          ") is still alive (symmpool.peer_tensor of a buffer since freed): drop such views "
-                          "before the memory is allocated again");
-    }
-  }
-  SYMMPOOL_EXPECTS(
-      !retired_peer_mapping_overlaps(peer_ranges_[static_cast<std::size_t>(peer)].get(), piece.offset,
-                                     piece.size),
-      "its earlier segment there is still mapped: it is unmapped only after a wait for the device, "
-      "never during a CUDA graph capture (or the wait failed)");
-  int fd = fetch_fd(peer_socket_[static_cast<std::size_t>(peer)], peer_pid_[static_cast<std::size_t>(peer)],
-                    peer_secret_[static_cast<std::size_t>(peer)], piece.id, options_.timeout,
-                    IfNobodyListens::kPeerGone);  // its server was up before its hello
-  Piece mapped = piece;
-  CUresult r = drv_.cuMemImportFromShareableHandle(&mapped.handle,
-                                                   reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
-                                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  ::close(fd);
-  if (r != CUDA_SUCCESS)
-    detail::throw_cuda_error(__FILE__, __LINE__, "cuMemImportFromShareableHandle", r, drv_.error_string(r));
-  mapped.mapping = std::make_shared<PeerMapping>(drv_, allocator_.context(), allocator_.device(),
-                                                 peer_ranges_[static_cast<std::size_t>(peer)], piece.offset,
-                                                 piece.size, mapped.handle);
-  std::lock_guard<std::mutex> lock(peers_mutex_);
-  peer_pieces_[static_cast<std::size_t>(peer)][piece.offset] = mapped;
-}
-
-// map_peer, its errors prefixed with the heap, this rank, the peer and the
-// segment (the channel's and the driver's own texts name none of them).
-// Timeouts and driver errors keep their type; the channel's refusals (another
-// process on the socket, an id the peer does not serve) are not bad input
-// from the caller, so they become runtime errors: the communicator fails.
-void SymmetricHeap::map_peer_naming_it(int peer, const Piece& piece) {
-  const auto context = [&] {
-    return "symmetric heap '" + group_ + "' rank " + std::to_string(rank_) + ": mapping rank " +
-           std::to_string(peer) + "'s segment " + std::to_string(piece.id) + " (offset " +
-           std::to_string(piece.offset) + ", " + std::to_string(piece.size) + " bytes): ";
-  };
-  try {
-    map_peer(peer, piece);
-  } catch (const timeout_error& e) {
-    throw timeout_error(context() + e.what());
-  } catch (const cuda_error& e) {
-    throw cuda_error(context() + e.what(), e.code());
-  } catch (const std::exception& e) {  // logic_error and runtime_error from the channel
-    throw std::runtime_error(context() + e.what());
-  }
-}
-
-void SymmetricHeap::unmap_peer(int peer, Piece& piece) noexcept {
-  if (piece.mapping.use_count() > 1) lingering_[static_cast<std::size_t>(peer)].push_back(piece.mapping);
-  piece.mapping.reset();  // unmapped here unless a view still holds it
-}
-
-template <typename F>
-auto SymmetricHeap::collective(const char* what, F&& step) -> decltype(step()) {
-  require_sound();
-  try {
-    return step();
-  } catch (const not_symmetric_error&) {
-    throw;  // a verdict every rank shares, not a failure
-  } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (failure_.empty())
-      failure_ = "symmetric heap '" + group_ + "' rank " + std::to_string(rank_) + " of " +
-                 std::to_string(world_) + " failed in " + what + ": " + e.what();
-    throw;
-  }
-}
-
 void SymmetricHeap::require_sound() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.empty()) throw collective_error(failure_ + " (the heap is unusable since)");
@@ -389,173 +299,6 @@ void SymmetricHeap::require_sound() const {
 std::string SymmetricHeap::failure() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return failure_;
-}
-
-// Lines of "id offset size" from `peer`: each must lie inside the range
-// every rank reserved, in whole granules, with no id twice.
-std::map<std::uint64_t, SymmetricHeap::Piece> SymmetricHeap::parse_segments(
-    int peer, const std::string& listing) const {
-  std::map<std::uint64_t, Piece> listed;
-  const std::size_t range = allocator_.va_reserved_bytes(), granule = allocator_.granularity();
-  std::size_t start = 0;
-  while (start < listing.size()) {
-    const std::size_t end = std::min(listing.find('\n', start), listing.size());
-    const std::string line = listing.substr(start, end - start);
-    start = end + 1;
-    const std::vector<std::string> words = split_words(line);
-    Piece p{};
-    bool ok = words.size() == 3;
-    for (std::size_t i = 0; ok && i < 3; ++i) {
-      const std::string& w = words[i];
-      ok = !w.empty() && w.size() <= 20 && w.find_first_not_of("0123456789") == std::string::npos;
-    }
-    if (ok) {
-      p.id = std::strtoull(words[0].c_str(), nullptr, 10);
-      p.offset = std::strtoull(words[1].c_str(), nullptr, 10);
-      p.size = std::strtoull(words[2].c_str(), nullptr, 10);
-      ok = p.size > 0 && p.size % granule == 0 && p.offset % granule == 0 && p.offset < range &&
-           p.size <= range - p.offset && listed.emplace(p.id, p).second;
-    }
-    if (!ok)
-      throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(peer) +
-                             " published a malformed segment '" + line + "' (range " + std::to_string(range) +
-                             " bytes, granule " + std::to_string(granule) + ")");
-  }
-  return listed;
-}
-
-// This rank's segments as "id offset size" lines; they are served to peers
-// from now on and kept mapped while the heap lives (keeps_mapped).
-// Under the allocator's lock (taken before ours, as its observer calls do):
-// the allocator holds it from finding a segment unpublished to unmapping it,
-// so a segment is never listed to the peers while it is being unmapped.
-std::string SymmetricHeap::list_for_sync(std::uint64_t* generation) {
-  return allocator_.with_lock([&] {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::string mine;
-    for (auto& [id, p] : local_)
-      mine += std::to_string(p.id) + " " + std::to_string(p.offset) + " " + std::to_string(p.size) + "\n";
-    *generation = local_generation_;
-    mark_published();
-    return mine;
-  });
-}
-
-// Maps what each peer listed (listings[r], where listed[r]) and unmaps what
-// it no longer lists; then meets every rank again, and only then counts
-// this rank's listing (`generation`, if it listed) as synced.
-void SymmetricHeap::apply_listings(const std::vector<std::string>& listings, const std::vector<bool>& listed,
-                                   std::uint64_t generation) {
-  // A rank that cannot apply them tells the others in the exchange below
-  // and leaves, so that every rank fails at once, naming it, instead of
-  // waiting for it.
-  std::exception_ptr failure;
-  std::string why;
-  try {
-    ContextGuard guard(drv_, allocator_.context());
-    std::vector<std::map<std::uint64_t, Piece>> pieces(static_cast<std::size_t>(world_));
-    for (int r = 0; r < world_; ++r)
-      if (r != rank_ && listed[static_cast<std::size_t>(r)])
-        pieces[static_cast<std::size_t>(r)] = parse_segments(r, listings[static_cast<std::size_t>(r)]);
-    // Released ones first: their mappings retire (a new segment may reuse
-    // their range), and are unmapped once the device has finished with them.
-    for (int r = 0; r < world_; ++r) {
-      if (r == rank_ || !listed[static_cast<std::size_t>(r)]) continue;
-      const auto& now = pieces[static_cast<std::size_t>(r)];
-      auto& mapped = peer_pieces_[static_cast<std::size_t>(r)];
-      for (auto it = mapped.begin(); it != mapped.end();) {
-        auto listed_now = now.find(it->second.id);
-        if (listed_now != now.end() && listed_now->second.offset == it->second.offset &&
-            listed_now->second.size == it->second.size) {
-          ++it;
-          continue;
-        }
-        std::lock_guard<std::mutex> lock(peers_mutex_);
-        unmap_peer(r, it->second);
-        it = mapped.erase(it);
-      }
-    }
-    release_retired_peer_segments();
-    for (int r = 0; r < world_; ++r) {
-      if (r == rank_ || !listed[static_cast<std::size_t>(r)]) continue;
-      const auto& mapped = peer_pieces_[static_cast<std::size_t>(r)];
-      for (auto& [id, piece] : pieces[static_cast<std::size_t>(r)]) {
-        auto it = mapped.lower_bound(piece.offset);
-        if (it != mapped.end() && it->second.id == id) continue;
-        // Two of one peer's segments may not overlap.
-        const bool clash =
-            (it != mapped.end() && it->first < piece.offset + piece.size) ||
-            (it != mapped.begin() && std::prev(it)->first + std::prev(it)->second.size > piece.offset);
-        if (clash)
-          throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
-                                 " published overlapping segments at offset " + std::to_string(piece.offset));
-        map_peer_naming_it(r, piece);
-      }
-    }
-  } catch (const std::exception& e) {
-    failure = std::current_exception();
-    why = e.what();
-    if (why.empty()) why = "an error without a message";
-    std::replace(why.begin(), why.end(), '\n', ' ');
-  }
-  if (failure) {
-    post("synced", why.substr(0, 1024));
-    std::rethrow_exception(failure);
-  }
-  // Nobody releases what a peer is still importing.
-  const std::vector<std::string> verdicts = exchange("synced", "");
-  for (int r = 0; r < world_; ++r)
-    if (!verdicts[static_cast<std::size_t>(r)].empty())
-      throw std::runtime_error(
-          "symmetric heap '" + group_ + "': rank " + std::to_string(r) +
-          " could not map its peers' segments: " + verdicts[static_cast<std::size_t>(r)]);
-  // Every rank has mapped what every other published: now it counts.
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (listed[static_cast<std::size_t>(rank_)]) synced_generation_ = generation;
-  }
-  tell_symmetric_observer();
-}
-
-std::vector<SymmetricSegment> SymmetricHeap::symmetric_segments() const {
-  // One lock at a time: peer_ptr holds peers_mutex_ while it asks the
-  // allocator, whose observer calls take mutex_ under the allocator's lock.
-  std::vector<Piece> published;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const std::uint64_t id : published_)
-      if (auto it = local_.find(id); it != local_.end()) published.push_back(it->second);
-  }
-  std::vector<SymmetricSegment> segments;
-  std::lock_guard<std::mutex> peers_lock(peers_mutex_);
-  for (const Piece& mine : published) {
-    bool everywhere = true;
-    for (int r = 0; r < world_ && everywhere; ++r) {
-      if (r == rank_) continue;
-      const auto& theirs = peer_pieces_[static_cast<std::size_t>(r)];
-      auto at = theirs.find(mine.offset);
-      everywhere = at != theirs.end() && at->second.size == mine.size;
-    }
-    if (everywhere)
-      segments.push_back(
-          {reinterpret_cast<void*>(allocator_.va_base() + mine.offset), mine.offset, mine.size});
-  }
-  std::sort(segments.begin(), segments.end(),
-            [](const SymmetricSegment& a, const SymmetricSegment& b) { return a.offset < b.offset; });
-  return segments;
-}
-
-void SymmetricHeap::tell_symmetric_observer() {
-  if (!symmetric_observer_) return;
-  std::vector<SymmetricSegment> now = symmetric_segments();
-  if (now == told_) return;  // the same list on every rank, and what each last heard
-  // Every rank tells its observer now, or none does: inside a graph capture
-  // (device waits forbidden) NCCL's registration would end the capture.
-  const bool ready = !device_waits_forbidden_.load();
-  const std::vector<std::string> all = exchange("symmetric segments", ready ? "ready" : "deferred");
-  if (std::find(all.begin(), all.end(), "deferred") != all.end()) return;
-  symmetric_observer_->on_symmetric_segments(now);
-  told_ = std::move(now);
 }
 
 void SymmetricHeap::set_symmetric_observer(SymmetricSegmentObserver* observer) {
@@ -569,24 +312,6 @@ std::vector<std::string> SymmetricHeap::exchange_among_ranks(const std::string& 
   SYMMPOOL_EXPECTS(what.find('\n') == std::string::npos,
                    "symmetric heap '" + group_ + "': an exchange's label must be one line");
   return collective("exchange_among_ranks", [&] { return exchange(what, mine); });
-}
-
-// Our kernels and copies queued before now may still read or write a peer
-// segment whose mapping retired (its owner released it, or a view of it
-// went): the device finishes first. Not inside a graph capture, where a
-// wait would invalidate it, nor where the wait fails: those stay mapped
-// until a later sync (a new segment over them is refused, naming why).
-void SymmetricHeap::release_retired_peer_segments() {
-  if (device_waits_forbidden_.load() || retired_peer_mappings(allocator_.context()) == 0) return;
-  const std::uint64_t retired_before = retired_peer_mapping_sequence();
-  if (CUresult r = drv_.cuCtxSynchronize(); r != CUDA_SUCCESS) {
-    SYMMPOOL_WARN(kHeap,
-                  "heap '%s' rank %d keeps released peer segments mapped for now: waiting for the device "
-                  "failed: %s",
-                  group_.c_str(), rank_, drv_.error_string(r));
-    return;
-  }
-  release_retired_peer_mappings(drv_, allocator_.context(), retired_before);
 }
 
 SymmetricHeap::DeviceWaitsForbidden::DeviceWaitsForbidden(SymmetricHeap& heap, bool forbid)
@@ -662,128 +387,6 @@ std::size_t SymmetricHeap::offset_of(const void* local) const {
       address >= base && address < base + allocator_.va_reserved_bytes() && allocator_.owns(local),
       detail::format_pointer(local) + " is not in the symmetric heap of rank " + std::to_string(rank_));
   return address - base;
-}
-
-bool SymmetricHeap::contains(const void* local) const { return allocator_.owns(local); }
-
-// Under peers_mutex_.
-const SymmetricHeap::Piece& SymmetricHeap::peer_piece(const void* local, int peer, std::size_t bytes) const {
-  const std::size_t offset = offset_of(local);
-  const auto& mapped = peer_pieces_[static_cast<std::size_t>(peer)];
-  auto it = mapped.upper_bound(offset);
-  const std::size_t end = offset + std::max<std::size_t>(bytes, 1);
-  SYMMPOOL_EXPECTS(it != mapped.begin() && std::prev(it)->second.offset + std::prev(it)->second.size >= end,
-                   "rank " + std::to_string(peer) + " has no segment holding offsets [" +
-                       std::to_string(offset) + ", " + std::to_string(end) + ") mapped on rank " +
-                       std::to_string(rank_) + " (call sync() after allocating, on every rank)");
-  return std::prev(it)->second;
-}
-
-void* SymmetricHeap::peer_ptr(const void* local, int peer, std::size_t bytes) const {
-  require_sound();
-  SYMMPOOL_EXPECTS(peer >= 0 && peer < world_, "peer " + std::to_string(peer) + " is not in the group");
-  if (peer == rank_) return const_cast<void*>(local);
-  std::lock_guard<std::mutex> lock(peers_mutex_);
-  peer_piece(local, peer, bytes);
-  return reinterpret_cast<void*>(peer_base_[static_cast<std::size_t>(peer)] + offset_of(local));
-}
-
-std::pair<void*, std::shared_ptr<void>> SymmetricHeap::peer_view(const void* local, int peer,
-                                                                 std::size_t bytes) const {
-  require_sound();
-  SYMMPOOL_EXPECTS(peer >= 0 && peer < world_, "peer " + std::to_string(peer) + " is not in the group");
-  if (peer == rank_) return {const_cast<void*>(local), nullptr};
-  std::lock_guard<std::mutex> lock(peers_mutex_);
-  const Piece& piece = peer_piece(local, peer, bytes);
-  return {reinterpret_cast<void*>(peer_base_[static_cast<std::size_t>(peer)] + offset_of(local)),
-          piece.mapping};
-}
-
-void SymmetricHeap::require_same_setting(const std::string& name, const std::string& value) {
-  SYMMPOOL_EXPECTS(name.find('\n') == std::string::npos && value.find('\n') == std::string::npos,
-                   "symmetric heap '" + group_ + "': a setting's name and value must be one line");
-  collective("require_same_setting", [&] {
-    const auto all = exchange("setting " + name, value);
-    for (int r = 0; r < world_; ++r)
-      if (all[static_cast<std::size_t>(r)] != value)
-        throw logic_error("symmetric heap '" + group_ + "': " + name + " is '" +
-                          all[static_cast<std::size_t>(r)] + "' on rank " + std::to_string(r) + " but '" +
-                          value + "' on rank " + std::to_string(rank_) + ": every rank must set it alike");
-  });
-}
-
-void SymmetricHeap::check_same_call(const std::string& call) {
-  SYMMPOOL_EXPECTS(call.find('\n') == std::string::npos,
-                   "symmetric heap '" + group_ + "': a call's label must be one line");
-  collective("check_same_call", [&] { exchange("call " + call, ""); });
-}
-
-void SymmetricHeap::check_symmetric(const void* local, std::size_t bytes, const std::string& what) {
-  bool synced = false;
-  check_symmetric_and_sync(local, bytes, what, /*sync_if_needed=*/false, &synced);
-}
-
-// Each rank sends "<offset> <bytes>" (or "outside <bytes>"), and, when
-// asked and its segments changed since the last sync, "sync" and its
-// listing on the lines after: so ranks that reach the same check agree on
-// a sync whichever of them needs it, instead of one syncing alone.
-void SymmetricHeap::check_symmetric_and_sync(const void* local, std::size_t bytes, const std::string& what,
-                                             bool sync_if_needed, bool* synced, Extent extent) {
-  // Exchanged values are "<what>\n<data>": a newline in the label would make
-  // every rank look diverged and break the heap for good.
-  SYMMPOOL_EXPECTS(what.find('\n') == std::string::npos,
-                   "symmetric heap '" + group_ + "': the buffer label of check_symmetric has a newline");
-  std::string mine = std::to_string(bytes);
-  if (!allocator_.owns(local))
-    mine = "outside " + mine;
-  else if (extent == Extent::kOneLiveAllocation && !allocator_.live_allocation(local, bytes))
-    mine = "unallocated " + mine;
-  else
-    mine = std::to_string(offset_of(local)) + " " + mine;
-  std::uint64_t generation = 0;
-  *synced = false;
-  std::vector<std::string> verdicts(static_cast<std::size_t>(world_));
-  collective("check_symmetric", [&] {
-    if (sync_if_needed && needs_sync()) mine += "\nsync\n" + list_for_sync(&generation);
-    auto all = exchange("check " + what, mine);  // ranks checking different buffers fail here
-    std::vector<std::string> listings(all.size());
-    std::vector<bool> listed(all.size(), false);
-    for (std::size_t r = 0; r < all.size(); ++r) {
-      const std::size_t newline = all[r].find('\n');
-      verdicts[r] = all[r].substr(0, newline);
-      if (newline != std::string::npos) {
-        const std::string rest = all[r].substr(newline + 1);
-        if (rest.rfind("sync\n", 0) != 0)
-          throw divergence_error("symmetric heap '" + group_ + "': rank " + std::to_string(r) +
-                                 " sent a malformed check");
-        listings[r] = rest.substr(5);
-        listed[r] = true;
-      }
-    }
-    if (std::find(listed.begin(), listed.end(), true) != listed.end()) {
-      apply_listings(listings, listed, generation);
-      *synced = true;
-    }
-  });
-  std::string report;
-  for (int r = 0; r < world_; ++r)
-    if (verdicts[static_cast<std::size_t>(r)] != verdicts[0])
-      report += "; rank " + std::to_string(r) + " has (offset size) " +
-                verdicts[static_cast<std::size_t>(r)] + " where rank 0 has " + verdicts[0];
-  for (int r = 0; r < world_; ++r)
-    if (verdicts[static_cast<std::size_t>(r)].rfind("outside", 0) == 0)
-      report += "; rank " + std::to_string(r) + "'s buffer is not in the symmetric heap";
-    else if (verdicts[static_cast<std::size_t>(r)].rfind("unallocated", 0) == 0)
-      report += "; rank " + std::to_string(r) +
-                "'s buffer is not inside one live allocation (freed, or spanning two)";
-  if (!report.empty()) throw not_symmetric_error("buffer '" + what + "' is not symmetric" + report);
-}
-
-std::size_t SymmetricHeap::mapped_peer_segments() const {
-  std::lock_guard<std::mutex> lock(peers_mutex_);
-  std::size_t n = 0;
-  for (auto& m : peer_pieces_) n += m.size();
-  return n;
 }
 
 }  // namespace symmpool
