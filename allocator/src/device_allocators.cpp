@@ -56,17 +56,23 @@ CachingAllocator& device_allocator(int device) {
   return *slot;
 }
 
+CachingAllocator* allocator_owning(const void* ptr) {
+  const auto address = reinterpret_cast<CUdeviceptr>(ptr);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (CachingAllocator* a : r.allocators)
+    if (a != nullptr && address >= a->va_base() && address - a->va_base() < a->va_reserved_bytes()) return a;
+  return nullptr;
+}
+
 void free_on_device(void* ptr, std::size_t bytes, int device, CUstream stream) {
   if (ptr == nullptr) return;
   check_device_index(device);
   CachingAllocator* own = existing(device);
   if (own == nullptr || !own->owns(ptr)) {
-    for (int d = 0; d < kMaxDevices; ++d) {
-      CachingAllocator* other = existing(d);
-      if (other != nullptr && other->owns(ptr))
-        SYMMPOOL_FAIL("free of " + detail::format_pointer(ptr) + " on device " + std::to_string(device) +
-                      ", but it belongs to device " + std::to_string(d));
-    }
+    if (CachingAllocator* other = allocator_owning(ptr); other != nullptr && other != own)
+      SYMMPOOL_FAIL("free of " + detail::format_pointer(ptr) + " on device " + std::to_string(device) +
+                    ", but it belongs to device " + std::to_string(other->device()));
     SYMMPOOL_FAIL("free of " + detail::format_pointer(ptr) + " on device " + std::to_string(device) +
                   ": pointer was not allocated by symmpool");
   }

@@ -15,6 +15,10 @@ CachingAllocator& device_allocator(int device);
 // it a CUDA context and a virtual range, on a device the process never used.
 CachingAllocator* existing_device_allocator(int device);
 
+// The allocator whose reserved virtual range holds `ptr` (ranges of
+// different devices never overlap), or nullptr: no lock of an allocator taken.
+CachingAllocator* allocator_owning(const void* ptr);
+
 // Frees `ptr` on `device`'s allocator, with a clear error when the pointer
 // belongs to another device or to no symmpool allocator.
 void free_on_device(void* ptr, std::size_t bytes, int device, CUstream stream);
