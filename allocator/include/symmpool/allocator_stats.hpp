@@ -77,17 +77,19 @@ struct AllocatorStats {
     pool->reserved_bytes.add(count * size);
     pool->segments.add(count);
   }
+  // The totals, as PoolStats::stats() lists a pool's.
+  std::array<Stat*, 5> totals() {
+    return {&allocated_bytes, &requested_bytes, &reserved_bytes, &active_blocks, &segments};
+  }
   void reset_peaks() {
-    for (Stat* s : {&allocated_bytes, &requested_bytes, &reserved_bytes, &active_blocks, &segments})
-      s->reset_peak();
+    for (Stat* s : totals()) s->reset_peak();
     small_pool.reset_peaks();
     large_pool.reset_peaks();
   }
   // Zeroes what accumulates (the stats' increases and decreases, the
   // counters), as torch.cuda.reset_accumulated_memory_stats does.
   void reset_accumulated() {
-    for (Stat* s : {&allocated_bytes, &requested_bytes, &reserved_bytes, &active_blocks, &segments})
-      s->reset_accumulated();
+    for (Stat* s : totals()) s->reset_accumulated();
     small_pool.reset_accumulated();
     large_pool.reset_accumulated();
     allocations = frees = cache_hits = cache_misses = segment_maps = segment_unmaps = 0;
