@@ -89,7 +89,12 @@ CachingAllocator::~CachingAllocator() {
 }
 
 CachingAllocator::Pool& CachingAllocator::pool_of(const Block* block) {
-  return block->small ? small_pool_ : large_pool_;
+  return pool_for(block->owner, block->small);
+}
+
+CachingAllocator::Pool& CachingAllocator::pool_for(PrivatePool* owner, bool small) {
+  if (owner != nullptr) return small ? owner->small : owner->large;
+  return small ? small_pool_ : large_pool_;
 }
 
 void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
@@ -103,7 +108,8 @@ void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
 
   const std::size_t size = round_size(bytes);
   const bool small = size <= kSmallSize;
-  Pool& pool = small ? small_pool_ : large_pool_;
+  PrivatePool* owner = capture_under_way() ? route(stream) : nullptr;
+  Pool& pool = pool_for(owner, small);
 
   Block* block = find_free_block(pool, stream, size);
   if (block != nullptr) {
@@ -111,17 +117,21 @@ void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
     pool.erase(block);
   } else {
     ++stats_.cache_misses;
-    block = new_segment_block(size, bytes, stream, small);
+    block = new_segment_block(size, bytes, stream, small, owner);
   }
   block = split(block, size, pool);
+  make_live(block, bytes);
+  return reinterpret_cast<void*>(block->ptr);
+}
+
+void CachingAllocator::make_live(Block* block, std::size_t requested) {
   block->allocated = true;
-  block->requested = bytes;
+  block->requested = requested;
   block->serial = ++serials_;
   active_.emplace(block->ptr, block);
-
   ++stats_.allocations;
-  stats_.add_blocks(small, 1, static_cast<std::int64_t>(block->size), static_cast<std::int64_t>(bytes));
-  return reinterpret_cast<void*>(block->ptr);
+  stats_.add_blocks(block->small, 1, static_cast<std::int64_t>(block->size),
+                    static_cast<std::int64_t>(requested));
 }
 
 CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, CUstream stream, std::size_t size) {
@@ -134,12 +144,13 @@ CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, CUstream 
 }
 
 CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size, std::size_t requested,
-                                                             CUstream stream, bool small) {
+                                                             CUstream stream, bool small,
+                                                             PrivatePool* owner) {
   const std::size_t want = segment_size_for(size);
   ContextGuard guard(drv_, arena_->context());
   if (!small) {
     retire_outgrown_segments(stream);
-    if (move_idle_segments_)
+    if (move_idle_segments_ && owner == nullptr)
       if (Block* idle = take_idle_segment_of_another_stream(size, stream)) return idle;
   }
   const Segment* segment = arena_->map_new_segment(want);
@@ -173,6 +184,8 @@ CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size, s
   block->stream = stream;
   block->segment = segment;
   block->small = small;
+  block->owner = owner;
+  if (owner != nullptr) ++owner->segments;
   segment_heads_.emplace(segment->id, block);
   ++stats_.segment_maps;
   stats_.add_segments(small ? &stats_.small_pool : &stats_.large_pool, 1,
@@ -183,13 +196,18 @@ CachingAllocator::Block* CachingAllocator::new_segment_block(std::size_t size, s
 CachingAllocator::Block* CachingAllocator::split(Block* block, std::size_t size, Pool& pool) {
   const std::size_t remaining = block->size - size;
   const bool worth_it = block->small ? remaining >= kMinBlockSize : remaining > kSmallSize;
-  if (!worth_it) return block;
+  return worth_it ? split_at(block, size, pool) : block;
+}
+
+CachingAllocator::Block* CachingAllocator::split_at(Block* block, std::size_t size, Pool& pool) {
+  if (size == block->size) return block;
   auto* rest = new Block;
   rest->ptr = block->ptr + size;
-  rest->size = remaining;
+  rest->size = block->size - size;
   rest->stream = block->stream;
   rest->segment = block->segment;
   rest->small = block->small;
+  rest->owner = block->owner;
   rest->prev = block;
   rest->next = block->next;
   if (rest->next) rest->next->prev = rest;
@@ -250,6 +268,12 @@ void CachingAllocator::release(Block* block, CUstream stream) {
 
   if (block->stream_uses.empty()) {
     free_block(block);
+    return;
+  }
+  // While a capture may be under way the events wait for its end (an event
+  // recorded on a capturing stream orders nothing outside the graph).
+  if (capture_under_way()) {
+    unrecorded_.push_back(block);
     return;
   }
   // The free itself is done; if an event cannot be recorded the block waits

@@ -96,7 +96,12 @@ std::vector<SegmentSnapshot> CachingAllocator::snapshot() const {
   std::vector<SegmentSnapshot> out;
   out.reserve(segment_heads_.size());
   for (const auto& [id, head] : segment_heads_) {
-    SegmentSnapshot segment{head->segment->address, head->segment->size, head->stream, head->small, {}};
+    SegmentSnapshot segment{head->segment->address,
+                            head->segment->size,
+                            head->stream,
+                            head->small,
+                            head->owner ? head->owner->id : kDefaultPool,
+                            {}};
     for (const Block* b = head; b != nullptr; b = b->next)
       segment.blocks.push_back({b->ptr, b->size, b->requested, b->allocated, !b->allocated && !b->is_free()});
     out.push_back(std::move(segment));

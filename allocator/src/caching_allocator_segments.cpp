@@ -18,9 +18,11 @@ using detail::format_bytes;
 
 // A segment a symmetric heap published stays: its peers map it, and freeing
 // it alone would let a new segment take its offset under them.
+// A private pool's segments stay while anything uses the pool: a graph's
+// replays write into them.
 bool CachingAllocator::releasable(const Block* head) const {
   return head->next == nullptr && head->is_free() && !head->retiring &&
-         !arena_->observers_keep(*head->segment);
+         (head->owner == nullptr || head->owner->unused()) && !arena_->observers_keep(*head->segment);
 }
 
 void CachingAllocator::unmap_free_segment(Block* head) {
@@ -28,10 +30,12 @@ void CachingAllocator::unmap_free_segment(Block* head) {
   const Segment* segment = head->segment;
   const std::size_t size = segment->size;
   PoolStats* pool = head->small ? &stats_.small_pool : &stats_.large_pool;
+  PrivatePool* owner = head->owner;
   segment_heads_.erase(segment->id);
   delete head;
   ++stats_.segment_unmaps;
   stats_.add_segments(pool, -1, static_cast<std::int64_t>(size));
+  if (owner != nullptr && --owner->segments == 0 && owner->unused()) private_pools_.erase(owner->id);
   arena_->unmap_segment(segment);
 }
 
@@ -87,7 +91,8 @@ std::size_t CachingAllocator::release_cached_segments() {
 void CachingAllocator::retire_outgrown_segments(CUstream stream) {
   std::vector<Block*> outgrown;
   for (auto& [id, head] : segment_heads_)
-    if (!head->small && head->stream == stream && releasable(head)) outgrown.push_back(head);
+    if (!head->small && head->owner == nullptr && head->stream == stream && releasable(head))
+      outgrown.push_back(head);
   if (outgrown.empty()) return;
   CUevent event = record_outside_capture(stream);
   if (event == nullptr) return;
@@ -124,7 +129,8 @@ CachingAllocator::Block* CachingAllocator::take_idle_segment_of_another_stream(s
   const std::size_t most = size + size / 4;
   Block* best = nullptr;
   for (auto& [id, head] : segment_heads_) {
-    if (head->small || head->stream == stream || head->next != nullptr || !head->is_free() || head->retiring)
+    if (head->small || head->owner != nullptr || head->stream == stream || head->next != nullptr ||
+        !head->is_free() || head->retiring)
       continue;
     if (head->size < size || head->size > most) continue;
     if (best == nullptr || head->size < best->size || (head->size == best->size && head->ptr < best->ptr))

@@ -13,11 +13,15 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace symmpool {
@@ -30,6 +34,14 @@ struct LiveAllocation {
   std::size_t bytes = 0;
   std::uint64_t serial = 0;
 };
+
+// A pool of an allocator: {0, 0} is its default pool; any other id names a
+// private pool (a CUDA graph's, a torch.cuda.MemPool's), as PyTorch's
+// MempoolId_t does.
+using PoolId = std::pair<std::uint64_t, std::uint64_t>;
+inline constexpr PoolId kDefaultPool{0, 0};
+// Which allocations go to a private pool: those whose stream it accepts.
+using StreamFilter = std::function<bool(CUstream)>;
 
 // One segment of a pool as CachingAllocator::snapshot() sees it, its
 // blocks in address order (torch.cuda.memory_snapshot's segments).
@@ -45,7 +57,35 @@ struct SegmentSnapshot {
   std::size_t size = 0;
   CUstream stream = nullptr;  // the stream it serves
   bool small = false;         // in the small pool
+  PoolId pool = kDefaultPool;
   std::vector<BlockSnapshot> blocks;
+};
+
+// The layout of a private pool at one moment: its segments and which of
+// their blocks were live (CachingAllocator::checkpoint_pool), to put back
+// with restore_pool: CUDA graph trees record a new graph after replaying
+// others, whose outputs the pool does not know of (PyTorch's
+// setCheckpointPoolState).
+struct PoolCheckpoint {
+  struct Block {
+    std::uintptr_t address = 0;
+    std::size_t size = 0;
+    std::size_t requested = 0;
+    bool allocated = false;
+  };
+  struct Segment {
+    std::uintptr_t address = 0;
+    std::size_t size = 0;
+    std::vector<Block> blocks;
+  };
+  PoolId pool = kDefaultPool;
+  std::vector<Segment> segments;
+};
+// What restore_pool changed: the live allocations it freed and those it
+// made (the checkpoint's live blocks), by address.
+struct PoolRestore {
+  std::vector<void*> freed;
+  std::vector<void*> allocated;
 };
 
 class CachingAllocator {
@@ -89,9 +129,35 @@ class CachingAllocator {
   // `ptr` is used on `stream` too: its block is reused only after that work.
   void record_stream(void* ptr, CUstream stream);
 
-  // Waits for pending frees, then unmaps every segment with no live block.
+  // Waits for pending frees, then unmaps every segment with no live block
+  // (of the default pool and of private pools nothing uses any more).
   // Returns the bytes given back to the device.
   std::size_t empty_cache();
+
+  // Private pools, as PyTorch's allocator keeps them for CUDA graphs and
+  // torch.cuda.MemPool: their segments serve only their own allocations,
+  // and go back to the device only once nothing uses the pool
+  // (release_pool to a use count of 0) and none of their blocks is live.
+  // Creates the pool with a use count of 1, or adds one to it.
+  void create_or_incref_pool(PoolId id);
+  // From now on an allocation whose stream `accepts` goes to pool `id`
+  // (created or incref'd as above); the latest begun is asked first. Throws
+  // logic_error for the default pool or a pool already routed to.
+  void begin_allocate_to_pool(PoolId id, StreamFilter accepts);
+  void end_allocate_to_pool(PoolId id);  // throws logic_error if not routed to
+  void release_pool(PoolId id);          // one use fewer; throws logic_error for an unknown pool
+  int pool_use_count(PoolId id) const;   // throws logic_error for an unknown pool
+  // Unmaps the free segments of private pool `id` if nothing uses it any
+  // more (as empty_cache does for all of them); returns the bytes.
+  std::size_t empty_pool_cache(PoolId id);
+  // Whether the live allocations of pool `id` are exactly `expected`.
+  bool pool_live_allocations_are(PoolId id, const std::unordered_set<void*>& expected) const;
+  PoolCheckpoint checkpoint_pool(PoolId id);
+  // Frees every live allocation of the checkpoint's pool, then makes the
+  // checkpoint's live blocks live again at their addresses. Every segment of
+  // the checkpoint must still be in the pool. Throws logic_error otherwise,
+  // or for a pool nothing uses any more.
+  PoolRestore restore_pool(const PoolCheckpoint& checkpoint);
 
   // Internal segments (SegmentArena::map_internal_segment): one granule at
   // a fixed slot, outside the pools; counted as reserved memory.
@@ -126,7 +192,7 @@ class CachingAllocator {
   std::vector<Segment> segments() const;  // copies, for inspection
   // The pools' segments and their blocks (internal segments are in neither).
   std::vector<SegmentSnapshot> snapshot() const;
-  // The largest block free for reuse now, in bytes (0 if none).
+  // The largest block of the default pool free for reuse now, in bytes (0 if none).
   std::size_t largest_free_block() const;
   int device() const { return arena_->device(); }
   std::size_t device_total_memory() const { return device_total_; }
@@ -143,10 +209,20 @@ class CachingAllocator {
     bool operator()(const Block* a, const Block* b) const;
   };
   using Pool = std::set<Block*, BlockLess>;
+  struct PrivatePool;
 
   Block* find_free_block(Pool& pool, CUstream stream, std::size_t size);
-  Block* new_segment_block(std::size_t size, std::size_t requested, CUstream stream, bool small);
+  Block* new_segment_block(std::size_t size, std::size_t requested, CUstream stream, bool small,
+                           PrivatePool* owner);
   Block* split(Block* block, std::size_t size, Pool& pool);
+  Block* split_at(Block* block, std::size_t size, Pool& pool);  // always; the rest goes to `pool`
+  void make_live(Block* block, std::size_t requested);
+  PrivatePool* route(CUstream stream) const;  // the private pool an allocation on `stream` goes to, or null
+  PrivatePool& private_pool(PoolId id, const char* action) const;  // throws logic_error if unknown
+  Pool& pool_for(PrivatePool* owner, bool small);
+  bool capture_under_way() const { return !routes_.empty(); }
+  void free_live_blocks_of(PrivatePool& pool, PoolRestore& restore);
+  void carve_checkpoint_segment(const PoolCheckpoint::Segment& segment, PoolRestore& restore);
   Block* take_active(void* ptr);                // removes a live block; throws if unknown
   void release(Block* block, CUstream stream);  // a block just taken from active_
   void free_block(Block* block);
@@ -178,10 +254,14 @@ class CachingAllocator {
   mutable std::mutex mutex_;
   Pool small_pool_;
   Pool large_pool_;
+  std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;
+  std::vector<std::pair<PoolId, StreamFilter>> routes_;  // begin_allocate_to_pool, in order
   std::unordered_map<std::uintptr_t, Block*> active_;
   std::unordered_map<std::uint64_t, Block*> segment_heads_;  // segment id -> first block
   std::deque<std::pair<CUevent, Block*>> pending_;           // frees waiting on events
-  std::vector<Block*> unrecorded_;                           // frees whose events failed to record, to retry
+  // Frees whose events failed to record, or wait for no capture to be under
+  // way (an event recorded in a capture orders nothing outside it), to retry.
+  std::vector<Block*> unrecorded_;
   std::vector<CUevent> spare_events_;
   struct Retiring {
     CUevent event;              // recorded on the segments' stream when they were retired

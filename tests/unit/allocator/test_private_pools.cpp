@@ -1,0 +1,209 @@
+// Private pools (CUDA graphs, torch.cuda.MemPool) on the fake driver: what
+// goes to them, what stays theirs, when their memory goes back, and the
+// checkpoints CUDA graph trees take and restore.
+
+#include "fake_fixture.hpp"
+
+#include <symmpool/error.hpp>
+
+#include <unordered_set>
+
+namespace symmpool::test {
+
+using PrivatePoolTest = FakeDriverTest;
+
+constexpr PoolId kGraphPool{0, 1};
+constexpr PoolId kUserPool{1, 0};
+
+StreamFilter only(CUstream s) {
+  return [s](CUstream candidate) { return candidate == s; };
+}
+
+std::size_t segments_of(const CachingAllocator& a, PoolId pool) {
+  std::size_t n = 0;
+  for (const SegmentSnapshot& s : a.snapshot()) n += s.pool == pool;
+  return n;
+}
+
+// A graph's allocations come from its own segments, and a block freed in the
+// capture is reused there but never by an allocation outside it: the
+// graph's replays still write into it.
+TEST_F(PrivatePoolTest, CapturedAllocationsStayInTheirPool) {
+  auto a = make_allocator();
+  a->begin_allocate_to_pool(kGraphPool, only(stream(2)));
+  void* captured = a->allocate(4 * MiB, stream(2));
+  void* eager = a->allocate(4 * MiB, stream(1));  // another stream: the default pool
+  EXPECT_EQ(segments_of(*a, kGraphPool), 1u);
+  EXPECT_EQ(segments_of(*a, kDefaultPool), 1u);
+  a->deallocate(captured, stream(2));
+  void* again = a->allocate(4 * MiB, stream(2));
+  EXPECT_EQ(again, captured) << "reused inside the capture";
+  a->deallocate(again, stream(2));
+  a->end_allocate_to_pool(kGraphPool);
+
+  void* after = a->allocate(4 * MiB, stream(2));
+  EXPECT_NE(after, captured) << "the graph's block went to an allocation outside it";
+  EXPECT_EQ(segments_of(*a, kDefaultPool), 2u);
+  // Its segments stay while the graph lives, even through empty_cache.
+  a->deallocate(after, stream(2));
+  a->empty_cache();
+  EXPECT_EQ(segments_of(*a, kGraphPool), 1u);
+  EXPECT_EQ(segments_of(*a, kDefaultPool), 1u);  // eager's
+  // The graph is destroyed: its free segment goes back, and the pool with it.
+  a->release_pool(kGraphPool);
+  a->empty_cache();
+  EXPECT_EQ(segments_of(*a, kGraphPool), 0u);
+  expect_error<std::logic_error>([&] { a->pool_use_count(kGraphPool); }, "no private pool (0, 1)");
+  a->deallocate(eager, stream(1));
+}
+
+// A tensor made in the capture can outlive its graph: the segment stays until it is freed.
+TEST_F(PrivatePoolTest, AReleasedPoolKeepsWhatIsStillLive) {
+  auto a = make_allocator();
+  a->begin_allocate_to_pool(kGraphPool, only(stream(1)));
+  void* output = a->allocate(1000, stream(1));
+  a->end_allocate_to_pool(kGraphPool);
+  a->release_pool(kGraphPool);
+  EXPECT_EQ(a->empty_cache(), 0u);
+  EXPECT_EQ(segments_of(*a, kGraphPool), 1u);
+  a->deallocate(output, stream(1));
+  EXPECT_EQ(a->empty_cache(), 2 * MiB);
+  EXPECT_EQ(segments_of(*a, kGraphPool), 0u);
+  EXPECT_EQ(a->stats().reserved_bytes.current, 0);
+}
+
+// torch.cuda.MemPool: made with a use, used in a `with` (one more, released
+// at its end), emptied by its own empty_cache once its owner lets it go.
+TEST_F(PrivatePoolTest, AUserPoolCountsItsUses) {
+  auto a = make_allocator();
+  a->create_or_incref_pool(kUserPool);
+  a->begin_allocate_to_pool(kUserPool, [](CUstream) { return true; });
+  EXPECT_EQ(a->pool_use_count(kUserPool), 2);
+  void* p = a->allocate(30 * MiB, stream(1));
+  a->end_allocate_to_pool(kUserPool);
+  a->release_pool(kUserPool);
+  EXPECT_EQ(a->pool_use_count(kUserPool), 1);
+  a->deallocate(p, stream(1));
+  EXPECT_EQ(a->empty_pool_cache(kUserPool), 0u) << "still in use";
+  a->release_pool(kUserPool);
+  EXPECT_EQ(a->empty_pool_cache(kUserPool), 30 * MiB);
+  EXPECT_EQ(a->stats().segments.current, 0);
+  // A pool nothing allocated in goes at once.
+  a->create_or_incref_pool(kGraphPool);
+  a->release_pool(kGraphPool);
+  expect_error<std::logic_error>([&] { a->release_pool(kGraphPool); }, "no private pool");
+}
+
+// The latest pool begun is asked first; the others still get their streams.
+TEST_F(PrivatePoolTest, RoutesAreAskedLatestFirst) {
+  auto a = make_allocator();
+  a->begin_allocate_to_pool(kUserPool, [](CUstream) { return true; });
+  a->begin_allocate_to_pool(kGraphPool, only(stream(2)));
+  void* graph = a->allocate(1000, stream(2));
+  void* user = a->allocate(1000, stream(1));
+  std::unordered_set<void*> expected_graph{graph}, expected_user{user};
+  EXPECT_TRUE(a->pool_live_allocations_are(kGraphPool, expected_graph));
+  EXPECT_TRUE(a->pool_live_allocations_are(kUserPool, expected_user));
+  EXPECT_FALSE(a->pool_live_allocations_are(kUserPool, expected_graph));
+  EXPECT_FALSE(a->pool_live_allocations_are(kUserPool, {}));
+  a->end_allocate_to_pool(kGraphPool);
+  a->end_allocate_to_pool(kUserPool);
+  a->deallocate(graph, stream(2));
+  a->deallocate(user, stream(1));
+  a->release_pool(kGraphPool);
+  a->release_pool(kUserPool);
+  a->empty_cache();
+}
+
+TEST_F(PrivatePoolTest, MisuseIsAnError) {
+  auto a = make_allocator();
+  expect_error<std::logic_error>([&] { a->begin_allocate_to_pool(kDefaultPool, only(stream(1))); },
+                                 "names the default pool");
+  expect_error<std::logic_error>([&] { a->end_allocate_to_pool(kGraphPool); }, "not allocating to");
+  expect_error<std::logic_error>([&] { a->begin_allocate_to_pool(kGraphPool, nullptr); }, "no stream filter");
+  a->begin_allocate_to_pool(kGraphPool, only(stream(1)));
+  expect_error<std::logic_error>([&] { a->begin_allocate_to_pool(kGraphPool, only(stream(1))); },
+                                 "already allocating to private pool (0, 1)");
+  a->end_allocate_to_pool(kGraphPool);
+  a->release_pool(kGraphPool);  // the failed begin added a use too, as PyTorch's does
+  a->release_pool(kGraphPool);
+  expect_error<std::logic_error>([&] { a->checkpoint_pool(kGraphPool); }, "no private pool");
+}
+
+// A block used on another stream and freed while a capture may be under way
+// waits for the capture's end before its event is recorded: an event
+// recorded in a capture orders nothing outside the graph.
+TEST_F(PrivatePoolTest, CrossStreamFreesWaitForTheCaptureToEnd) {
+  auto a = make_allocator();
+  void* shared = a->allocate(4 * MiB, stream(1));
+  a->record_stream(shared, stream(3));
+  a->begin_allocate_to_pool(kGraphPool, only(stream(2)));
+  fake().clear_calls();
+  a->deallocate(shared, stream(1));
+  void* captured = a->allocate(4 * MiB, stream(2));
+  EXPECT_EQ(fake().count("cuEventRecord"), 0u);
+  void* meanwhile = a->allocate(4 * MiB, stream(1));
+  EXPECT_NE(meanwhile, shared) << "reused before stream 3's work";
+  a->end_allocate_to_pool(kGraphPool);
+  void* next = a->allocate(1000, stream(1));  // records the deferred event
+  EXPECT_EQ(fake().count("cuEventRecord"), 1u);
+  for (void* p : {next, meanwhile}) a->deallocate(p, stream(1));
+  a->deallocate(captured, stream(2));
+  a->release_pool(kGraphPool);
+}
+
+// CUDA graph trees checkpoint a pool after recording and, to record a new
+// branch after replays, put the checkpoint back: the live blocks of now are
+// freed, the checkpoint's live blocks are live again at their addresses.
+TEST_F(PrivatePoolTest, ACheckpointPutsBackThePoolsLiveBlocks) {
+  auto a = make_allocator();
+  a->begin_allocate_to_pool(kGraphPool, only(stream(1)));
+  void* x = a->allocate(1000, stream(1));
+  void* y = a->allocate(5000, stream(1));
+  void* z = a->allocate(3 * MiB, stream(1));
+  a->deallocate(y, stream(1));
+  const PoolCheckpoint checkpoint = a->checkpoint_pool(kGraphPool);
+  ASSERT_EQ(checkpoint.segments.size(), 2u);
+  const auto stats_then = a->stats();
+
+  // Later: x dies, new blocks are made in the pool.
+  a->deallocate(x, stream(1));
+  void* w = a->allocate(20000, stream(1));
+  void* v = a->allocate(40 * MiB, stream(1));  // a segment the checkpoint does not have
+  const PoolRestore restore = a->restore_pool(checkpoint);
+  EXPECT_EQ(std::unordered_set<void*>(restore.freed.begin(), restore.freed.end()),
+            (std::unordered_set<void*>{z, w, v}));
+  EXPECT_EQ(std::unordered_set<void*>(restore.allocated.begin(), restore.allocated.end()),
+            (std::unordered_set<void*>{x, z}));
+  EXPECT_TRUE(a->pool_live_allocations_are(kGraphPool, {x, z}));
+  EXPECT_EQ(a->allocation_size(x), 1000u);
+  EXPECT_EQ(a->stats().allocated_bytes.current, stats_then.allocated_bytes.current);
+  EXPECT_EQ(a->stats().requested_bytes.current, stats_then.requested_bytes.current);
+  // The freed space is whole again: y's place serves y's size.
+  void* y2 = a->allocate(5000, stream(1));
+  EXPECT_EQ(y2, y);
+  a->end_allocate_to_pool(kGraphPool);
+  for (void* p : {x, y2, z}) a->deallocate(p, stream(1));
+  a->release_pool(kGraphPool);
+  a->empty_cache();
+  EXPECT_EQ(a->stats().segments.current, 0);
+}
+
+TEST_F(PrivatePoolTest, ACheckpointWhoseSegmentIsGoneIsRefused) {
+  auto a = make_allocator();
+  a->create_or_incref_pool(kUserPool);
+  a->begin_allocate_to_pool(kUserPool, only(stream(1)));
+  void* p = a->allocate(1000, stream(1));
+  a->end_allocate_to_pool(kUserPool);
+  PoolCheckpoint checkpoint = a->checkpoint_pool(kUserPool);
+  checkpoint.segments[0].address += 2 * MiB;
+  expect_error<std::logic_error>([&] { a->restore_pool(checkpoint); }, "is no longer in private pool (1, 0)");
+  EXPECT_TRUE(a->is_allocation(p)) << "nothing changed";
+  a->deallocate(p, stream(1));
+  a->release_pool(kUserPool);  // the use begin_allocate_to_pool added
+  a->release_pool(kUserPool);  // and the one it was created with
+  expect_error<std::logic_error>([&] { a->restore_pool(a->checkpoint_pool(kUserPool)); }, "was released");
+  a->empty_pool_cache(kUserPool);
+}
+
+}  // namespace symmpool::test
