@@ -16,6 +16,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace symmpool::torch_ext {
@@ -32,11 +34,14 @@ CUstream driver_stream(cudaStream_t stream) { return reinterpret_cast<CUstream>(
   TORCH_CHECK(false, "symmpool's process allocator (symmpool.install()) does not support ", what, ": ", why);
 }
 
-void check_default_pool(c10::MempoolId_t id, const char* what) {
-  if (id.first != 0 || id.second != 0)
-    unsupported(std::string(what) + " of a private pool (CUDA graphs, torch.cuda.MemPool)",
-                "symmpool keeps one pool a device");
-}
+PoolId pool_id(c10::MempoolId_t id) { return {id.first, id.second}; }
+
+// A private pool's checkpoint (CUDA graph trees), as torch holds it.
+struct PoolState final : cca::AllocatorState {
+  PoolState(c10::DeviceIndex d, PoolCheckpoint c) : device(d), checkpoint(std::move(c)) {}
+  c10::DeviceIndex device;
+  PoolCheckpoint checkpoint;
+};
 
 void copy_stat(c10::CachingAllocator::Stat& to, const Stat& from) {
   to.current = from.current;
@@ -115,9 +120,9 @@ class ProcessAllocator final : public cca::CUDAAllocator {
   bool isEnabled() const override { return true; }
 
   void emptyCache(c10::MempoolId_t id) override {
-    check_default_pool(id, "emptying the cache");
     for (int device = 0; device < c10::cuda::device_count(); ++device)
-      if (CachingAllocator* a = existing_device_allocator(device)) a->empty_cache();
+      if (CachingAllocator* a = existing_device_allocator(device))
+        pool_id(id) == kDefaultPool ? a->empty_cache() : a->empty_pool_cache(pool_id(id));
   }
   void cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) override {
     CachingAllocator* a = existing_device_allocator(device);
@@ -180,8 +185,8 @@ class ProcessAllocator final : public cca::CUDAAllocator {
     if (CachingAllocator* a = existing_device_allocator(device)) a->reset_peak_stats();
   }
 
+  // The segments of every pool, or of private pool `id` alone.
   cca::SnapshotInfo snapshot(c10::MempoolId_t id, bool /*include_traces*/) override {
-    check_default_pool(id, "a snapshot");
     cca::SnapshotInfo info;
     const int devices = c10::cuda::device_count();
     info.device_traces.resize(static_cast<std::size_t>(devices));  // no history is recorded
@@ -189,7 +194,9 @@ class ProcessAllocator final : public cca::CUDAAllocator {
       CachingAllocator* a = existing_device_allocator(device);
       if (a == nullptr) continue;
       for (const SegmentSnapshot& s : a->snapshot()) {
+        if (pool_id(id) != kDefaultPool && s.pool != pool_id(id)) continue;
         c10::CachingDeviceAllocator::SegmentInfo segment;
+        segment.owner_private_pool_id = {s.pool.first, s.pool.second};
         segment.device = static_cast<c10::DeviceIndex>(device);
         segment.address = s.address;
         segment.total_size = s.size;
@@ -212,14 +219,47 @@ class ProcessAllocator final : public cca::CUDAAllocator {
     return info;
   }
 
-  void beginAllocateToPool(c10::DeviceIndex, c10::MempoolId_t, std::function<bool(cudaStream_t)>) override {
-    unsupported("private pools (CUDA graph capture, torch.cuda.MemPool)", "symmpool keeps one pool a device");
+  // Private pools: CUDA graphs, torch.cuda.MemPool, torch.compile's CUDA graph trees.
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                           std::function<bool(cudaStream_t)> filter) override {
+    device_allocator(device).begin_allocate_to_pool(pool_id(id), [filter = std::move(filter)](CUstream s) {
+      return filter(reinterpret_cast<cudaStream_t>(s));
+    });
   }
-  void endAllocateToPool(c10::DeviceIndex, c10::MempoolId_t) override {
-    unsupported("private pools (CUDA graph capture, torch.cuda.MemPool)", "symmpool keeps one pool a device");
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    device_allocator(device).end_allocate_to_pool(pool_id(id));
   }
-  void releasePool(c10::DeviceIndex, c10::MempoolId_t) override {
-    unsupported("private pools (CUDA graph capture, torch.cuda.MemPool)", "symmpool keeps one pool a device");
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    device_allocator(device).release_pool(pool_id(id));
+  }
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    return device_allocator(device).pool_use_count(pool_id(id));
+  }
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override {
+    if (allocator != nullptr)
+      unsupported("a torch.cuda.MemPool with its own allocator", "symmpool's pools carve its own segments");
+    device_allocator(device).create_or_incref_pool(pool_id(id));
+  }
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t id,
+                                const std::unordered_set<void*>& expected) override {
+    return device_allocator(device).pool_live_allocations_are(pool_id(id), expected);
+  }
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                          c10::MempoolId_t id) override {
+    return std::make_shared<PoolState>(device, device_allocator(device).checkpoint_pool(pool_id(id)));
+  }
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<cca::AllocatorState> state) override {
+    auto pool_state = std::dynamic_pointer_cast<PoolState>(state);
+    TORCH_CHECK(pool_state != nullptr && pool_state->device == device,
+                "symmpool: setCheckpointPoolState with a state symmpool did not take on device ", device);
+    const PoolRestore restore = device_allocator(device).restore_pool(pool_state->checkpoint);
+    cca::CheckpointDelta delta;
+    delta.ptrs_freed = restore.freed;
+    for (void* ptr : restore.allocated)
+      delta.dataptrs_allocd.emplace_back(ptr, ptr, &free_block, c10::Device(c10::DeviceType::CUDA, device));
+    return delta;
   }
 
   cca::ShareableHandle shareIpcHandle(void* /*ptr*/) override {
@@ -251,13 +291,6 @@ class ProcessAllocator final : public cca::CUDAAllocator {
     // Peer copies work without peer access to cuMem mappings.
     if (dst_device == src_device) return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
     return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
-  }
-  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex, c10::MempoolId_t) override {
-    unsupported("checkpointing pool state (CUDA graph trees)", "symmpool keeps one pool a device");
-  }
-  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex,
-                                              std::shared_ptr<cca::AllocatorState>) override {
-    unsupported("checkpointing pool state (CUDA graph trees)", "symmpool keeps one pool a device");
   }
   std::string name() override { return "symmpool"; }
 

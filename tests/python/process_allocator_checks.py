@@ -119,17 +119,113 @@ def out_of_memory() -> None:
     torch.empty(MiB, device="cuda")  # still serves
 
 
+def _pool_segments(pool) -> list[tuple[int, int]]:
+    return [(s["address"], s["address"] + s["total_size"]) for s in torch.cuda.memory_snapshot()
+            if tuple(s.get("owner_private_pool_id", (0, 0))) == tuple(pool)]
+
+
+def _inside(tensor: torch.Tensor, spans: list[tuple[int, int]]) -> bool:
+    return any(lo <= tensor.data_ptr() < hi for lo, hi in spans)
+
+
+def cuda_graphs() -> None:
+    """A captured graph's memory is its own private pool: eager tensors made
+    after the capture never share it, so replays stay right; it goes back to
+    the device once the graph and its outputs are gone."""
+    symmpool.install()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).cuda()
+    static_x = torch.randn(32, 256, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up as torch's docs do
+        for _ in range(2):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = model(static_x)
+    pool = graph.pool()
+    spans = _pool_segments(pool)
+    assert spans and _inside(static_y, spans), f"the graph's output must be in its pool: {spans}"
+    eager = [torch.full((32, 256), float(i), device="cuda") for i in range(64)]  # would reuse freed blocks
+    assert not any(_inside(t, spans) for t in eager), "an eager tensor got the graph's memory"
+    for _ in range(3):
+        static_x.copy_(torch.randn(32, 256, device="cuda"))
+        graph.replay()
+        torch.testing.assert_close(static_y, model(static_x), rtol=0, atol=0)
+    assert all((t == i).all() for i, t in enumerate(eager)), "a replay wrote into an eager tensor"
+    _agree_with_symmpool()
+    reserved = torch.cuda.memory_reserved()
+    del graph, static_y
+    torch.cuda.empty_cache()
+    assert not _pool_segments(pool), "the graph's segments must go back once it and its outputs are gone"
+    assert torch.cuda.memory_reserved() < reserved
+
+
+def mem_pool() -> None:
+    """torch.cuda.MemPool and use_mem_pool: what is made inside lives in the
+    pool's own segments, which go back when the pool goes."""
+    symmpool.install()
+    pool = torch.cuda.MemPool()
+    assert pool.use_count() == 1, pool.use_count()
+    with torch.cuda.use_mem_pool(pool):
+        assert pool.use_count() == 2, pool.use_count()
+        inside = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+    outside = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+    assert pool.use_count() == 1, pool.use_count()
+    spans = [(s["address"], s["address"] + s["total_size"]) for s in pool.snapshot()]
+    assert _inside(inside, spans) and not _inside(outside, spans), spans
+    del inside
+    again = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+    assert not _inside(again, spans), "a block of the pool went to an allocation outside it"
+    reserved = torch.cuda.memory_reserved()
+    del pool
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() < reserved, "the pool's segment must go back with the pool"
+    _agree_with_symmpool()
+
+
+def reduce_overhead() -> None:
+    """torch.compile(mode="reduce-overhead"): CUDA graph trees over symmpool's
+    private pools, their checkpoints included, give the eager results."""
+    symmpool.install()
+    torch.manual_seed(0)
+    restores = []
+    set_state = torch._C._cuda_setCheckpointPoolState
+
+    def counted(*args):
+        restores.append(1)
+        return set_state(*args)
+
+    torch._C._cuda_setCheckpointPoolState = counted
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).cuda()
+    reference = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).cuda()
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, mode="reduce-overhead")
+    kept = []
+    for step in range(6):
+        x = torch.randn(64, 256, device="cuda")
+        loss = compiled(x).square().mean()
+        loss.backward()
+        ref_loss = reference(x).square().mean()
+        ref_loss.backward()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+            p.grad = q.grad = None
+        # An inference call while a training step's outputs live: a new
+        # branch of the tree, recorded after replays (a checkpoint restore).
+        with torch.no_grad():
+            kept.append(compiled(x).clone())
+            torch.testing.assert_close(kept[-1], reference(x), rtol=1e-5, atol=1e-5)
+    torch.cuda.synchronize()
+    print(f"checkpoint restores: {len(restores)}")
+    _agree_with_symmpool()
+
+
 def unsupported_features_are_named() -> None:
     symmpool.install()
-    x = torch.ones(16, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            x.mul_(2)
-    except RuntimeError as e:
-        assert "symmpool" in str(e) and "private pools" in str(e), str(e)
-    else:
-        raise AssertionError("a CUDA graph capture must name what symmpool cannot do yet")
     for call, words in ((lambda: torch.cuda.memory._record_memory_history(), "allocation history"),
                         (lambda: torch.cuda.set_per_process_memory_fraction(0.5), "memory fraction")):
         try:

@@ -19,7 +19,8 @@ def run_check(name: str) -> subprocess.CompletedProcess:
 
 
 @needs_gpu
-@pytest.mark.parametrize("check", ["memory_api", "training_steps", "out_of_memory",
+@pytest.mark.parametrize("check", ["memory_api", "training_steps", "out_of_memory", "cuda_graphs", "mem_pool",
+                                   "reduce_overhead",
                                    "unsupported_features_are_named", "install_after_cuda_allocation_is_refused"])
 def test_process_allocator(check):
     done = run_check(check)
