@@ -129,14 +129,13 @@ class ProcessAllocator final : public cca::CUDAAllocator {
     *largest_block = a ? a->largest_free_block() : 0;
   }
   void* getBaseAllocation(void* ptr, std::size_t* size) override {
-    for (int device = 0; device < c10::cuda::device_count(); ++device)
-      if (CachingAllocator* a = existing_device_allocator(device); a && a->owns(ptr))
-        for (const SegmentSnapshot& s : a->snapshot())
-          if (reinterpret_cast<std::uintptr_t>(ptr) >= s.address &&
-              reinterpret_cast<std::uintptr_t>(ptr) < s.address + s.size) {
-            *size = s.size;
-            return reinterpret_cast<void*>(s.address);
-          }
+    if (CachingAllocator* a = allocator_owning(ptr))
+      for (const SegmentSnapshot& s : a->snapshot())
+        if (reinterpret_cast<std::uintptr_t>(ptr) >= s.address &&
+            reinterpret_cast<std::uintptr_t>(ptr) < s.address + s.size) {
+          *size = s.size;
+          return reinterpret_cast<void*>(s.address);
+        }
     TORCH_CHECK(false, "symmpool: ", ptr, " lies in no segment of a symmpool pool");
   }
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
@@ -324,12 +323,9 @@ class ProcessAllocator final : public cca::CUDAAllocator {
   // allocator does (record_stream names the other streams).
   static void free_block(void* ptr) {
     if (ptr == nullptr) return;
-    for (int device = 0; device < c10::cuda::device_count(); ++device)
-      if (CachingAllocator* a = existing_device_allocator(device); a && a->owns(ptr)) {
-        a->deallocate_in_stream_order(ptr);
-        return;
-      }
-    TORCH_CHECK(false, "symmpool: free of ", ptr, ", which no symmpool pool holds");
+    CachingAllocator* a = allocator_owning(ptr);  // by address range: no allocator's lock taken twice
+    TORCH_CHECK(a != nullptr, "symmpool: free of ", ptr, ", which no symmpool pool holds");
+    a->deallocate_in_stream_order(ptr);
   }
 
   std::mutex observers_mutex_;
