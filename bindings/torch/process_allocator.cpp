@@ -240,6 +240,14 @@ class ProcessAllocator final : public cca::CUDAAllocator {
       unsupported("a torch.cuda.MemPool with its own allocator", "symmpool's pools carve its own segments");
     device_allocator(device).create_or_incref_pool(pool_id(id));
   }
+  void setUseOnOOM(c10::DeviceIndex /*device*/, c10::MempoolId_t /*id*/, bool use_on_oom) override {
+    // ~MemPool() turns it off on every pool.
+    if (use_on_oom)
+      unsupported("a torch.cuda.MemPool used on out-of-memory", "its blocks serve its own allocations only");
+  }
+  void setNoSplit(c10::DeviceIndex /*device*/, c10::MempoolId_t /*id*/) override {
+    unsupported("a torch.cuda.MemPool that does not split", "symmpool splits every pool's segments");
+  }
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t id,
                                 const std::unordered_set<void*>& expected) override {
     return device_allocator(device).pool_live_allocations_are(pool_id(id), expected);

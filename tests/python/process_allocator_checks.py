@@ -121,7 +121,7 @@ def out_of_memory() -> None:
 
 def _pool_segments(pool) -> list[tuple[int, int]]:
     return [(s["address"], s["address"] + s["total_size"]) for s in torch.cuda.memory_snapshot()
-            if tuple(s.get("owner_private_pool_id", (0, 0))) == tuple(pool)]
+            if tuple(s["segment_pool_id"]) == tuple(pool)]
 
 
 def _inside(tensor: torch.Tensor, spans: list[tuple[int, int]]) -> bool:
@@ -227,6 +227,8 @@ def reduce_overhead() -> None:
 def unsupported_features_are_named() -> None:
     symmpool.install()
     for call, words in ((lambda: torch.cuda.memory._record_memory_history(), "allocation history"),
+                        (lambda: torch.cuda.MemPool(use_on_oom=True), "MemPool used on out-of-memory"),
+                        (lambda: torch.cuda.MemPool(no_split=True), "MemPool that does not split"),
                         (lambda: torch.cuda.set_per_process_memory_fraction(0.5), "memory fraction")):
         try:
             call()
