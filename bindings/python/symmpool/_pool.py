@@ -29,14 +29,16 @@ def install() -> bool:
     and ``torch.cuda.memory_stats``, ``memory_allocated``/``memory_reserved``
     and their peaks, ``memory_summary``, ``memory_snapshot``, ``empty_cache``,
     ``Tensor.record_stream`` and out-of-memory errors
-    (``torch.OutOfMemoryError``) speak for it.
+    (``torch.OutOfMemoryError``) speak for it. CUDA graph capture,
+    ``torch.cuda.MemPool`` and ``torch.compile(mode="reduce-overhead")`` get
+    private pools, as under torch's allocator.
 
     Call it before the process's first CUDA allocation (RuntimeError after,
     and on a machine with no GPU). Returns False when symmpool already is
     the allocator. Not supported yet, each raising an error that names it:
-    private pools (CUDA graph capture, ``torch.cuda.MemPool``,
-    ``torch.compile(mode="reduce-overhead")``), CUDA IPC, allocation history,
-    peer access between devices of one process, memory fractions below 1.
+    a MemPool with its own allocator, used on out-of-memory or that does not
+    split; CUDA IPC, allocation history, peer access between devices of one
+    process, memory fractions below 1.
     """
     return _C._install_process_allocator()
 
