@@ -6,6 +6,9 @@
 
 #include <symmpool/error.hpp>
 
+#include <iterator>
+#include <map>
+#include <random>
 #include <unordered_set>
 
 namespace symmpool::test {
@@ -204,6 +207,113 @@ TEST_F(PrivatePoolTest, ACheckpointWhoseSegmentIsGoneIsRefused) {
   a->release_pool(kUserPool);  // and the one it was created with
   expect_error<std::logic_error>([&] { a->restore_pool(a->checkpoint_pool(kUserPool)); }, "was released");
   a->empty_pool_cache(kUserPool);
+}
+
+// Random work over the default pool and a series of graph pools (stream 2
+// routed while a "capture" runs, checkpoints taken and put back, pools
+// released with live blocks left): live blocks never overlap, each lies in
+// the pool it was made for, every pool's live set is what the model says,
+// and at the end nothing is left.
+class RandomPrivatePoolTest : public PrivatePoolTest {
+ protected:
+  FakeDeviceConfig config() override {
+    FakeDeviceConfig c;
+    c.total_memory = std::size_t{8} << 30;  // the live set peaks near 2 GiB
+    return c;
+  }
+};
+
+TEST_F(RandomPrivatePoolTest, RandomWorkKeepsEveryBlockInItsPool) {
+  auto a = make_allocator();
+  std::mt19937_64 rng(2026);
+  struct Live {
+    std::size_t size;
+    CUstream stream;
+    PoolId pool;
+  };
+  std::map<std::uintptr_t, Live> live;
+  auto pool_of = [&](std::uintptr_t address) {
+    for (const SegmentSnapshot& s : a->snapshot())
+      if (address >= s.address && address < s.address + s.size) return s.pool;
+    ADD_FAILURE() << "no segment holds " << address;
+    return kDefaultPool;
+  };
+  auto live_set = [&](PoolId pool) {
+    std::unordered_set<void*> set;
+    for (const auto& [address, l] : live)
+      if (l.pool == pool) set.insert(reinterpret_cast<void*>(address));
+    return set;
+  };
+  std::uint64_t next_pool = 1;
+  PoolId capturing = kDefaultPool;  // the pool routed to now, if any
+  std::map<PoolId, PoolCheckpoint> checkpoints;
+  int restores = 0, in_a_pool = 0;
+  for (int op = 0; op < 20000; ++op) {
+    const std::uint64_t r = rng() % 100;
+    if (r < 2 && capturing == kDefaultPool) {  // a capture begins
+      capturing = {0, next_pool++};
+      a->begin_allocate_to_pool(capturing, only(stream(2)));
+    } else if (r < 4 && capturing != kDefaultPool) {  // it ends: checkpointed, sometimes released at once
+      a->end_allocate_to_pool(capturing);
+      checkpoints[capturing] = a->checkpoint_pool(capturing);
+      if (rng() % 2 == 0) {
+        a->release_pool(capturing);
+        checkpoints.erase(capturing);
+      }
+      capturing = kDefaultPool;
+    } else if (r < 5 && !checkpoints.empty()) {  // a graph tree puts a checkpoint back
+      auto it = std::next(checkpoints.begin(), static_cast<std::ptrdiff_t>(rng() % checkpoints.size()));
+      const PoolRestore restore = a->restore_pool(it->second);
+      ++restores;
+      for (void* p : restore.freed) live.erase(reinterpret_cast<std::uintptr_t>(p));
+      for (const PoolCheckpoint::Segment& s : it->second.segments)
+        for (const PoolCheckpoint::Block& b : s.blocks)
+          if (b.allocated) live[b.address] = Live{b.requested, stream(2), it->first};
+      ASSERT_TRUE(a->pool_live_allocations_are(it->first, live_set(it->first)));
+    } else if (r < 6 && !checkpoints.empty()) {  // a graph is destroyed, its outputs may live on
+      a->release_pool(checkpoints.begin()->first);
+      checkpoints.erase(checkpoints.begin());
+    } else if (live.empty() || (live.size() < 150 && r % 2 == 0)) {
+      const std::size_t size = r < 60 ? 1 + rng() % (64 * KiB) : 1 * MiB + rng() % (24 * MiB);
+      CUstream s = stream(1 + static_cast<int>(rng() % 2));
+      void* p = a->allocate(size, s);
+      const auto address = reinterpret_cast<std::uintptr_t>(p);
+      auto next = live.lower_bound(address);
+      ASSERT_TRUE(next == live.end() || address + size <= next->first) << "overlaps the next block";
+      if (next != live.begin()) {
+        ASSERT_LE(std::prev(next)->first + std::prev(next)->second.size, address);
+      }
+      const PoolId pool = capturing != kDefaultPool && s == stream(2) ? capturing : kDefaultPool;
+      ASSERT_EQ(pool_of(address), pool) << "op " << op;
+      live[address] = Live{size, s, pool};
+      in_a_pool += pool != kDefaultPool;
+    } else {
+      auto it = std::next(live.begin(), static_cast<std::ptrdiff_t>(rng() % live.size()));
+      a->deallocate(reinterpret_cast<void*>(it->first), it->second.stream);
+      live.erase(it);
+    }
+    if (op % 500 == 0) {
+      for (const auto& [pool, checkpoint] : checkpoints)
+        ASSERT_TRUE(a->pool_live_allocations_are(pool, live_set(pool))) << "op " << op;
+      if (capturing != kDefaultPool) {
+        ASSERT_TRUE(a->pool_live_allocations_are(capturing, live_set(capturing)));
+      }
+      ASSERT_EQ(a->stats().active_blocks.current, static_cast<std::int64_t>(live.size())) << "op " << op;
+    }
+    if (op % 3000 == 2999) a->empty_cache();
+  }
+  if (capturing != kDefaultPool) {
+    a->end_allocate_to_pool(capturing);
+    a->release_pool(capturing);
+  }
+  EXPECT_GT(restores, 50);
+  EXPECT_GT(in_a_pool, 1000);
+  EXPECT_GT(next_pool, 100u);
+  for (const auto& [pool, checkpoint] : checkpoints) a->release_pool(pool);
+  for (const auto& [address, l] : live) a->deallocate(reinterpret_cast<void*>(address), l.stream);
+  a->empty_cache();
+  EXPECT_EQ(a->stats().segments.current, 0);
+  EXPECT_EQ(a->stats().reserved_bytes.current, 0);
 }
 
 }  // namespace symmpool::test
