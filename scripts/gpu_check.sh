@@ -49,7 +49,7 @@ for stage in $stages; do
       # sources can look older than them: ninja then skips real changes
       # (seen 2026-11-26). Sources whose contents changed since the last
       # build get a fresh mtime first.
-      sources="allocator collectives symmetric bindings tests bench examples cmake CMakeLists.txt"
+      sources="common allocator collectives symmetric bindings tests bench examples cmake CMakeLists.txt"
       # shellcheck disable=SC2086  # the variable holds several paths
       sources_hash=$(find $sources -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.hpp' -o -name '*.h' -o -name '*.cuh' \
         -o -name 'CMakeLists.txt' -o -name '*.cmake' \) -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -c1-40)

@@ -26,6 +26,6 @@ esac
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSYMMPOOL_BUILD_TORCH=OFF \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags"
 cmake --build "$dir" -j "$(nproc)" --target symmpool_unit_tests  # one executable per layer
-for layer in allocator symmetric collectives; do
+for layer in common allocator symmetric collectives; do
   "$dir/tests/unit/symmpool_${layer}_unit_tests"
 done

@@ -37,11 +37,11 @@ std::optional<DataType> symmpool_type(at::ScalarType t) {
   }
 }
 
-CollectiveRouter::CollectiveRouter(const c10d::Backend& group, const Environment& env,
-                                   CommunicatorOf communicator, WindowsOf windows)
+CollectiveRouter::CollectiveRouter(const c10d::Backend& group, RoutingSettings settings,
+                                   bool nccl_windows_enabled, CommunicatorOf communicator, WindowsOf windows)
     : group_(group),
-      settings_{env.collectives_enabled, env.collectives_always, env.collectives_nccl_windows},
-      nccl_windows_enabled_(env.nccl_windows),
+      settings_(settings),
+      nccl_windows_enabled_(nccl_windows_enabled),
       trace_(log::enabled(log::Level::kInfo, log::kRouting)),
       communicator_(std::move(communicator)),
       windows_(std::move(windows)) {}

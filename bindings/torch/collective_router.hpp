@@ -11,7 +11,6 @@
 #include <symmpool/collective_routing.hpp>
 #include <symmpool/communicator.hpp>
 #include <symmpool/driver_api.hpp>
-#include <symmpool/environment.hpp>
 #include <symmpool/nccl_windows.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -42,8 +41,8 @@ class CollectiveRouter {
   using WindowsOf = std::function<const NcclWindows*()>;
 
   // `group`: the backend routed for (its rank, size and name), outlives us.
-  CollectiveRouter(const c10d::Backend& group, const Environment& env, CommunicatorOf communicator,
-                   WindowsOf windows);
+  CollectiveRouter(const c10d::Backend& group, RoutingSettings settings, bool nccl_windows_enabled,
+                   CommunicatorOf communicator, WindowsOf windows);
 
   // Where one collective runs. Outputs on another device than the inputs
   // raise. A call symmpool may take goes to NCCL when the group spans nodes,

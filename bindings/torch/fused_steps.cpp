@@ -2,16 +2,17 @@
 
 #include "torch_errors.hpp"
 
-#include <symmpool/environment.hpp>
+#include <symmpool/env_reader.hpp>
+#include <symmpool/error.hpp>
 #include <symmpool/log.hpp>
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 
 namespace symmpool::torch_ext {
 
@@ -76,14 +77,12 @@ namespace {
 constexpr std::int64_t kDefaultOneShotBytes = 4 << 20;
 
 std::int64_t read_one_shot_bytes() {
-  const std::string value = Environment::from_process().tp_one_shot_bytes;
-  if (value.empty()) return kDefaultOneShotBytes;
-  char* end = nullptr;
-  errno = 0;
-  const long long bytes = std::strtoll(value.c_str(), &end, 10);
-  TORCH_CHECK_VALUE(errno == 0 && end != value.c_str() && *end == '\0' && bytes >= 0,
-                    "SYMMPOOL_TP_ONE_SHOT_BYTES must be a number of bytes >= 0, got '", value, "'");
-  return bytes;
+  try {
+    return env::whole_number(env::value("SYMMPOOL_TP_ONE_SHOT_BYTES"), "SYMMPOOL_TP_ONE_SHOT_BYTES",
+                             kDefaultOneShotBytes, 0, std::numeric_limits<std::int64_t>::max());
+  } catch (const logic_error& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
 }
 
 }  // namespace

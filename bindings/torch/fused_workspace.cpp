@@ -1,5 +1,6 @@
 #include "fused_workspace.hpp"
 
+#include "group_teardown.hpp"
 #include "peer_memory.hpp"
 
 #include <c10/cuda/CUDAException.h>
@@ -84,6 +85,10 @@ void release_fused_workspaces(std::uint64_t group_serial) {
     it = r.workspaces.erase(it);
   }
 }
+
+// Every group's teardown lets its workspaces go (group_teardown.hpp).
+[[maybe_unused]] const bool released_at_group_teardown =
+    (on_group_teardown("releasing the fused-op workspaces", &release_fused_workspaces), true);
 
 std::shared_ptr<FusedWorkspace> existing_fused_workspace(const std::string& group_name,
                                                          c10::DeviceIndex device) {

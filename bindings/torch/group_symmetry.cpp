@@ -1,6 +1,6 @@
 #include "group_symmetry.hpp"
 
-#include "fused_workspace.hpp"
+#include "group_teardown.hpp"
 #include "symm_work.hpp"
 #include "symmetric_tensor.hpp"
 #include "torch_errors.hpp"
@@ -23,11 +23,10 @@ namespace {
 
 // A plain group makes no NCCL windows (its NCCL calls are not the router's
 // to check), so its router never routes to them.
-Environment without_windows() {
-  Environment env = Environment::from_process();
-  env.nccl_windows = false;
-  env.collectives_nccl_windows = false;
-  return env;
+RoutingSettings without_windows() {
+  RoutingSettings settings = RoutingSettings::from_process();
+  settings.nccl_windows = false;
+  return settings;
 }
 
 struct Registry {
@@ -47,18 +46,14 @@ GroupSymmetry::GroupSymmetry(c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl,
     : nccl_(std::move(nccl)),
       store_(std::move(store)),
       router_(
-          *nccl_, without_windows(), [this](c10::DeviceIndex device) { return communicator(device); },
+          *nccl_, without_windows(), /*nccl_windows_enabled=*/false,
+          [this](c10::DeviceIndex device) { return communicator(device); },
           [] { return static_cast<const NcclWindows*>(nullptr); }),
       collective_options_(call_translating_errors([] { return CollectiveOptions::from_environment(); })) {}
 
 GroupSymmetry::~GroupSymmetry() {
-  formed_.group.reset();  // the communicator (it drains the device), then its heap
-  try {
-    // After that drain: no queued fused op can still use them.
-    release_fused_workspaces(serial());
-  } catch (const std::exception& e) {
-    SYMMPOOL_WARN(kTp, "releasing the fused-op workspaces failed: %s", e.what());
-  }
+  formed_.group.reset();         // the communicator (it drains the device), then its heap
+  run_group_teardown(serial());  // after that drain: nothing queued can still use what goes
 }
 
 Communicator* GroupSymmetry::peer_memory(c10::DeviceIndex device) {

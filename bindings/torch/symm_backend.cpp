@@ -1,7 +1,7 @@
 #include "symm_backend.hpp"
 
-#include "fused_workspace.hpp"
 #include "group_formation.hpp"
+#include "group_teardown.hpp"
 #include "symm_work.hpp"
 #include "symmetric_tensor.hpp"
 #include "torch_errors.hpp"
@@ -46,12 +46,12 @@ SymmBackend::SymmBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                          c10::intrusive_ptr<Options> options)
     : ProcessGroupNCCL(store, rank, size, std::move(options)),
       router_(
-          *this, Environment::from_process(),
+          *this, RoutingSettings::from_process(), nccl_windows_from_process(),
           [this](c10::DeviceIndex device) { return communicator(device); },
           [this] { return windows_view_.load(std::memory_order_acquire); }),
       collective_options_(call_translating_errors([] { return CollectiveOptions::from_environment(); })),
       store_for_heap_(store),
-      windows_enabled_(Environment::from_process().nccl_windows) {
+      windows_enabled_(nccl_windows_from_process()) {
   blocking_wait_ = blocking_wait();
   std::lock_guard<std::mutex> lock(live_backends_mutex);
   live_backends.insert(this);
@@ -199,13 +199,7 @@ void SymmBackend::release_symmetric_state() noexcept {
     windows_.reset();  // before the heap it observes
   }
   group_.reset();  // the communicator (it synchronizes the device), then the heap it maps through
-  try {
-    // After the device sync above (a workspace has a buffer only once the
-    // group formed): no queued op can still use them.
-    release_fused_workspaces(serial());
-  } catch (const std::exception& e) {
-    SYMMPOOL_WARN(kTp, "releasing the fused-op workspaces failed: %s", e.what());
-  }
+  run_group_teardown(serial());  // after the device sync above: nothing queued can still use what goes
   detach_all();
 }
 

@@ -1,4 +1,5 @@
 #include <symmpool/collective_options.hpp>
+#include <symmpool/env_reader.hpp>
 #include <symmpool/error.hpp>
 
 #include <exception>
@@ -14,18 +15,7 @@ constexpr int kLongestTimeoutSeconds = static_cast<int>(CollectiveOptions::kLong
 
 // A whole number in [lowest, highest] from the environment variable `name`.
 int setting(const std::string& text, const char* name, int fallback, int lowest, int highest) {
-  if (text.empty()) return fallback;
-  std::size_t used = 0;
-  long value = 0;
-  try {
-    value = std::stol(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  SYMMPOOL_EXPECTS(used == text.size() && value >= lowest && value <= highest,
-                   std::string(name) + " must be a whole number from " + std::to_string(lowest) + " to " +
-                       std::to_string(highest) + ", got '" + text + "'");
-  return static_cast<int>(value);
+  return static_cast<int>(env::whole_number(text, name, fallback, lowest, highest));
 }
 
 // "a, b or c": the names to_string gives the algorithms `runs` accepts.
@@ -63,7 +53,19 @@ void expect_in_range(long long value, long long lowest, long long highest, const
 
 }  // namespace
 
-CollectiveOptions CollectiveOptions::from(const Environment& env) {
+CollectiveEnvironment CollectiveEnvironment::from_process() {
+  CollectiveEnvironment e;
+  e.max_blocks = env::value("SYMMPOOL_MAX_BLOCKS");
+  e.copy_streams = env::value("SYMMPOOL_COPY_STREAMS");
+  e.barrier_timeout = env::value("SYMMPOOL_BARRIER_TIMEOUT");
+  e.all_reduce_algorithm = env::value("SYMMPOOL_ALL_REDUCE_ALGORITHM");
+  e.reduce_scatter_algorithm = env::value("SYMMPOOL_REDUCE_SCATTER_ALGORITHM");
+  e.two_step_piece_bytes = env::value("SYMMPOOL_TWO_STEP_PIECE_BYTES");
+  e.fused_max_bytes = env::value("SYMMPOOL_FUSED_MAX_BYTES");
+  return e;
+}
+
+CollectiveOptions CollectiveOptions::from(const CollectiveEnvironment& env) {
   CollectiveOptions options;
   options.max_blocks = setting(env.max_blocks, "SYMMPOOL_MAX_BLOCKS", kDefaultMaxBlocks, 1, kLargestGrid);
   options.copy_streams =
@@ -84,7 +86,9 @@ CollectiveOptions CollectiveOptions::from(const Environment& env) {
   return options;
 }
 
-CollectiveOptions CollectiveOptions::from_environment() { return from(Environment::from_process()); }
+CollectiveOptions CollectiveOptions::from_environment() {
+  return from(CollectiveEnvironment::from_process());
+}
 
 void CollectiveOptions::check() const {
   expect_in_range(max_blocks, 1, kLargestGrid, "max_blocks");

@@ -5,7 +5,6 @@
 #include "symmetric_heap_internal.hpp"
 
 #include <symmpool/detail/format.hpp>
-#include <symmpool/environment.hpp>
 #include <symmpool/error.hpp>
 #include <symmpool/log.hpp>
 #include <symmpool/node_identity.hpp>

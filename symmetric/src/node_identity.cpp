@@ -30,8 +30,8 @@ std::string boot_id() {
 
 }  // namespace
 
-std::string node_identity(const Environment& env) {
-  if (!env.host_id.empty()) return without_whitespace(env.host_id);
+std::string node_identity(const std::string& host_id) {
+  if (!host_id.empty()) return without_whitespace(host_id);
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
   return without_whitespace(std::string(host[0] ? host : "unknown-host") + "/" + boot_id());

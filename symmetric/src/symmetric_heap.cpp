@@ -1,7 +1,7 @@
 #include "symmetric_heap_internal.hpp"
 
 #include <symmpool/detail/format.hpp>
-#include <symmpool/environment.hpp>
+#include <symmpool/env_reader.hpp>
 #include <symmpool/error.hpp>
 #include <symmpool/log.hpp>
 #include <symmpool/node_identity.hpp>
@@ -166,9 +166,12 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
   // of libstdc++, fixed in cmake/SharedLibstdcxx.cmake.)
   // "<node> <va bytes> <pci address> <socket> <secret> <pid>"; none has spaces.
   const std::string gpu = pci_address(drv_, allocator_.device());
-  const Environment env = Environment::from_process();
-  auto all = exchange("hello", node_identity(env) + " " + std::to_string(allocator_.va_reserved_bytes()) +
-                                   " " + gpu + " " + server_->name() + " " + server_->secret() + " " +
+  // SYMMPOOL_TEST_RANKS_SHARE_GPU=1: a heap accepts ranks on one GPU, which
+  // it refuses otherwise (as NCCL does). Tests only: it runs the 2-rank
+  // paths on a 1-GPU machine (tests/python/launch.py run_sharing_one_gpu).
+  const bool ranks_may_share_gpu = env::is_true("SYMMPOOL_TEST_RANKS_SHARE_GPU");
+  auto all = exchange("hello", node_identity() + " " + std::to_string(allocator_.va_reserved_bytes()) + " " +
+                                   gpu + " " + server_->name() + " " + server_->secret() + " " +
                                    std::to_string(::getpid()));
   std::vector<std::vector<std::string>> hellos;
   std::vector<pid_t> peer_pids;
@@ -202,7 +205,7 @@ SymmetricHeap::SymmetricHeap(const DriverApi& drv, CachingAllocator& allocator, 
     // Like NCCL, one GPU per rank: two ranks on one GPU would import their
     // own memory through each other and NCCL's fallback path refuses them.
     const auto [it, first_on_gpu] = rank_of_gpu.emplace(peer_gpu, r);
-    SYMMPOOL_EXPECTS(first_on_gpu || env.test_ranks_share_gpu,
+    SYMMPOOL_EXPECTS(first_on_gpu || ranks_may_share_gpu,
                      "symmetric heap '" + group_ + "': ranks " + std::to_string(it->second) + " and " +
                          std::to_string(r) + " both use the GPU at PCI " + peer_gpu +
                          "; symmpool needs one GPU per rank");

@@ -4,8 +4,8 @@ import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LIBRARY = ["allocator", "symmetric", "collectives", "bindings"]
-READS = re.compile(r'(?:getenv|is_true|is_false)\("([A-Z][A-Z0-9_]+)"\)|environ(?:\.get)?[\[(]"([A-Z][A-Z0-9_]+)"')
+LIBRARY = ["common", "allocator", "symmetric", "collectives", "bindings"]
+READS = re.compile(r'(?:getenv|is_true|is_false|value)\("([A-Z][A-Z0-9_]+)"\)|environ(?:\.get)?[\[(]"([A-Z][A-Z0-9_]+)"')
 
 
 def read_by_the_code() -> set[str]:

@@ -21,13 +21,42 @@
 //                             fused_kernel_limit). Equal on every rank.
 
 #include <symmpool/collective_types.hpp>
-#include <symmpool/environment.hpp>
 
 #include <chrono>
 #include <cstddef>
 #include <optional>
+#include <string>
 
 namespace symmpool {
+
+// The collectives' environment variables as written; CollectiveOptions::from
+// checks them (an empty field: the variable is unset).
+struct CollectiveEnvironment {
+  // SYMMPOOL_MAX_BLOCKS: cap on the grid of reduction kernels too large to
+  // meet their peers inside (they hold SMs that overlapping compute wants),
+  // as NCCL_MAX_CTAS caps NCCL's.
+  std::string max_blocks;
+  // SYMMPOOL_COPY_STREAMS: streams that share each copy-engine copy (1..8).
+  std::string copy_streams;
+  // SYMMPOOL_BARRIER_TIMEOUT: seconds a barrier waits for a peer before it
+  // gives up with an error (default 600, c10d's default for NCCL).
+  std::string barrier_timeout;
+  // SYMMPOOL_ALL_REDUCE_ALGORITHM: one-shot, two-shot, two-step or
+  // low-latency, used where it can run instead of the algorithm table's
+  // choice (as NCCL_ALGO); SYMMPOOL_REDUCE_SCATTER_ALGORITHM: one-shot or
+  // two-step, the same for reduce-scatters.
+  std::string all_reduce_algorithm;
+  std::string reduce_scatter_algorithm;
+  // SYMMPOOL_TWO_STEP_PIECE_BYTES: the most bytes of one rank's chunk that
+  // the two-step algorithms move and reduce per pipeline step.
+  std::string two_step_piece_bytes;
+  // SYMMPOOL_FUSED_MAX_BYTES: the most bytes a reduction kernel reads from
+  // each peer and still meets its peers inside one launch; larger ones run
+  // between barrier kernels (the algorithm table's limit when unset).
+  std::string fused_max_bytes;
+
+  static CollectiveEnvironment from_process();
+};
 
 struct CollectiveOptions {
   // 2 ranks, a 256 MiB reduce-scatter under 8 matmuls
@@ -71,8 +100,8 @@ struct CollectiveOptions {
 
   // Parses env's variables; an unset one keeps its default, a bad one
   // raises logic_error naming the variable and the value.
-  static CollectiveOptions from(const Environment& env);
-  // from(Environment::from_process()): what a communicator takes by default.
+  static CollectiveOptions from(const CollectiveEnvironment& env);
+  // from(CollectiveEnvironment::from_process()): what a communicator takes by default.
   static CollectiveOptions from_environment();
 
   // Raises logic_error if a field is out of its range (options set in code;

@@ -128,7 +128,17 @@ struct RoutingSettings {
   bool enabled = true;
   bool always = false;        // symmpool, whatever the table says
   bool nccl_windows = false;  // NCCL on its windows, whatever the table says
+
+  // SYMMPOOL_COLLECTIVES: unset, the algorithm table decides (world sizes it
+  // has no measurements for stay on NCCL); "always", symmpool takes every
+  // call it can (tests); "nccl-windows", NCCL over its symmetric windows
+  // takes them (tests, benchmarks); "0", NCCL runs every collective.
+  static RoutingSettings from_process();
 };
+
+// SYMMPOOL_NCCL_WINDOWS=0: a "symm" group makes no NCCL windows of its
+// symmetric segments (they stay registered locally).
+bool nccl_windows_from_process();
 
 // As the variable would be set: "0", "always", "nccl-windows", or "table" where unset.
 constexpr const char* to_string(RoutingSettings s) {

@@ -3,7 +3,7 @@
 // hash): hostname and kernel boot id, or SYMMPOOL_HOST_ID when set. Ranks
 // with different identities cannot share a symmetric heap.
 
-#include <symmpool/environment.hpp>
+#include <symmpool/env_reader.hpp>
 
 #include <string>
 
@@ -11,6 +11,7 @@ namespace symmpool {
 
 // Never empty and never contains whitespace (it travels in space-separated
 // store values).
-std::string node_identity(const Environment& env = Environment::from_process());
+// `host_id`: SYMMPOOL_HOST_ID's value (as NCCL_HOSTID), when set.
+std::string node_identity(const std::string& host_id = env::value("SYMMPOOL_HOST_ID"));
 
 }  // namespace symmpool

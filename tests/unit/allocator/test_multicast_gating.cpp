@@ -1,7 +1,5 @@
 #include "fake_fixture.hpp"
 
-#include <symmpool/node_identity.hpp>
-
 #include <unistd.h>
 
 #include <cstdlib>
@@ -104,21 +102,6 @@ TEST(Environment, ReadsTheThreeVariables) {
 
 namespace symmpool::test {
 
-TEST(Environment, ReadsTheCollectivesMode) {
-  ::unsetenv("SYMMPOOL_COLLECTIVES");
-  EXPECT_TRUE(Environment::from_process().collectives_enabled);  // where the table says so
-  EXPECT_FALSE(Environment::from_process().collectives_always);
-  ::setenv("SYMMPOOL_COLLECTIVES", "0", 1);
-  EXPECT_FALSE(Environment::from_process().collectives_enabled);
-  ::setenv("SYMMPOOL_COLLECTIVES", "1", 1);
-  EXPECT_TRUE(Environment::from_process().collectives_enabled);
-  EXPECT_FALSE(Environment::from_process().collectives_always);
-  ::setenv("SYMMPOOL_COLLECTIVES", "always", 1);
-  EXPECT_TRUE(Environment::from_process().collectives_enabled);
-  EXPECT_TRUE(Environment::from_process().collectives_always);
-  ::unsetenv("SYMMPOOL_COLLECTIVES");
-}
-
 TEST(Environment, ReadsWhetherSegmentsMoveBetweenStreams) {
   ::unsetenv("SYMMPOOL_SEGMENT_MOVES");
   EXPECT_TRUE(Environment::from_process().segment_moves);
@@ -129,42 +112,6 @@ TEST(Environment, ReadsWhetherSegmentsMoveBetweenStreams) {
   ::setenv("SYMMPOOL_SEGMENT_MOVES", "1", 1);
   EXPECT_TRUE(Environment::from_process().segment_moves);
   ::unsetenv("SYMMPOOL_SEGMENT_MOVES");
-}
-
-// The collectives' knobs are read as written; CollectiveOptions checks them.
-TEST(Environment, ReadsTheCollectivesKnobsAsWritten) {
-  const struct {
-    const char* variable;
-    std::string Environment::*field;
-  } knobs[] = {{"SYMMPOOL_MAX_BLOCKS", &Environment::max_blocks},
-               {"SYMMPOOL_COPY_STREAMS", &Environment::copy_streams},
-               {"SYMMPOOL_BARRIER_TIMEOUT", &Environment::barrier_timeout},
-               {"SYMMPOOL_ALL_REDUCE_ALGORITHM", &Environment::all_reduce_algorithm},
-               {"SYMMPOOL_REDUCE_SCATTER_ALGORITHM", &Environment::reduce_scatter_algorithm},
-               {"SYMMPOOL_TWO_STEP_PIECE_BYTES", &Environment::two_step_piece_bytes},
-               {"SYMMPOOL_FUSED_MAX_BYTES", &Environment::fused_max_bytes},
-               {"SYMMPOOL_HOST_ID", &Environment::host_id}};
-  for (const auto& knob : knobs) {
-    ::unsetenv(knob.variable);
-    EXPECT_EQ(Environment::from_process().*knob.field, "") << knob.variable;
-    ::setenv(knob.variable, "12", 1);
-    EXPECT_EQ(Environment::from_process().*knob.field, "12") << knob.variable;
-    ::unsetenv(knob.variable);
-  }
-}
-
-// Like NCCL's host hash: hostname and boot id, or SYMMPOOL_HOST_ID.
-TEST(NodeIdentity, IsHostnameAndBootIdUnlessOverridden) {
-  Environment env;
-  const std::string id = node_identity(env);
-  char host[256] = {};
-  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
-  EXPECT_EQ(id.rfind(std::string(host) + "/", 0), 0u) << id;
-  EXPECT_GT(id.size(), std::strlen(host) + 1) << "no boot id in " << id;
-  EXPECT_EQ(id.find_first_of(" \t\n"), std::string::npos) << id;
-  EXPECT_EQ(node_identity(env), id);  // stable
-  env.host_id = "rack 3\tnode";
-  EXPECT_EQ(node_identity(env), "rack_3_node");
 }
 
 }  // namespace symmpool::test

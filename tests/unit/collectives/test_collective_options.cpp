@@ -10,7 +10,7 @@ namespace symmpool::test {
 namespace {
 
 // The text of the logic_error that parsing `env` raises ("" if none).
-std::string parse_error(const Environment& env) {
+std::string parse_error(const CollectiveEnvironment& env) {
   try {
     CollectiveOptions::from(env);
   } catch (const logic_error& e) {
@@ -22,7 +22,7 @@ std::string parse_error(const Environment& env) {
 }  // namespace
 
 TEST(CollectiveOptions, UnsetVariablesKeepTheDefaults) {
-  const CollectiveOptions options = CollectiveOptions::from(Environment{});
+  const CollectiveOptions options = CollectiveOptions::from(CollectiveEnvironment{});
   EXPECT_EQ(options.max_blocks, 64);
   EXPECT_EQ(options.copy_streams, 1);
   EXPECT_FALSE(options.barrier_timeout.has_value());
@@ -33,7 +33,7 @@ TEST(CollectiveOptions, UnsetVariablesKeepTheDefaults) {
 }
 
 TEST(CollectiveOptions, ReadsEachVariable) {
-  Environment env;
+  CollectiveEnvironment env;
   env.max_blocks = "528";
   env.copy_streams = "8";
   env.barrier_timeout = "86400";
@@ -55,14 +55,14 @@ TEST(CollectiveOptions, ReadsEachVariable) {
 TEST(CollectiveOptions, ReadsTheAllReduceAlgorithmByName) {
   for (Algorithm a :
        {Algorithm::kOneShot, Algorithm::kTwoShot, Algorithm::kTwoStep, Algorithm::kLowLatency}) {
-    Environment env;
+    CollectiveEnvironment env;
     env.all_reduce_algorithm = to_string(a);
     const CollectiveOptions options = CollectiveOptions::from(env);
     ASSERT_TRUE(options.all_reduce_algorithm.has_value()) << to_string(a);
     EXPECT_EQ(*options.all_reduce_algorithm, a);
   }
   for (const char* bad : {"copy-engine push", "auto", "LL", "low_latency", " one-shot"}) {
-    Environment env;
+    CollectiveEnvironment env;
     env.all_reduce_algorithm = bad;
     EXPECT_NE(parse_error(env).find("SYMMPOOL_ALL_REDUCE_ALGORITHM must be one-shot, two-shot, two-step or "
                                     "low-latency, got '" +
@@ -74,14 +74,14 @@ TEST(CollectiveOptions, ReadsTheAllReduceAlgorithmByName) {
 
 TEST(CollectiveOptions, ReadsTheReduceScatterAlgorithmByName) {
   for (Algorithm a : {Algorithm::kOneShot, Algorithm::kTwoStep}) {
-    Environment env;
+    CollectiveEnvironment env;
     env.reduce_scatter_algorithm = to_string(a);
     const CollectiveOptions options = CollectiveOptions::from(env);
     ASSERT_TRUE(options.reduce_scatter_algorithm.has_value()) << to_string(a);
     EXPECT_EQ(*options.reduce_scatter_algorithm, a);
   }
   for (const char* bad : {"two-shot", "low-latency", "auto", "two_step"}) {
-    Environment env;
+    CollectiveEnvironment env;
     env.reduce_scatter_algorithm = bad;
     EXPECT_NE(parse_error(env).find("SYMMPOOL_REDUCE_SCATTER_ALGORITHM must be one-shot or two-step, got '" +
                                     std::string(bad) + "'"),
@@ -93,33 +93,35 @@ TEST(CollectiveOptions, ReadsTheReduceScatterAlgorithmByName) {
 // The error names the variable, its range and the value as written.
 TEST(CollectiveOptions, RefusesBadValuesNamingTheVariable) {
   const struct {
-    std::string Environment::*field;
+    std::string CollectiveEnvironment::*field;
     const char* value;
     const char* message;
   } cases[] = {
-      {&Environment::max_blocks, "lots",
+      {&CollectiveEnvironment::max_blocks, "lots",
        "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got 'lots'"},
-      {&Environment::max_blocks, "0", "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got '0'"},
-      {&Environment::max_blocks, "65536",
+      {&CollectiveEnvironment::max_blocks, "0",
+       "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got '0'"},
+      {&CollectiveEnvironment::max_blocks, "65536",
        "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got '65536'"},
-      {&Environment::max_blocks, "64 ",
+      {&CollectiveEnvironment::max_blocks, "64 ",
        "SYMMPOOL_MAX_BLOCKS must be a whole number from 1 to 65535, got '64 '"},
-      {&Environment::copy_streams, "9", "SYMMPOOL_COPY_STREAMS must be a whole number from 1 to 8, got '9'"},
-      {&Environment::barrier_timeout, "0",
+      {&CollectiveEnvironment::copy_streams, "9",
+       "SYMMPOOL_COPY_STREAMS must be a whole number from 1 to 8, got '9'"},
+      {&CollectiveEnvironment::barrier_timeout, "0",
        "SYMMPOOL_BARRIER_TIMEOUT must be a whole number from 1 to 86400, got '0'"},
-      {&Environment::barrier_timeout, "1e3",
+      {&CollectiveEnvironment::barrier_timeout, "1e3",
        "SYMMPOOL_BARRIER_TIMEOUT must be a whole number from 1 to 86400, got '1e3'"},
-      {&Environment::two_step_piece_bytes, "65535",
+      {&CollectiveEnvironment::two_step_piece_bytes, "65535",
        "SYMMPOOL_TWO_STEP_PIECE_BYTES must be a whole number from 65536 to 268435456, got '65535'"},
-      {&Environment::two_step_piece_bytes, "1G",
+      {&CollectiveEnvironment::two_step_piece_bytes, "1G",
        "SYMMPOOL_TWO_STEP_PIECE_BYTES must be a whole number from 65536 to 268435456, got '1G'"},
-      {&Environment::fused_max_bytes, "-1",
+      {&CollectiveEnvironment::fused_max_bytes, "-1",
        "SYMMPOOL_FUSED_MAX_BYTES must be a whole number from 0 to 2147483647, got '-1'"},
-      {&Environment::fused_max_bytes, "4G",
+      {&CollectiveEnvironment::fused_max_bytes, "4G",
        "SYMMPOOL_FUSED_MAX_BYTES must be a whole number from 0 to 2147483647, got '4G'"},
   };
   for (const auto& c : cases) {
-    Environment env;
+    CollectiveEnvironment env;
     env.*c.field = c.value;
     const std::string error = parse_error(env);
     EXPECT_NE(error.find(c.message), std::string::npos) << "value '" << c.value << "': " << error;
@@ -153,6 +155,27 @@ TEST(CollectiveOptions, CheckRefusesFieldsOutOfRange) {
   EXPECT_THROW(options.check(), logic_error);
   options.fused_max_bytes = 0;
   EXPECT_NO_THROW(options.check());
+}
+
+// The collectives' knobs are read as written; CollectiveOptions checks them.
+TEST(CollectiveOptions, VariablesAreReadAsWritten) {
+  const struct {
+    const char* variable;
+    std::string CollectiveEnvironment::*field;
+  } knobs[] = {{"SYMMPOOL_MAX_BLOCKS", &CollectiveEnvironment::max_blocks},
+               {"SYMMPOOL_COPY_STREAMS", &CollectiveEnvironment::copy_streams},
+               {"SYMMPOOL_BARRIER_TIMEOUT", &CollectiveEnvironment::barrier_timeout},
+               {"SYMMPOOL_ALL_REDUCE_ALGORITHM", &CollectiveEnvironment::all_reduce_algorithm},
+               {"SYMMPOOL_REDUCE_SCATTER_ALGORITHM", &CollectiveEnvironment::reduce_scatter_algorithm},
+               {"SYMMPOOL_TWO_STEP_PIECE_BYTES", &CollectiveEnvironment::two_step_piece_bytes},
+               {"SYMMPOOL_FUSED_MAX_BYTES", &CollectiveEnvironment::fused_max_bytes}};
+  for (const auto& knob : knobs) {
+    ::unsetenv(knob.variable);
+    EXPECT_EQ(CollectiveEnvironment::from_process().*knob.field, "") << knob.variable;
+    ::setenv(knob.variable, "12", 1);
+    EXPECT_EQ(CollectiveEnvironment::from_process().*knob.field, "12") << knob.variable;
+    ::unsetenv(knob.variable);
+  }
 }
 
 }  // namespace symmpool::test

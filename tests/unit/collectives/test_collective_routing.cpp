@@ -1,5 +1,5 @@
 #include <symmpool/collective_routing.hpp>
-#include <symmpool/environment.hpp>
+#include <symmpool/log.hpp>
 
 #include <gtest/gtest.h>
 
@@ -122,11 +122,11 @@ TEST(CollectiveRouting, ReasonsAreDistinctAndSayWhoCountsThem) {
 
 TEST(CollectiveRouting, DebugRoutingIsReadFromTheEnvironment) {
   ::unsetenv("SYMMPOOL_DEBUG_ROUTING");
-  EXPECT_FALSE(Environment::from_process().debug_routing);
+  EXPECT_FALSE(log::routing_requested());
   ::setenv("SYMMPOOL_DEBUG_ROUTING", "1", 1);
-  EXPECT_TRUE(Environment::from_process().debug_routing);
+  EXPECT_TRUE(log::routing_requested());
   ::setenv("SYMMPOOL_DEBUG_ROUTING", "0", 1);
-  EXPECT_FALSE(Environment::from_process().debug_routing);
+  EXPECT_FALSE(log::routing_requested());
   ::unsetenv("SYMMPOOL_DEBUG_ROUTING");
 }
 
@@ -156,15 +156,26 @@ TEST(CollectiveRouting, NcclWindowsTakesEveryEligibleCall) {
   }
 }
 
-TEST(CollectiveRouting, EnvironmentReadsTheNcclWindowSettings) {
-  ::setenv("SYMMPOOL_COLLECTIVES", "nccl-windows", 1);
-  EXPECT_TRUE(Environment::from_process().collectives_nccl_windows);
-  EXPECT_FALSE(Environment::from_process().collectives_always);
+TEST(CollectiveRouting, SettingsAreReadFromTheEnvironment) {
   ::unsetenv("SYMMPOOL_COLLECTIVES");
-  EXPECT_FALSE(Environment::from_process().collectives_nccl_windows);
-  EXPECT_TRUE(Environment::from_process().nccl_windows);  // on unless turned off
+  EXPECT_TRUE(RoutingSettings::from_process().enabled);  // where the table says so
+  EXPECT_FALSE(RoutingSettings::from_process().always);
+  ::setenv("SYMMPOOL_COLLECTIVES", "0", 1);
+  EXPECT_FALSE(RoutingSettings::from_process().enabled);
+  ::setenv("SYMMPOOL_COLLECTIVES", "1", 1);
+  EXPECT_TRUE(RoutingSettings::from_process().enabled);
+  EXPECT_FALSE(RoutingSettings::from_process().always);
+  ::setenv("SYMMPOOL_COLLECTIVES", "Always", 1);
+  EXPECT_TRUE(RoutingSettings::from_process().enabled);
+  EXPECT_TRUE(RoutingSettings::from_process().always);
+  ::setenv("SYMMPOOL_COLLECTIVES", "nccl-windows", 1);
+  EXPECT_TRUE(RoutingSettings::from_process().nccl_windows);
+  EXPECT_FALSE(RoutingSettings::from_process().always);
+  ::unsetenv("SYMMPOOL_COLLECTIVES");
+  EXPECT_FALSE(RoutingSettings::from_process().nccl_windows);
+  EXPECT_TRUE(nccl_windows_from_process());  // on unless turned off
   ::setenv("SYMMPOOL_NCCL_WINDOWS", "0", 1);
-  EXPECT_FALSE(Environment::from_process().nccl_windows);
+  EXPECT_FALSE(nccl_windows_from_process());
   ::unsetenv("SYMMPOOL_NCCL_WINDOWS");
 }
 

@@ -29,6 +29,9 @@ enum Subsys : unsigned {
 Level parse_level(const std::string& text);
 unsigned parse_subsystems(const std::string& text);
 
+// SYMMPOOL_DEBUG_ROUTING=1 (read now): the routing subsystem at INFO.
+bool routing_requested();
+
 // Whether a message of `level` about `subsys` is printed (read once from
 // the environment, unless set_filter changed it).
 bool enabled(Level level, Subsys subsys);

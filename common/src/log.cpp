@@ -1,4 +1,4 @@
-#include <symmpool/environment.hpp>
+#include <symmpool/env_reader.hpp>
 #include <symmpool/error.hpp>
 #include <symmpool/log.hpp>
 
@@ -26,24 +26,32 @@ struct Filter {
   std::atomic<unsigned> subsystems;
 };
 
+}  // namespace
+
+bool routing_requested() { return env::is_true("SYMMPOOL_DEBUG_ROUTING"); }
+
+namespace {
+
 // Read once; a value the parser refuses is said once and the default kept
 // (no exception may leave a logging call).
 Filter& filter() {
   static Filter* f = [] {
     auto* made = new Filter;  // never destroyed: messages may come during static destruction
-    const Environment env = Environment::from_process();
+    // The logger's own settings: SYMMPOOL_DEBUG, SYMMPOOL_DEBUG_SUBSYS, SYMMPOOL_DEBUG_ROUTING.
+    const std::string debug_level = env::value("SYMMPOOL_DEBUG");
+    const std::string debug_subsystems = env::value("SYMMPOOL_DEBUG_SUBSYS");
     Level level = Level::kWarn;
     unsigned subsystems = kAll;
     try {
-      if (!env.debug_level.empty()) level = parse_level(env.debug_level);
-      if (!env.debug_subsystems.empty()) subsystems = parse_subsystems(env.debug_subsystems);
+      if (!debug_level.empty()) level = parse_level(debug_level);
+      if (!debug_subsystems.empty()) subsystems = parse_subsystems(debug_subsystems);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "symmpool WARN %s; using SYMMPOOL_DEBUG=WARN, every subsystem\n", e.what());
     }
-    if (env.debug_routing && level < Level::kInfo) {
+    if (routing_requested() && level < Level::kInfo) {
       // SYMMPOOL_DEBUG_ROUTING=1: the routing subsystem at INFO, the others as they were.
       level = Level::kInfo;
-      subsystems = env.debug_level.empty() ? static_cast<unsigned>(kRouting) : (subsystems | kRouting);
+      subsystems = debug_level.empty() ? static_cast<unsigned>(kRouting) : (subsystems | kRouting);
     }
     made->level = static_cast<int>(level);
     made->subsystems = subsystems;
