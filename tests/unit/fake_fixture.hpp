@@ -89,4 +89,15 @@ class FakeDriverTest : public ::testing::Test {
   }
 };
 
+// A fake device of 8 GiB, for the randomized tests: their live sets peak
+// near 1-2 GiB.
+class LargeFakeDeviceTest : public FakeDriverTest {
+ protected:
+  FakeDeviceConfig config() override {
+    FakeDeviceConfig c;
+    c.total_memory = std::size_t{8} << 30;
+    return c;
+  }
+};
+
 }  // namespace symmpool::test

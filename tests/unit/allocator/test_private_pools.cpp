@@ -214,14 +214,7 @@ TEST_F(PrivatePoolTest, ACheckpointWhoseSegmentIsGoneIsRefused) {
 // released with live blocks left): live blocks never overlap, each lies in
 // the pool it was made for, every pool's live set is what the model says,
 // and at the end nothing is left.
-class RandomPrivatePoolTest : public PrivatePoolTest {
- protected:
-  FakeDeviceConfig config() override {
-    FakeDeviceConfig c;
-    c.total_memory = std::size_t{8} << 30;  // the live set peaks near 2 GiB
-    return c;
-  }
-};
+using RandomPrivatePoolTest = LargeFakeDeviceTest;
 
 TEST_F(RandomPrivatePoolTest, RandomWorkKeepsEveryBlockInItsPool) {
   auto a = make_allocator();

@@ -10,14 +10,7 @@
 
 namespace symmpool::test {
 
-class RandomizedTest : public FakeDriverTest {
- protected:
-  FakeDeviceConfig config() override {
-    FakeDeviceConfig c;
-    c.total_memory = std::size_t{8} << 30;  // the live set peaks near 1 GiB
-    return c;
-  }
-};
+using RandomizedTest = LargeFakeDeviceTest;
 
 struct Live {
   std::size_t size;
