@@ -55,4 +55,12 @@ cudaError_t launch_wait(const PeerSignals& signals, int peer, std::uint32_t* rec
   return cudaGetLastError();
 }
 
+// The barrier, signal and wait kernels (kernels.hpp, load_*_kernels).
+cudaError_t load_barrier_kernels() {
+  const void* kernels[] = {reinterpret_cast<const void*>(barrier_kernel),
+                           reinterpret_cast<const void*>(signal_kernel),
+                           reinterpret_cast<const void*>(wait_kernel)};
+  return load_kernels(kernels, sizeof kernels / sizeof kernels[0]);
+}
+
 }  // namespace symmpool::detail

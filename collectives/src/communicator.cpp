@@ -13,6 +13,7 @@
 #include "event_pool.hpp"
 #include "failure_monitor.hpp"
 #include "issue_order.hpp"
+#include "kernels.hpp"
 #include "on_device.hpp"
 #include "relaxed_capture.hpp"
 #include "stream_op_watchdog.hpp"
@@ -79,6 +80,7 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   // A constructor that throws leaves nothing behind (no slot, no host memory).
   detail::ScopeExit undo([this] { release_resources(); });
   allocate_signal_pads();
+  detail::load_collective_kernels(device);  // not at a first launch behind a waiting barrier
   SYMMPOOL_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&error_words_), sizeof(detail::ErrorWords),
                                   cudaHostAllocMapped));
   *error_words_ = detail::ErrorWords{0, 0, 0};

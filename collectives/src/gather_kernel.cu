@@ -67,4 +67,12 @@ cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, c
   });
 }
 
+// Every instantiation launch_gather_copy may launch (kernels.hpp, load_*_kernels).
+cudaError_t load_gather_kernels() {
+  const void* kernels[] = {reinterpret_cast<const void*>(gather_copy_kernel<2>),
+                           reinterpret_cast<const void*>(gather_copy_kernel<4>),
+                           reinterpret_cast<const void*>(gather_copy_kernel<kMaxRanks>)};
+  return load_kernels(kernels, sizeof kernels / sizeof kernels[0]);
+}
+
 }  // namespace symmpool::detail

@@ -97,4 +97,19 @@ void launch_low_latency_all_reduce(const LowLatencyLaunch& launch, cudaStream_t 
 cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, char* dst, std::size_t bytes,
                                int world, cudaStream_t stream);
 
+// CUDA loads a kernel at its first launch by default (lazy loading), and
+// that load may wait for the whole context: behind a barrier kernel that
+// waits for a peer, the host thread would stop there until the peer comes or
+// the barrier gives up. Each file's kernels load at a communicator's setup
+// instead (NCCL loads its kernels at init for the same reason).
+cudaError_t load_reduce_kernels();
+cudaError_t load_gather_kernels();
+cudaError_t load_barrier_kernels();
+cudaError_t load_low_latency_kernels();
+// Loads `count` kernels into the current context (cudaFuncGetAttributes).
+cudaError_t load_kernels(const void* const* kernels, std::size_t count);
+// All of the above, once per device and process; a failure is said and
+// leaves the kernels to load at their first launch.
+void load_collective_kernels(int device);
+
 }  // namespace symmpool::detail

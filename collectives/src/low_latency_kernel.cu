@@ -215,4 +215,12 @@ void launch_low_latency_all_reduce(const LowLatencyLaunch& launch, cudaStream_t 
   SYMMPOOL_CUDA_TRY(cudaErrorInvalidValue);
 }
 
+// Every instantiation launch_low_latency_all_reduce may launch (kernels.hpp, load_*_kernels).
+cudaError_t load_low_latency_kernels() {
+  const void* kernels[] = {reinterpret_cast<const void*>(low_latency_all_reduce_kernel<float>),
+                           reinterpret_cast<const void*>(low_latency_all_reduce_kernel<__half>),
+                           reinterpret_cast<const void*>(low_latency_all_reduce_kernel<__nv_bfloat16>)};
+  return load_kernels(kernels, sizeof kernels / sizeof kernels[0]);
+}
+
 }  // namespace symmpool::detail

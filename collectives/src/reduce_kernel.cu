@@ -133,4 +133,18 @@ cudaError_t launch_reduce(const ReduceLaunch& launch, cudaStream_t stream) {
   return cudaErrorInvalidValue;
 }
 
+// Every instantiation launch_reduce may launch (kernels.hpp, load_*_kernels).
+cudaError_t load_reduce_kernels() {
+  const void* kernels[] = {reinterpret_cast<const void*>(reduce_kernel<float, 2>),
+                           reinterpret_cast<const void*>(reduce_kernel<float, 4>),
+                           reinterpret_cast<const void*>(reduce_kernel<float, kMaxRanks>),
+                           reinterpret_cast<const void*>(reduce_kernel<__half, 2>),
+                           reinterpret_cast<const void*>(reduce_kernel<__half, 4>),
+                           reinterpret_cast<const void*>(reduce_kernel<__half, kMaxRanks>),
+                           reinterpret_cast<const void*>(reduce_kernel<__nv_bfloat16, 2>),
+                           reinterpret_cast<const void*>(reduce_kernel<__nv_bfloat16, 4>),
+                           reinterpret_cast<const void*>(reduce_kernel<__nv_bfloat16, kMaxRanks>)};
+  return load_kernels(kernels, sizeof kernels / sizeof kernels[0]);
+}
+
 }  // namespace symmpool::detail
