@@ -10,13 +10,6 @@
 
 namespace symmpool::detail {
 
-cudaError_t load_kernels(const void* const* kernels, std::size_t count) {
-  cudaFuncAttributes attributes{};
-  for (std::size_t i = 0; i < count; ++i)
-    if (cudaError_t e = cudaFuncGetAttributes(&attributes, kernels[i]); e != cudaSuccess) return e;
-  return cudaSuccess;
-}
-
 void load_collective_kernels(int device) {
   static std::mutex mutex;
   static std::set<int> loaded;  // devices whose context has them

@@ -107,7 +107,13 @@ cudaError_t load_gather_kernels();
 cudaError_t load_barrier_kernels();
 cudaError_t load_low_latency_kernels();
 // Loads `count` kernels into the current context (cudaFuncGetAttributes).
-cudaError_t load_kernels(const void* const* kernels, std::size_t count);
+// Inline: a bench builds a kernel file without the rest of the library.
+inline cudaError_t load_kernels(const void* const* kernels, std::size_t count) {
+  cudaFuncAttributes attributes{};
+  for (std::size_t i = 0; i < count; ++i)
+    if (cudaError_t e = cudaFuncGetAttributes(&attributes, kernels[i]); e != cudaSuccess) return e;
+  return cudaSuccess;
+}
 // All of the above, once per device and process; a failure is said and
 // leaves the kernels to load at their first launch.
 void load_collective_kernels(int device);
