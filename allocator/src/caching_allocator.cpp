@@ -108,7 +108,7 @@ void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
 
   const std::size_t size = round_size(bytes);
   const bool small = size <= kSmallSize;
-  PrivatePool* owner = capture_under_way() ? route(stream) : nullptr;
+  PrivatePool* owner = routing_to_private_pool() ? route(stream) : nullptr;
   Pool& pool = pool_for(owner, small);
 
   Block* block = find_free_block(pool, stream, size);
@@ -272,7 +272,7 @@ void CachingAllocator::release(Block* block, CUstream stream) {
   }
   // While a capture may be under way the events wait for its end (an event
   // recorded on a capturing stream orders nothing outside the graph).
-  if (capture_under_way()) {
+  if (routing_to_private_pool()) {
     unrecorded_.push_back(block);
     return;
   }

@@ -31,7 +31,7 @@ void CachingAllocator::record_events(Block* block) {
 }
 
 void CachingAllocator::retry_unrecorded_events() {
-  if (capture_under_way()) return;  // see release
+  if (routing_to_private_pool()) return;  // see release
   while (!unrecorded_.empty()) {
     record_events(unrecorded_.back());  // on failure the block stays listed
     unrecorded_.pop_back();

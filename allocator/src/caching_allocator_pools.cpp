@@ -85,17 +85,7 @@ std::size_t CachingAllocator::empty_pool_cache(PoolId id) {
   auto it = private_pools_.find(id);
   if (it == private_pools_.end() || !it->second->unused()) return 0;  // as PyTorch: only pools nothing uses
   synchronize_events();
-  std::vector<Block*> idle;
-  for (auto& [segment, head] : segment_heads_)
-    if (head->owner == it->second.get() && releasable(head)) idle.push_back(head);
-  if (idle.empty()) return 0;
-  ContextGuard guard(drv_, arena_->context());
-  SYMMPOOL_CU_TRY(drv_, cuCtxSynchronize());  // see release_cached_segments
-  std::exception_ptr first_failure;
-  std::size_t released = 0;
-  for (Block* head : idle) released += unmap_keeping_failure(head, first_failure);
-  if (first_failure) std::rethrow_exception(first_failure);
-  return released;
+  return release_cached_segments(it->second.get());
 }
 
 bool CachingAllocator::pool_live_allocations_are(PoolId id, const std::unordered_set<void*>& expected) const {

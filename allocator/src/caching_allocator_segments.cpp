@@ -55,12 +55,13 @@ std::size_t CachingAllocator::unmap_keeping_failure(Block* head, std::exception_
   }
 }
 
-std::size_t CachingAllocator::release_cached_segments() {
+std::size_t CachingAllocator::release_cached_segments(const PrivatePool* only) {
   ContextGuard guard(drv_, arena_->context());
   std::vector<Block*> idle;
   for (auto& [id, head] : segment_heads_)
-    if (releasable(head)) idle.push_back(head);
-  if (idle.empty() && retiring_.empty()) return 0;
+    if ((only == nullptr || head->owner == only) && releasable(head)) idle.push_back(head);
+  const bool retired = only == nullptr && !retiring_.empty();
+  if (idle.empty() && !retired) return 0;
   // Blocks are free in stream order: work queued before their free may still
   // use them, and cuMemUnmap is not known to wait for it as cudaFree does
   // (PyTorch's expandable segments sync before they unmap for that reason).
@@ -70,7 +71,7 @@ std::size_t CachingAllocator::release_cached_segments() {
   // Every segment gets its unmap even where one fails; the first failure is
   // thrown once all were tried.
   std::exception_ptr first_failure;
-  std::size_t released = finish_retiring(/*wait=*/true, &first_failure);
+  std::size_t released = retired ? finish_retiring(/*wait=*/true, &first_failure) : 0;
   for (Block* head : idle) released += unmap_keeping_failure(head, first_failure);
   if (first_failure) std::rethrow_exception(first_failure);
   return released;

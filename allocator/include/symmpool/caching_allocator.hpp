@@ -220,7 +220,8 @@ class CachingAllocator {
   PrivatePool* route(CUstream stream) const;  // the private pool an allocation on `stream` goes to, or null
   PrivatePool& private_pool(PoolId id, const char* action) const;  // throws logic_error if unknown
   Pool& pool_for(PrivatePool* owner, bool small);
-  bool capture_under_way() const { return !routes_.empty(); }
+  // Some allocations go to a private pool (a capture or a MemPool context).
+  bool routing_to_private_pool() const { return !routes_.empty(); }
   void free_live_blocks_of(PrivatePool& pool, PoolRestore& restore);
   void carve_checkpoint_segment(const PoolCheckpoint::Segment& segment, PoolRestore& restore);
   Block* take_active(void* ptr);                // removes a live block; throws if unknown
@@ -232,7 +233,8 @@ class CachingAllocator {
   void process_events();
   void synchronize_events();          // every free, unrecorded ones included
   void synchronize_pending_events();  // the recorded ones
-  std::size_t release_cached_segments();
+  // The releasable segments of `only` (of every pool, the retired ones too, where null) unmapped.
+  std::size_t release_cached_segments(const PrivatePool* only = nullptr);
   void retire_outgrown_segments(CUstream stream);
   Block* take_idle_segment_of_another_stream(std::size_t size, CUstream stream);
   bool capturing(CUstream stream) const;
