@@ -29,16 +29,14 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> all_gather_then_matmul(Communica
   for (const at::Tensor& B : Bs) outs.push_back(at::empty({world * m, B.size(1)}, x.options()));
   steps.mark("setup");
 
-  // Our shard where the peers read it, then the group's all-gather (the
-  // peers read it into `gathered`, which is not symmetric: a pull where the
-  // table would push).
-  copy_bytes(mine.data_ptr(), x.data_ptr(), shard_bytes, use.main());
-  steps.mark("stage");
+  // The group's all-gather, our shard staged where the peers read it within
+  // the call (the peers read into `gathered`, which is not symmetric: a
+  // pull where the table would push).
   Algorithm algorithm = choose_algorithm(CollectiveKind::kAllGather, shard_bytes * world, world);
   if (algorithm == Algorithm::kCopyEnginePush) algorithm = Algorithm::kCopyEnginePull;
   call_translating_errors([&] {
-    comm.all_gather(mine.data_ptr(), gathered.data_ptr(), shard_bytes, use.main().stream(), algorithm,
-                    BarrierKind::kStreamOps);
+    comm.all_gather_staged(x.data_ptr(), mine.data_ptr(), gathered.data_ptr(), shard_bytes,
+                           use.main().stream(), algorithm, BarrierKind::kStreamOps);
     return 0;
   });
   steps.mark("gather");

@@ -114,7 +114,13 @@ at::Tensor staging(const at::Tensor& workspace, at::IntArrayRef sizes, at::Scala
   const std::int64_t bytes = count * static_cast<std::int64_t>(c10::elementSize(dtype));
   TORCH_CHECK(bytes <= workspace.numel(), "symmpool fused ops: the workspace holds ", workspace.numel(),
               " bytes, ", bytes, " are needed");
-  return workspace.narrow(0, 0, bytes).view(dtype).view(sizes);
+  // One tensor made over the workspace's bytes (three views cost three
+  // dispatches); the workspace outlives the call that uses it.
+  // target_device: the pointer is not asked which device it is on.
+  return at::for_blob(workspace.data_ptr(), sizes)
+      .options(workspace.options().dtype(dtype))
+      .target_device(workspace.device())
+      .make_tensor();
 }
 
 void check_matrix(const at::Tensor& t, const char* name) {

@@ -24,8 +24,18 @@ void Communicator::all_gather(const void* in, void* out, std::size_t bytes_per_r
            [&] { enqueue_all_gather(in, out, bytes_per_rank, stream, algorithm, kind); });
 }
 
+void Communicator::all_gather_staged(const void* local, void* stage, void* out, std::size_t bytes_per_rank,
+                                     cudaStream_t stream, Algorithm algorithm, BarrierKind kind) {
+  check_errors();
+  begin_call("all_gather");
+  if (bytes_per_rank == 0) return;
+  in_order(stream, "all_gather", bytes_per_rank * static_cast<std::size_t>(world()),
+           [&] { enqueue_all_gather(stage, out, bytes_per_rank, stream, algorithm, kind, local); });
+}
+
 void Communicator::enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank,
-                                      cudaStream_t stream, Algorithm algorithm, BarrierKind kind) {
+                                      cudaStream_t stream, Algorithm algorithm, BarrierKind kind,
+                                      const void* stage_from) {
   const int n = world(), me = rank();
   const std::size_t total = bytes_per_rank * static_cast<std::size_t>(n);
   if (algorithm == Algorithm::kAuto) algorithm = choose_algorithm(CollectiveKind::kAllGather, total, n);
@@ -48,11 +58,16 @@ void Communicator::enqueue_all_gather(const void* in, void* out, std::size_t byt
   if (algorithm == Algorithm::kKernel) {
     detail::PeerPointers src{};
     for (int p = 0; p < n; ++p) src.ptr[p] = p == me ? in : peer_input(p);
+    const detail::Staging staging{static_cast<const char*>(stage_from),
+                                  static_cast<char*>(const_cast<void*>(in))};
     SYMMPOOL_CUDA_TRY(detail::launch_gather_copy(block_sync(true), src, static_cast<char*>(out),
-                                                 bytes_per_rank, n, stream));
+                                                 bytes_per_rank, n, stream, staging));
     detail::count_algorithm(algorithm);
     return;
   }
+  if (stage_from != nullptr)  // before the first meeting: the peers read `in` after it
+    SYMMPOOL_CUDA_TRY(
+        cudaMemcpyAsync(const_cast<void*>(in), stage_from, bytes_per_rank, cudaMemcpyDeviceToDevice, stream));
   std::vector<detail::Copy> copies;
   for (int k = 1; k < n; ++k) {
     const int p = (me + k) % n;  // spread the copies over the links

@@ -93,9 +93,17 @@ struct LowLatencyLaunch {
 // Throws symmpool::cuda_error where the launch fails.
 void launch_low_latency_all_reduce(const LowLatencyLaunch& launch, cudaStream_t stream);
 
-// dst[p * bytes, (p + 1) * bytes) = src_p[0, bytes) for every p < world.
+// What a gather kernel copies into this rank's own input before it meets
+// the peers (null `from`: nothing).
+struct Staging {
+  const char* from = nullptr;
+  char* to = nullptr;  // src.ptr[rank]
+};
+
+// dst[p * bytes, (p + 1) * bytes) = src_p[0, bytes) for every p < world;
+// src_rank filled from `staging.from` first where given.
 cudaError_t launch_gather_copy(const BlockSync& sync, const PeerPointers& src, char* dst, std::size_t bytes,
-                               int world, cudaStream_t stream);
+                               int world, cudaStream_t stream, Staging staging = {});
 
 // CUDA loads a kernel at its first launch by default (lazy loading), and
 // that load may wait for the whole context: behind a barrier kernel that

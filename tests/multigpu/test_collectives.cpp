@@ -1,9 +1,10 @@
 // symmpool's collectives against a host reference and against NCCL, one
 // process per rank: random data, every dtype, odd sizes, every algorithm in
-// and out of place, both barrier kinds, many back-to-back runs, inside a
-// CUDA graph, issued on two streams, and the errors for bad input. NCCL is
-// checked against the same host reference, so symmpool and NCCL agree bit
-// for bit. Peers that die or share a GPU: test_collective_failures.cpp.
+// and out of place and staged from plain memory, both barrier kinds, many
+// back-to-back runs, inside a CUDA graph, issued on two streams, and the
+// errors for bad input. NCCL is checked against the same host reference, so
+// symmpool and NCCL agree bit for bit. Peers that die or share a GPU:
+// test_collective_failures.cpp.
 
 #include "process_group.hpp"
 #include "rank_checks.hpp"
@@ -184,7 +185,10 @@ int correctness(Ctx& c) {
       const Bytes gathered = expected_all_gather(seed, world, n, t);
       void* in = dev(c, bytes);
       void* out = dev(c, total);
+      void* local = nullptr;  // outside the heap: what all_gather_staged stages from
+      RANK_CUDA(cudaMalloc(&local, bytes));
       failures += upload(c, in, mine);
+      failures += upload(c, local, mine);
       {
         failures += poison(c, out, total);
         RANK_NCCL(ncclAllGather(in, out, n, nccl_type(t), c.nccl, c.stream));
@@ -199,7 +203,13 @@ int correctness(Ctx& c) {
         failures += upload(c, slice, mine);
         c.comm->all_gather(slice, out, bytes, c.stream, ag.algorithm, ag.barrier);
         failures += check(c, out, gathered, std::string(ag.name) + " in place", t, n);
+        failures += poison(c, out, total);
+        failures += poison(c, in, bytes);  // the call fills it from `local` before the peers read it
+        c.comm->all_gather_staged(local, in, out, bytes, c.stream, ag.algorithm, ag.barrier);
+        failures += check(c, out, gathered, std::string(ag.name) + " staged", t, n);
+        failures += upload(c, in, mine);
       }
+      RANK_CUDA(cudaFree(local));
       release(c, in);
       release(c, out);
 

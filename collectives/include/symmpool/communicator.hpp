@@ -109,6 +109,13 @@ class Communicator {
   // `kind` is the barrier of the copy-engine algorithms.
   void all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
                   Algorithm algorithm = Algorithm::kAuto, BarrierKind kind = BarrierKind::kKernel);
+  // all_gather of `local`, any device memory of this rank: it is first
+  // copied into `stage`, a symmetric buffer of bytes_per_rank that the peers
+  // read, within the call (the kernel algorithm stages it itself before it
+  // meets the peers: one launch less than a copy and an all_gather).
+  void all_gather_staged(const void* local, void* stage, void* out, std::size_t bytes_per_rank,
+                         cudaStream_t stream, Algorithm algorithm = Algorithm::kAuto,
+                         BarrierKind kind = BarrierKind::kKernel);
   // in holds world * count elements, out count.
   void reduce_scatter(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
                       cudaStream_t stream, Algorithm algorithm = Algorithm::kAuto);
@@ -242,8 +249,9 @@ class Communicator {
   detail::BlockSync block_sync(bool fused);
 
   // all_gather.cpp
+  // With `stage_from`, `in` is first filled from it (all_gather_staged).
   void enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
-                          Algorithm algorithm, BarrierKind kind);
+                          Algorithm algorithm, BarrierKind kind, const void* stage_from = nullptr);
 
   // Reductions: the entry points pick an algorithm (two_step.cpp for
   // reduce_scatter, two_shot.cpp for all_reduce); one_shot.cpp and
