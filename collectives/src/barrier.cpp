@@ -58,52 +58,52 @@ std::uint64_t* call_words_of(std::uint32_t* pads) {
 }  // namespace
 
 void Communicator::allocate_signal_pads() {
-  internal_ = heap_.allocate_internal();  // collective: the same offset on every rank
-  pads_ = static_cast<std::uint32_t*>(internal_);
-  kernel_epoch_ = pads_ + kPadWords;
-  block_epochs_ = kernel_epoch_ + 1;
-  signals_sent_ = block_epochs_ + detail::kMaxSyncBlocks;
-  signals_received_ = signals_sent_ + detail::kMaxRanks;
-  low_latency_epoch_ = signals_received_ + detail::kMaxRanks;
-  failed_word_ = low_latency_epoch_ + 2;
+  words_.internal = heap_.allocate_internal();  // collective: the same offset on every rank
+  words_.pads = static_cast<std::uint32_t*>(words_.internal);
+  words_.kernel_epoch = words_.pads + kPadWords;
+  words_.block_epochs = words_.kernel_epoch + 1;
+  words_.signals_sent = words_.block_epochs + detail::kMaxSyncBlocks;
+  words_.signals_received = words_.signals_sent + detail::kMaxRanks;
+  words_.low_latency_epoch = words_.signals_received + detail::kMaxRanks;
+  words_.failed_word = words_.low_latency_epoch + 2;
   const std::size_t slot_bytes = allocator_.granularity();  // an internal slot is one granule
-  packets_ = static_cast<char*>(internal_) + kPacketsOffset;
-  low_latency_max_bytes_ = low_latency_capacity(slot_bytes, world());
+  words_.packets = static_cast<char*>(words_.internal) + kPacketsOffset;
+  tuning_.low_latency_max_bytes = low_latency_capacity(slot_bytes, world());
   cudaStream_t setup = nullptr;  // private: a device-wide sync would break a capture
   SYMMPOOL_CUDA_TRY(cudaStreamCreateWithFlags(&setup, cudaStreamNonBlocking));
   detail::ScopeExit destroy([setup] { cudaStreamDestroy(setup); });
   // All of it: a packet left over in fresh memory could carry a flag a call expects.
-  SYMMPOOL_CUDA_TRY(cudaMemsetAsync(pads_, 0, slot_bytes, setup));
+  SYMMPOOL_CUDA_TRY(cudaMemsetAsync(words_.pads, 0, slot_bytes, setup));
   SYMMPOOL_CUDA_TRY(cudaStreamSynchronize(setup));
 }
 
 void Communicator::map_signal_pads() {
-  heap_.check_symmetric(pads_, kPadBytes, "signal pads");  // by construction; checked all the same
+  heap_.check_symmetric(words_.pads, kPadBytes, "signal pads");  // by construction; checked all the same
   // Fixed for the communicator's life: asked per call, the clock-rate query
   // (a slow driver call) would add its host time to every call.
   for (int p = 0; p < world(); ++p)
-    peer_pads_.peer[p] = static_cast<std::uint32_t*>(heap_.peer_ptr(pads_, p));
-  if (low_latency_max_bytes_ > 0)
+    words_.peer_pads.peer[p] = static_cast<std::uint32_t*>(heap_.peer_ptr(words_.pads, p));
+  if (tuning_.low_latency_max_bytes > 0)
     for (int p = 0; p < world(); ++p)
-      packet_regions_.ptr[p] =
-          heap_.peer_ptr(packets_, p, 4 * static_cast<std::size_t>(world()) * low_latency_max_bytes_);
+      words_.packet_regions.ptr[p] = heap_.peer_ptr(
+          words_.packets, p, 4 * static_cast<std::size_t>(world()) * tuning_.low_latency_max_bytes);
   int khz = 0;
   SYMMPOOL_CUDA_TRY(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, allocator_.device()));
-  timeout_cycles_ = static_cast<long long>(khz) * 1000LL * timeout_seconds_;
+  tuning_.timeout_cycles = static_cast<long long>(khz) * 1000LL * tuning_.timeout_seconds;
 }
 
 detail::FailureWords Communicator::failure_words() const {
   detail::FailureWords f;
-  f.error_flag = error_flag_;
-  f.failed = failed_word_;
-  f.timeout_cycles = timeout_cycles_;
+  f.error_flag = words_.error_flag;
+  f.failed = words_.failed_word;
+  f.timeout_cycles = tuning_.timeout_cycles;
   return f;
 }
 
 detail::PeerSignals Communicator::peer_signals() const {
   detail::PeerSignals s;
-  s.peers = peer_pads_;
-  s.my_pads = pads_;
+  s.peers = words_.peer_pads;
+  s.my_pads = words_.pads;
   s.rank = rank();
   s.failure = failure_words();
   return s;
@@ -114,10 +114,10 @@ detail::BlockSync Communicator::block_sync(bool fused) {
   s.enabled = fused;
   s.signals = peer_signals();
   if (fused) {
-    s.signals.call = call_check_->take();
-    s.signals.call_number = call_check_->number();
+    s.signals.call = call_.check->take();
+    s.signals.call_number = call_.check->number();
   }
-  s.block_epochs = block_epochs_;
+  s.block_epochs = words_.block_epochs;
   return s;
 }
 
@@ -128,7 +128,7 @@ void Communicator::barrier(cudaStream_t stream, BarrierKind kind) {
   // already have written its next call's digest; the calls that move data
   // meet at least twice, so a peer can write its next digest only after
   // this rank's second signal, sent once this rank has compared.
-  call_check_->take();
+  call_.check->take();
   in_order(stream, "barrier", 0, [&] { enqueue_barrier(stream, kind); });
 }
 
@@ -137,15 +137,15 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   // A call's first meeting compares the call's digest: a kernel barrier
   // at once, a stream-op one as a checked meeting (whose wait a digest that
   // differs holds until the watchdog's timeout tells it).
-  const std::uint32_t call = call_check_->take();
+  const std::uint32_t call = call_.check->take();
   // Stream-op barriers carry an epoch counted on the host, which a graph
   // would replay unchanged (every replay after the first would pass at
   // once); captured barriers count on the device instead.
   if (kind == BarrierKind::kKernel || capturing()) {
     detail::PeerSignals signals = peer_signals();
     signals.call = call;
-    signals.call_number = call_check_->number();
-    SYMMPOOL_CUDA_TRY(detail::launch_barrier(signals, n, kernel_epoch_, stream));
+    signals.call_number = call_.check->number();
+    SYMMPOOL_CUDA_TRY(detail::launch_barrier(signals, n, words_.kernel_epoch, stream));
     return;
   }
   // SM-free: write our epoch into each peer's pad, then wait on our own
@@ -154,8 +154,8 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   if (call != 0 && !watchdog.checks_calls()) {  // the first meeting must compare: a kernel does
     detail::PeerSignals signals = peer_signals();
     signals.call = call;
-    signals.call_number = call_check_->number();
-    SYMMPOOL_CUDA_TRY(detail::launch_barrier(signals, n, kernel_epoch_, stream));
+    signals.call_number = call_.check->number();
+    SYMMPOOL_CUDA_TRY(detail::launch_barrier(signals, n, words_.kernel_epoch, stream));
     return;
   }
   std::array<CUdeviceptr, kMaxRanks> to_peers{}, mine{};
@@ -163,24 +163,24 @@ void Communicator::enqueue_barrier(cudaStream_t stream, BarrierKind kind) {
   if (call != 0) {
     // A call's first meeting compares the ranks' digests as it meets:
     // a checked meeting, on its own epochs and pairs of 64-bit words.
-    const std::uint32_t epoch = ++stream_op_checked_epoch_;
+    const std::uint32_t epoch = ++stream_ops_.checked_epoch;
     std::array<CUdeviceptr, kMaxRanks> call_words{};
     for (int p = 0; p < n; ++p) {
       const auto i = static_cast<std::size_t>(p);
-      to_peers[i] = reinterpret_cast<CUdeviceptr>(checked_pairs_of(peer_pads_.peer[p]) + 2 * rank());
-      mine[i] = reinterpret_cast<CUdeviceptr>(checked_pairs_of(pads_) + 2 * p);
-      call_words[i] = reinterpret_cast<CUdeviceptr>(call_words_of(peer_pads_.peer[p]) + rank());
+      to_peers[i] = reinterpret_cast<CUdeviceptr>(checked_pairs_of(words_.peer_pads.peer[p]) + 2 * rank());
+      mine[i] = reinterpret_cast<CUdeviceptr>(checked_pairs_of(words_.pads) + 2 * p);
+      call_words[i] = reinterpret_cast<CUdeviceptr>(call_words_of(words_.peer_pads.peer[p]) + rank());
     }
     detail::add_checked_meeting(batch, to_peers.data(), mine.data(), call_words.data(), n, epoch, call,
-                                call_check_->number(),
+                                call_.check->number(),
                                 watchdog.issue(detail::StreamOpWatchdog::kCheckedChannel, epoch));
   } else {
-    const std::uint32_t epoch = ++stream_op_epoch_;
+    const std::uint32_t epoch = ++stream_ops_.epoch;
     constexpr int row = detail::kStreamOpBarrierRow * kMaxRanks;
     for (int p = 0; p < n; ++p) {
       to_peers[static_cast<std::size_t>(p)] =
-          reinterpret_cast<CUdeviceptr>(peer_pads_.peer[p] + row + rank());
-      mine[static_cast<std::size_t>(p)] = reinterpret_cast<CUdeviceptr>(pads_ + row + p);
+          reinterpret_cast<CUdeviceptr>(words_.peer_pads.peer[p] + row + rank());
+      mine[static_cast<std::size_t>(p)] = reinterpret_cast<CUdeviceptr>(words_.pads + row + p);
     }
     detail::add_barrier(batch, to_peers.data(), mine.data(), n, epoch,
                         watchdog.issue(detail::StreamOpWatchdog::kBarrierChannel, epoch));
@@ -194,8 +194,9 @@ detail::StreamOpWatchdog& Communicator::stream_op_watchdog() {
     constexpr int kBarrierRow = detail::kStreamOpBarrierRow * kMaxRanks;
     constexpr int kSignalRow = detail::kStreamOpSignalRow * kMaxRanks;
     watchdog_ = std::make_unique<detail::StreamOpWatchdog>(
-        real_driver(), allocator_.device(), rank(), pads_ + kBarrierRow, pads_ + kSignalRow,
-        checked_pairs_of(pads_), world(), error_flag_, failed_word_, std::chrono::seconds(timeout_seconds_),
+        real_driver(), allocator_.device(), rank(), words_.pads + kBarrierRow, words_.pads + kSignalRow,
+        checked_pairs_of(words_.pads), world(), words_.error_flag, words_.failed_word,
+        std::chrono::seconds(tuning_.timeout_seconds),
         [this](int missing) { monitor_->fail_missing(missing); },
         [this](int differing) { monitor_->fail_differing(differing); });
   }

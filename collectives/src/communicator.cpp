@@ -52,21 +52,19 @@ std::array<std::uint64_t, kAlgorithmCount> algorithm_counts() {
 Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
                            std::chrono::seconds barrier_timeout, FailureHandler on_failure,
                            const CollectiveOptions& options)
-    : heap_(heap),
-      allocator_(allocator),
-      call_check_(std::make_unique<detail::CallCheck>()),
-      rendezvoused_(allocator) {
+    : heap_(heap), allocator_(allocator), rendezvoused_(allocator) {
+  call_.check = std::make_unique<detail::CallCheck>();
   const int longest = static_cast<int>(kLongestBarrierTimeout.count());
   SYMMPOOL_EXPECTS(barrier_timeout.count() >= 1 && barrier_timeout.count() <= longest,
                    "symmpool: the barrier timeout must be 1 to " + std::to_string(longest) + " s, got " +
                        std::to_string(barrier_timeout.count()) + " s");
   options.check();  // from_environment() checked its own; options set in code may be off
-  max_blocks_ = options.max_blocks;
-  fused_max_bytes_ = options.fused_max_bytes.value_or(fused_kernel_limit(world()));
-  all_reduce_preference_ = options.all_reduce_algorithm;
-  reduce_scatter_preference_ = options.reduce_scatter_algorithm;
-  two_step_piece_bytes_ = options.two_step_piece_bytes;
-  timeout_seconds_ = static_cast<int>(options.barrier_timeout.value_or(barrier_timeout).count());
+  tuning_.max_blocks = options.max_blocks;
+  tuning_.fused_max_bytes = options.fused_max_bytes.value_or(fused_kernel_limit(world()));
+  tuning_.all_reduce_preference = options.all_reduce_algorithm;
+  tuning_.reduce_scatter_preference = options.reduce_scatter_algorithm;
+  tuning_.two_step_piece_bytes = options.two_step_piece_bytes;
+  tuning_.timeout_seconds = static_cast<int>(options.barrier_timeout.value_or(barrier_timeout).count());
   SYMMPOOL_EXPECTS(world() <= kMaxRanks, "symmpool collectives support up to " + std::to_string(kMaxRanks) +
                                              " ranks, got " + std::to_string(world()));
   int device = -1;
@@ -81,10 +79,10 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   detail::ScopeExit undo([this] { release_resources(); });
   allocate_signal_pads();
   detail::load_collective_kernels(device);  // not at a first launch behind a waiting barrier
-  SYMMPOOL_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&error_words_), sizeof(detail::ErrorWords),
+  SYMMPOOL_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&words_.error_words), sizeof(detail::ErrorWords),
                                   cudaHostAllocMapped));
-  *error_words_ = detail::ErrorWords{0, 0, 0};
-  error_flag_ = &error_words_->missing;
+  *words_.error_words = detail::ErrorWords{0, 0, 0};
+  words_.error_flag = &words_.error_words->missing;
   heap_.sync();  // also a barrier: no peer signals before every pad is zeroed
   // Ranks that prefer different algorithms, cut two-step chunks into other
   // pieces, or fuse reductions up to other sizes would meet in different
@@ -94,22 +92,23 @@ Communicator::Communicator(SymmetricHeap& heap, CachingAllocator& allocator,
   heap_.require_same_setting(
       "the collectives' settings (SYMMPOOL_ALL_REDUCE_ALGORITHM, "
       "SYMMPOOL_REDUCE_SCATTER_ALGORITHM, SYMMPOOL_TWO_STEP_PIECE_BYTES, SYMMPOOL_FUSED_MAX_BYTES)",
-      std::string("all_reduce ") + preference(all_reduce_preference_) + ", reduce_scatter " +
-          preference(reduce_scatter_preference_) + ", two-step pieces of " +
-          std::to_string(two_step_piece_bytes_) + " bytes, reductions fused " +
-          (fused_max_bytes_ == kAnySize ? std::string("at every size")
-                                        : "up to " + std::to_string(fused_max_bytes_) + " bytes a peer"));
+      std::string("all_reduce ") + preference(tuning_.all_reduce_preference) + ", reduce_scatter " +
+          preference(tuning_.reduce_scatter_preference) + ", two-step pieces of " +
+          std::to_string(tuning_.two_step_piece_bytes) + " bytes, reductions fused " +
+          (tuning_.fused_max_bytes == kAnySize
+               ? std::string("at every size")
+               : "up to " + std::to_string(tuning_.fused_max_bytes) + " bytes a peer"));
   map_signal_pads();
   copies_ = std::make_unique<detail::EagerAndCaptured<detail::CopyStreams>>(options.copy_streams);
   pipelines_ = std::make_unique<detail::EagerAndCaptured<detail::StreamPipeline>>();
-  events_ = detail::EventPool::make();
-  end_word_ = detail::CallEndWord::make_if_supported(allocator_.device());
-  order_ = std::make_unique<detail::IssueOrder>(end_word_.get());
+  ends_.events = detail::EventPool::make();
+  ends_.word = detail::CallEndWord::make_if_supported(allocator_.device());
+  order_ = std::make_unique<detail::IssueOrder>(ends_.word.get());
   if (!on_failure)
     on_failure = [](const std::string& message) { SYMMPOOL_WARN(kColl, "%s", message.c_str()); };
-  monitor_ = std::make_unique<detail::FailureMonitor>(allocator_.device(), rank(), world(),
-                                                      std::chrono::seconds(timeout_seconds_), error_words_,
-                                                      std::move(on_failure), end_word_.get());
+  monitor_ = std::make_unique<detail::FailureMonitor>(
+      allocator_.device(), rank(), world(), std::chrono::seconds(tuning_.timeout_seconds), words_.error_words,
+      std::move(on_failure), ends_.word.get());
   undo.dismiss();
 }
 
@@ -126,22 +125,22 @@ Communicator::~Communicator() {
                   cudaGetErrorString(e));
   watchdog_.reset();
   monitor_.reset();
-  if (scratch_) cudaFree(scratch_);
-  for (void* old : retired_scratch_) cudaFree(old);
+  if (scratch_.ptr) cudaFree(scratch_.ptr);
+  for (void* old : scratch_.retired) cudaFree(old);
   release_resources();
 }
 
 void Communicator::release_resources() noexcept {
-  if (internal_) {
+  if (words_.internal) {
     try {
-      heap_.release_internal(internal_);
+      heap_.release_internal(words_.internal);
     } catch (const std::exception& e) {
       SYMMPOOL_WARN(kColl, "releasing the signal pads failed: %s", e.what());
     }
   }
-  internal_ = nullptr;
-  if (error_words_) cudaFreeHost(error_words_);
-  error_words_ = nullptr;
+  words_.internal = nullptr;
+  if (words_.error_words) cudaFreeHost(words_.error_words);
+  words_.error_words = nullptr;
 }
 
 void Communicator::check_errors() {
@@ -161,17 +160,17 @@ std::uint64_t Communicator::issued() const { return monitor_->issued(); }
 void Communicator::in_order(cudaStream_t stream, const char* op, std::size_t bytes,
                             const std::function<void()>& enqueue) {
   const unsigned long long capture = order_->begin(stream);
-  call_capture_ = capture;
-  call_ends_at_word_ = false;
-  detail::ScopeExit call_ended([this] { call_capture_ = 0; });
+  call_.capture = capture;
+  ends_.at_word = false;
+  detail::ScopeExit call_ended([this] { call_.capture = 0; });
   try {
     // A rank that ran its last call elsewhere first proves that its peers
     // are at this same call: an algorithm that makes no symmetry exchange
     // (low-latency, a barrier) would otherwise pair the ranks' different calls.
-    if (exchange_next_check_) {
+    if (call_.exchange_next_check) {
       detail::RelaxedCaptureMode relaxed;  // host-only work: allowed under capture
       heap_.check_same_call(call_label());
-      exchange_next_check_ = false;
+      call_.exchange_next_check = false;
     }
     enqueue();  // a throw (say, a buffer that is not symmetric) leaves the order as it was
   } catch (const not_symmetric_error&) {
@@ -182,18 +181,18 @@ void Communicator::in_order(cudaStream_t stream, const char* op, std::size_t byt
     monitor_->fail(std::string(op) + " of " + std::to_string(bytes) + " bytes: " + e.what());
     throw collective_error(monitor_->record_of_failure()->message());
   }
-  if (call_ends_at_word_) {  // its kernel writes calls_ into the end word as its last act
-    order_->end_at_word(stream, calls_);
-    monitor_->record_ending_at_word(op, bytes, calls_);
-    word_ended_call_stream_ = stream;
+  if (ends_.at_word) {  // its kernel writes call_.number into the end word as its last act
+    order_->end_at_word(stream, call_.number);
+    monitor_->record_ending_at_word(op, bytes, call_.number);
+    ends_.word_ended_stream = stream;
     return;
   }
   // One event marks the end for the next collective, the flight record and
   // the caller's Work.
-  detail::SharedEvent done = events_->record(stream);
+  detail::SharedEvent done = ends_.events->record(stream);
   order_->end(stream, capture, done);
   monitor_->record(op, bytes, done, capture != 0);
-  end_of_last_call_ = std::move(done);
+  ends_.last = std::move(done);
 }
 
 bool Communicator::in_heap(const void* ptr, std::size_t bytes) const {
@@ -205,31 +204,33 @@ bool Communicator::in_heap(const void* ptr, std::size_t bytes) const {
 // not pair its next call with that peer's: its next call here starts with
 // an exchange (in_order), and the call numbers it carries tell the ranks apart.
 void Communicator::count_call_run_elsewhere() {
-  ++calls_;
-  exchange_next_check_ = true;
+  ++call_.number;
+  call_.exchange_next_check = true;
 }
 
 detail::SharedEvent Communicator::take_end_of_last_call() {
-  if (!end_of_last_call_ && word_ended_call_stream_) {
+  if (!ends_.last && ends_.word_ended_stream) {
     // Nothing was enqueued since the call: an event now marks its end (the
     // pool may make one: on our device, whichever the caller has current).
     const detail::OnDevice on_our_device(allocator_.device());
-    end_of_last_call_ = events_->record(*word_ended_call_stream_);
+    ends_.last = ends_.events->record(*ends_.word_ended_stream);
   }
-  word_ended_call_stream_.reset();
-  return std::move(end_of_last_call_);
+  ends_.word_ended_stream.reset();
+  return std::move(ends_.last);
 }
 
 void Communicator::begin_call(const char* op) {
-  end_of_last_call_.reset();  // a call that enqueues nothing has no end
-  word_ended_call_stream_.reset();
-  call_op_ = op;
-  ++calls_;
-  call_check_->begin(calls_, op);
+  ends_.last.reset();  // a call that enqueues nothing has no end
+  ends_.word_ended_stream.reset();
+  call_.op = op;
+  ++call_.number;
+  call_.check->begin(call_.number, op);
 }
 
 // Built only when a check needs it: not on every call's hot path.
-std::string Communicator::call_label() const { return std::string(call_op_) + " #" + std::to_string(calls_); }
+std::string Communicator::call_label() const {
+  return std::string(call_.op) + " #" + std::to_string(call_.number);
+}
 
 bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* what) {
   if (!in_heap(ptr, bytes)) return false;
@@ -239,12 +240,12 @@ bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* 
   // verdict: asking the peers then, on this rank only, would wait for an
   // exchange they never make.
   const std::uint64_t releases = heap_.releases();
-  if (releases != releases_at_verdicts_) {
-    checked_.clear();
-    releases_at_verdicts_ = releases;
+  if (releases != verdicts_.releases_at) {
+    verdicts_.checked.clear();
+    verdicts_.releases_at = releases;
   }
-  auto it = checked_.find({ptr, bytes});
-  if (it != checked_.end()) return counted_in_call_check(ptr, bytes, it->second.empty());
+  auto it = verdicts_.checked.find({ptr, bytes});
+  if (it != verdicts_.checked.end()) return counted_in_call_check(ptr, bytes, it->second.empty());
   // A buffer not seen yet: one exchange decides the verdict and, if any
   // rank's segments changed since its last sync, a sync on every rank.
   std::string why_not;
@@ -256,8 +257,8 @@ bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* 
   } catch (const not_symmetric_error& e) {
     why_not = e.what();  // the same verdict on every rank
   }
-  if (synced) checked_.clear();
-  checked_[{ptr, bytes}] = why_not;
+  if (synced) verdicts_.checked.clear();
+  verdicts_.checked[{ptr, bytes}] = why_not;
   return counted_in_call_check(ptr, bytes, why_not.empty());
 }
 
@@ -267,19 +268,19 @@ bool Communicator::is_symmetric(const void* ptr, std::size_t bytes, const char* 
 // falls back, one-shot or NCCL): it counts as such, alike on every rank.
 bool Communicator::counted_in_call_check(const void* ptr, std::size_t bytes, bool symmetric) {
   constexpr std::size_t kNotSymmetric = ~std::size_t{0};
-  call_check_->add_buffer(
+  call_.check->add_buffer(
       symmetric ? reinterpret_cast<std::uintptr_t>(ptr) - allocator_.va_base() : kNotSymmetric, bytes);
   return symmetric;
 }
 
 void Communicator::require_symmetric(const void* ptr, std::size_t bytes, const char* what) {
   if (is_symmetric(ptr, bytes, what)) return;
-  auto it = checked_.find({ptr, bytes});
-  throw not_symmetric_error(it != checked_.end() ? it->second
-                                                 : "symmpool " + call_label() + ": buffer '" + what + "' (" +
-                                                       std::to_string(bytes) +
-                                                       " bytes) is not in the symmetric heap of rank " +
-                                                       std::to_string(rank()));
+  auto it = verdicts_.checked.find({ptr, bytes});
+  throw not_symmetric_error(
+      it != verdicts_.checked.end()
+          ? it->second
+          : "symmpool " + call_label() + ": buffer '" + what + "' (" + std::to_string(bytes) +
+                " bytes) is not in the symmetric heap of rank " + std::to_string(rank()));
 }
 
 }  // namespace symmpool

@@ -29,26 +29,26 @@ void Communicator::low_latency_all_reduce(const Reduction& r) {
   launch.scale = r.scale;
   launch.world = world();
   launch.rank = rank();
-  launch.regions = packet_regions_;
-  launch.slot_packets = low_latency_max_bytes_ / 8;
-  launch.epoch = low_latency_epoch_;
+  launch.regions = words_.packet_regions;
+  launch.slot_packets = tuning_.low_latency_max_bytes / 8;
+  launch.epoch = words_.low_latency_epoch;
   launch.failure = failure_words();
   // An eager call whose kernel is its last work ends at the end word, with
   // no event to record (in_order).
-  const bool ends_at_word = end_word_ && !aliased && !capturing();
+  const bool ends_at_word = ends_.word && !aliased && !capturing();
   if (ends_at_word) {
-    launch.end_word = end_word_->for_kernel();
-    launch.call = calls_;
+    launch.end_word = ends_.word->for_kernel();
+    launch.call = call_.number;
   }
   detail::launch_low_latency_all_reduce(launch, r.stream);
-  call_ends_at_word_ = ends_at_word;
+  ends_.at_word = ends_at_word;
   if (aliased) detail::copy_on(r.stream, r.out, launch.out, r.bytes());
   detail::count_algorithm(Algorithm::kLowLatency);
 }
 
 void Communicator::set_low_latency_epoch_for_testing(std::uint32_t last) {
   SYMMPOOL_CUDA_TRY(cudaDeviceSynchronize());
-  SYMMPOOL_CUDA_TRY(cudaMemcpy(low_latency_epoch_, &last, sizeof(last), cudaMemcpyHostToDevice));
+  SYMMPOOL_CUDA_TRY(cudaMemcpy(words_.low_latency_epoch, &last, sizeof(last), cudaMemcpyHostToDevice));
 }
 
 }  // namespace symmpool

@@ -33,8 +33,8 @@ void Communicator::rendezvous(const void* ptr, std::size_t bytes, cudaStream_t s
     heap_.check_symmetric_and_sync(ptr, bytes, call_label() + " buffer", /*sync_if_needed=*/true, &synced,
                                    SymmetricHeap::Extent::kOneLiveAllocation);
   } catch (const not_symmetric_error&) {
-    if (synced) checked_.clear();
-    exchange_next_check_ = false;
+    if (synced) verdicts_.checked.clear();
+    call_.exchange_next_check = false;
     throw;  // the same verdict on every rank
   } catch (const logic_error&) {
     throw;
@@ -42,8 +42,8 @@ void Communicator::rendezvous(const void* ptr, std::size_t bytes, cudaStream_t s
     monitor_->fail("rendezvous of " + std::to_string(bytes) + " bytes: " + e.what());
     throw collective_error(monitor_->record_of_failure()->message());
   }
-  if (synced) checked_.clear();
-  exchange_next_check_ = false;
+  if (synced) verdicts_.checked.clear();
+  call_.exchange_next_check = false;
   rendezvoused_.add(ptr, bytes);
 }
 
@@ -70,13 +70,13 @@ void Communicator::signal(int peer, cudaStream_t stream) {
   point_to_point(
       "signal", peer, stream,
       [&] {  // our count of eager signals to `peer`, written into its pad (a release: the write fences)
-        auto* slot = peer_pads_.peer[peer] + detail::kStreamOpSignalRow * kMaxRanks + rank();
-        const std::uint32_t count = stream_op_sent_[static_cast<std::size_t>(peer)] + 1;
+        auto* slot = words_.peer_pads.peer[peer] + detail::kStreamOpSignalRow * kMaxRanks + rank();
+        const std::uint32_t count = stream_ops_.sent[static_cast<std::size_t>(peer)] + 1;
         SYMMPOOL_CU_TRY(real_driver(), cuStreamWriteValue32(cu, reinterpret_cast<CUdeviceptr>(slot), count,
                                                             CU_STREAM_WRITE_VALUE_DEFAULT));
-        stream_op_sent_[static_cast<std::size_t>(peer)] = count;
+        stream_ops_.sent[static_cast<std::size_t>(peer)] = count;
       },
-      [&] { return detail::launch_signal(peer_signals(), peer, signals_sent_, stream); });
+      [&] { return detail::launch_signal(peer_signals(), peer, words_.signals_sent, stream); });
 }
 
 void Communicator::wait(int peer, cudaStream_t stream) {
@@ -85,15 +85,15 @@ void Communicator::wait(int peer, cudaStream_t stream) {
       "wait", peer, stream,
       [&] {  // until `peer`'s count of eager signals to us reaches one more than we consumed
         detail::StreamOpWatchdog& watchdog = stream_op_watchdog();  // before the wait it times out
-        auto* slot = pads_ + detail::kStreamOpSignalRow * kMaxRanks + peer;
-        const std::uint32_t count = stream_op_received_[static_cast<std::size_t>(peer)] + 1;
+        auto* slot = words_.pads + detail::kStreamOpSignalRow * kMaxRanks + peer;
+        const std::uint32_t count = stream_ops_.received[static_cast<std::size_t>(peer)] + 1;
         detail::StreamOpBatch batch;  // the wait and the watchdog's notes: one driver call
         detail::add_watched_wait(batch, reinterpret_cast<CUdeviceptr>(slot), count,
                                  watchdog.issue(detail::StreamOpWatchdog::signal_channel(peer), count));
         batch.enqueue(real_driver(), cu);
-        stream_op_received_[static_cast<std::size_t>(peer)] = count;
+        stream_ops_.received[static_cast<std::size_t>(peer)] = count;
       },
-      [&] { return detail::launch_wait(peer_signals(), peer, signals_received_, stream); });
+      [&] { return detail::launch_wait(peer_signals(), peer, words_.signals_received, stream); });
 }
 
 // Not in the issue order (signals and waits of two ranks pair up across
@@ -115,7 +115,7 @@ void Communicator::point_to_point(const char* op, int peer, cudaStream_t stream,
   }
   try {
     stream_ops();
-    monitor_->record_point_to_point(op, peer, events_->record(stream), captured);
+    monitor_->record_point_to_point(op, peer, ends_.events->record(stream), captured);
   } catch (const std::exception& e) {
     monitor_->fail(std::string(op) + (std::string(op) == "wait" ? " from" : " to") + " rank " +
                    std::to_string(peer) + ": " + e.what());

@@ -28,7 +28,7 @@ detail::ReduceLaunch Communicator::reduce_launch(const Reduction& r, bool fused,
   launch.world = world();
   launch.type = r.type;
   launch.scale = r.scale;
-  launch.max_blocks = fused ? fused_blocks : max_blocks_;
+  launch.max_blocks = fused ? fused_blocks : tuning_.max_blocks;
   return launch;
 }
 

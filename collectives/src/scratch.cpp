@@ -12,21 +12,21 @@ namespace symmpool {
 // would map segments on some ranks only (a timing-dependent reuse decides),
 // which breaks the ranks' equal layouts.
 void* Communicator::scratch(std::size_t bytes) {
-  if (scratch_bytes_ < bytes) {
+  if (scratch_.bytes < bytes) {
     detail::RelaxedCaptureMode relaxed;
-    if (scratch_ && (scratch_captured_ || capturing())) {
-      retired_scratch_.push_back(scratch_);  // a graph may use it: kept until we go
-    } else if (scratch_) {
-      SYMMPOOL_CUDA_TRY(cudaFree(scratch_));  // synchronizes with queued work that uses it
+    if (scratch_.ptr && (scratch_.captured || capturing())) {
+      scratch_.retired.push_back(scratch_.ptr);  // a graph may use it: kept until we go
+    } else if (scratch_.ptr) {
+      SYMMPOOL_CUDA_TRY(cudaFree(scratch_.ptr));  // synchronizes with queued work that uses it
     }
-    scratch_ = nullptr;
-    scratch_bytes_ = 0;
-    scratch_captured_ = false;
-    SYMMPOOL_CUDA_TRY(cudaMalloc(&scratch_, bytes));
-    scratch_bytes_ = bytes;
+    scratch_.ptr = nullptr;
+    scratch_.bytes = 0;
+    scratch_.captured = false;
+    SYMMPOOL_CUDA_TRY(cudaMalloc(&scratch_.ptr, bytes));
+    scratch_.bytes = bytes;
   }
-  scratch_captured_ = scratch_captured_ || capturing();
-  return scratch_;
+  scratch_.captured = scratch_.captured || capturing();
+  return scratch_.ptr;
 }
 
 }  // namespace symmpool

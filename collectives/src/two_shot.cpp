@@ -30,7 +30,7 @@ static_assert(kLowLatencyTableBytes <= Communicator::kLowLatencyMaxBytes,
               "the table picks low-latency where it cannot run");
 
 Algorithm Communicator::auto_all_reduce_algorithm(std::size_t bytes) const {
-  return all_reduce_preference_.value_or(choose_algorithm(CollectiveKind::kAllReduce, bytes, world()));
+  return tuning_.all_reduce_preference.value_or(choose_algorithm(CollectiveKind::kAllReduce, bytes, world()));
 }
 
 bool Communicator::all_reduce_takes_any_memory(std::size_t bytes) const {

@@ -39,7 +39,7 @@ void Communicator::reduce_scatter(const void* in, void* out, std::size_t count, 
 void Communicator::enqueue_reduce_scatter(const Reduction& r, Algorithm algorithm) {
   const std::size_t n = static_cast<std::size_t>(world());
   if (algorithm == Algorithm::kAuto)
-    algorithm = reduce_scatter_preference_.value_or(
+    algorithm = tuning_.reduce_scatter_preference.value_or(
         choose_algorithm(CollectiveKind::kReduceScatter, r.bytes() * n, world()));
   detail::expect_algorithm(runs_reduce_scatter(algorithm), algorithm, "reduce_scatter");
   if (algorithm == Algorithm::kTwoStep)
@@ -97,8 +97,9 @@ void* Communicator::two_step(const Reduction& r, const TwoStepChunk& chunk, bool
   const std::size_t per_vector = 16 / es;
   auto whole_vectors = [&](std::size_t count) { return (count + per_vector - 1) / per_vector * per_vector; };
   const std::size_t piece = std::max(
-      per_vector, std::min(whole_vectors((chunk.count + 1) / 2),
-                           static_cast<std::size_t>(two_step_piece_bytes_) / es / per_vector * per_vector));
+      per_vector,
+      std::min(whole_vectors((chunk.count + 1) / 2),
+               static_cast<std::size_t>(tuning_.two_step_piece_bytes) / es / per_vector * per_vector));
   const int pieces = piece ? static_cast<int>((chunk.count + piece - 1) / piece) : 0;
   const int slots = std::min(pieces, kStagingSlots);
   const std::size_t slot_bytes = piece * es * static_cast<std::size_t>(n - 1);

@@ -32,6 +32,7 @@
 
 #include <symmpool/collective_options.hpp>
 #include <symmpool/collective_types.hpp>
+#include <symmpool/detail/communicator_parts.hpp>
 #include <symmpool/detail/peer_pointers.hpp>
 #include <symmpool/detail/shared_event.hpp>
 #include <symmpool/rendezvous_registry.hpp>
@@ -200,7 +201,7 @@ class Communicator {
   int world() const { return heap_.world(); }
   // The largest all_reduce the low-latency algorithm takes here, in bytes:
   // kLowLatencyMaxBytes unless the internal slot is too small for it.
-  std::size_t low_latency_max_bytes() const { return low_latency_max_bytes_; }
+  std::size_t low_latency_max_bytes() const { return tuning_.low_latency_max_bytes; }
   // Whether an all_reduce of `bytes` left to kAuto runs an algorithm that
   // reads no peer's buffer (low-latency), so that its buffers may be any
   // device memory of this GPU: decided by the size, the world size and the
@@ -223,7 +224,7 @@ class Communicator {
   void in_order(cudaStream_t stream, const char* op, std::size_t bytes, const std::function<void()>& enqueue);
   // Whether the call in_order is enqueueing goes into a CUDA graph capture:
   // asked of the driver once per call, when it begins.
-  bool capturing() const { return call_capture_ != 0; }
+  bool capturing() const { return call_.capture != 0; }
   // Shared verdicts: one exchange per buffer not seen before (or after a
   // sync), tagged with the call number, so ranks at different calls fail
   // loudly instead of pairing up; a buffer outside the heap needs none.
@@ -268,7 +269,7 @@ class Communicator {
   detail::ReduceLaunch reduce_launch(const Reduction& r, bool fused, int fused_blocks);
   // Whether a reduction kernel reading this much from each peer meets its
   // peers inside (fused_kernel_limit, or SYMMPOOL_FUSED_MAX_BYTES).
-  bool fused_reduction(std::size_t bytes_per_peer) const { return bytes_per_peer <= fused_max_bytes_; }
+  bool fused_reduction(std::size_t bytes_per_peer) const { return bytes_per_peer <= tuning_.fused_max_bytes; }
   // Every rank's input holds in_count elements; this rank reduces r.count
   // of them from src_offset on.
   void one_shot(const Reduction& r, std::size_t in_count, std::size_t src_offset);
@@ -295,60 +296,20 @@ class Communicator {
 
   SymmetricHeap& heap_;
   CachingAllocator& allocator_;
-  std::uint32_t* pads_ = nullptr;               // [kPadRows][kMaxRanks], symmetric
-  std::uint32_t* kernel_epoch_ = nullptr;       // device-side counter of kernel barriers
-  std::uint32_t* block_epochs_ = nullptr;       // device-side counters of block meetings
-  std::uint32_t* signals_sent_ = nullptr;       // device-side, one per peer: signal()s
-  std::uint32_t* signals_received_ = nullptr;   // device-side, one per peer: wait()s passed
-  std::uint32_t* low_latency_epoch_ = nullptr;  // device-side: the last low-latency call's epoch, blocks done
-  std::uint32_t* failed_word_ = nullptr;  // device-side: nonzero once a kernel saw this communicator fail
-  void* packets_ = nullptr;               // our low-latency packet regions, in the internal slot
-  detail::OutPointers packet_regions_{};  // every rank's, mapped here
-  std::size_t low_latency_max_bytes_ = 0;
-  std::optional<Algorithm> all_reduce_preference_;             // SYMMPOOL_ALL_REDUCE_ALGORITHM
-  std::optional<Algorithm> reduce_scatter_preference_;         // SYMMPOOL_REDUCE_SCATTER_ALGORITHM
-  int two_step_piece_bytes_ = 0;                               // SYMMPOOL_TWO_STEP_PIECE_BYTES
-  std::uint32_t stream_op_epoch_ = 0;                          // host-side counter of stream-op barriers
-  std::uint32_t stream_op_checked_epoch_ = 0;                  // ... and of checked (first) meetings
-  std::array<std::uint32_t, kMaxRanks> stream_op_sent_{};      // host-side, per peer: eager signal()s
-  std::array<std::uint32_t, kMaxRanks> stream_op_received_{};  // host-side, per peer: eager wait()s
-  detail::PadPointers peer_pads_{};                            // every rank's pads, mapped here
-  int timeout_seconds_ = 0;          // barriers' patience (argument or options' override)
-  long long timeout_cycles_ = 0;     // the same in clock cycles, for the kernels
-  int max_blocks_ = 0;               // grid cap of unsynchronised reductions
-  std::size_t fused_max_bytes_ = 0;  // reductions reading up to this from each peer meet inside
+  detail::Tuning tuning_;
+  detail::MeetingWords words_;
+  detail::StreamOpCounts stream_ops_;
   // Where copy-engine copies are issued, and the two-step algorithms' streams.
   std::unique_ptr<detail::EagerAndCaptured<detail::CopyStreams>> copies_;
   std::unique_ptr<detail::EagerAndCaptured<detail::StreamPipeline>> pipelines_;
-  std::shared_ptr<detail::EventPool> events_;  // the ends of calls: one event each, shared
-  detail::SharedEvent end_of_last_call_;       // until the caller takes it
-  // Where eager calls whose kernel reports its own end end (null: the
-  // device takes no 64-bit stream memops, and every call records an event).
-  std::unique_ptr<detail::CallEndWord> end_word_;
-  bool call_ends_at_word_ = false;  // set by the current call's enqueue
-  // The last call's stream, where it ended at the word (the legacy default
-  // stream is a null handle: empty means none).
-  std::optional<cudaStream_t> word_ended_call_stream_;
-  std::unique_ptr<detail::IssueOrder> order_;           // collectives run in the order issued
-  unsigned long long call_capture_ = 0;                 // the capture in_order's enqueue goes into (0: eager)
+  detail::CallEnds ends_;                      // before order_ and monitor_, which hold its end word
+  std::unique_ptr<detail::IssueOrder> order_;  // collectives run in the order issued
+  detail::CallState call_;
   std::unique_ptr<detail::StreamOpWatchdog> watchdog_;  // times out stream-op waits
-  void* internal_ = nullptr;                            // our internal heap slot: pads and epochs
-  detail::ErrorWords* error_words_ = nullptr;           // host-mapped: set by a barrier that timed out
-  int* error_flag_ = nullptr;                           // the same words, as the kernels take them
   std::unique_ptr<detail::FailureMonitor> monitor_;
-  void* scratch_ = nullptr;  // plain device memory for staging
-  std::size_t scratch_bytes_ = 0;
-  bool scratch_captured_ = false;       // scratch_ is in a captured CUDA graph
-  std::vector<void*> retired_scratch_;  // outgrown but in graphs: freed with us
-  std::uint64_t calls_ = 0;             // collectives asked of us or run elsewhere, same on every rank
-  const char* call_op_ = "";            // the current call's op; with calls_, what symmetry exchanges carry
-  // The current call's digest (number, op, symmetric buffers' offsets), for its first meeting.
-  std::unique_ptr<detail::CallCheck> call_check_;
-  bool exchange_next_check_ = false;  // a call ran elsewhere: the next call here verifies alignment
-  // Buffers seen symmetric (empty) or not (why not), until the next sync or local unmap.
-  std::map<std::pair<const void*, std::size_t>, std::string> checked_;
-  std::uint64_t releases_at_verdicts_ = 0;  // heap_.releases() when checked_ was last valid
-  RendezvousRegistry rendezvoused_;         // ranges peers may be read at, while their allocation lives
+  detail::Scratch scratch_;
+  detail::SymmetryVerdicts verdicts_;
+  RendezvousRegistry rendezvoused_;  // ranges peers may be read at, while their allocation lives
 };
 
 }  // namespace symmpool
