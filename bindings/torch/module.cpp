@@ -1,17 +1,17 @@
 // symmpool._C: the "symm" backend factory, allocator and routing statistics.
 
-#include "autograd_kernels.hpp"
-#include "c10d_store.hpp"
-#include "functional_ops.hpp"
-#include "fused_ops.hpp"
-#include "fused_pipelines.hpp"
-#include "group_symmetry.hpp"
-#include "peer_memory.hpp"
-#include "process_allocator.hpp"
-#include "symm_backend.hpp"
-#include "symmetric_tensor.hpp"
+#include "allocator/process_allocator.hpp"
+#include "c10d/c10d_store.hpp"
+#include "c10d/group_symmetry.hpp"
+#include "c10d/symm_backend.hpp"
+#include "c10d/symmetric_tensor.hpp"
+#include "c10d/window_staging.hpp"
+#include "ops/autograd_kernels.hpp"
+#include "ops/functional_ops.hpp"
 #include "torch_errors.hpp"
-#include "window_staging.hpp"
+#include "tp/fused_ops.hpp"
+#include "tp/fused_pipelines.hpp"
+#include "tp/peer_memory.hpp"
 
 #include <symmpool/algorithm_table.hpp>
 #include <symmpool/communicator.hpp>

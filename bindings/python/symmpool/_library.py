@@ -8,7 +8,7 @@ implementation (autograd wrapper, redispatch, aliasing checks) were a large
 share of a fused call's host time
 (``bench/results/host_time_h200x1_2026-11-24_custom-op-layers.json``; the
 change: ``bench/results/host_time_h200x1_2026-11-24_fused-ops-define-impl-ab.json``).
-The fused ops' kernels then moved to C++ as well (``bindings/torch/fused_ops.cpp``).
+The fused ops' kernels then moved to C++ as well (``bindings/torch/tp/fused_ops.cpp``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ workspace that came out asymmetric) the op runs unfused on the group, and
 takes the same decision. Every op takes ``group_size``: the output shapes
 depend on it, and torch.compile's caches key on the op's arguments.
 
-The ops' kernels are C++ (``bindings/torch/fused_ops.cpp``: checks, the
+The ops' kernels are C++ (``bindings/torch/tp/fused_ops.cpp``: checks, the
 decision, the pipeline or the fallback); this module defines their schemas
 and the fake kernels torch.compile traces with, which check the arguments
 as the C++ kernels do and take every shape from the arguments alone.

@@ -21,7 +21,7 @@ ValueError when ``group_size`` is not the group's size, then goes through the
 group's backend: on a "symm" group, symmetric buffers run symmpool's
 collectives and the rest NCCL.
 
-The kernels are C++ (``bindings/torch/functional_ops.cpp``): a call costs the
+The kernels are C++ (``bindings/torch/ops/functional_ops.cpp``): a call costs the
 backend's host time, without torch.distributed's Python wrapper.
 """
 

@@ -3,7 +3,7 @@
 // the settings and the algorithm table tell: plain values, no torch types.
 // Every rank passes the same shapes and settings, so every rank reaches the
 // same answer without asking its peers. The router
-// (bindings/torch/collective_router.hpp) then adds what only the group's
+// (bindings/torch/c10d/collective_router.hpp) then adds what only the group's
 // communicator can tell: whether the group spans nodes, whether the buffers
 // lie in this rank's heap, whether they are symmetric on every rank.
 //

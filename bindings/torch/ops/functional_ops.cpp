@@ -8,10 +8,10 @@
 // host time without torch.distributed's Python wrapper around it
 // (bench/results/host_time_h100x1_2026-11-24_functional-ops-cpp-ab.json).
 
-#include "functional_ops.hpp"
+#include "ops/functional_ops.hpp"
 
-#include "group_symmetry.hpp"
-#include "symm_backend.hpp"
+#include "c10d/group_symmetry.hpp"
+#include "c10d/symm_backend.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -9,8 +9,8 @@
 // runs on NCCL. A failed symmpool collective fails the group for good: every
 // later collective raises its error.
 
-#include "collective_router.hpp"
-#include "peer_group.hpp"
+#include "c10d/collective_router.hpp"
+#include "c10d/peer_group.hpp"
 
 #include <symmpool/collective_options.hpp>
 #include <symmpool/detail/failure_record.hpp>

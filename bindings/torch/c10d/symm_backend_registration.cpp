@@ -2,7 +2,7 @@
 // of a device's cache with the backend's NCCL communicator, and the NCCL
 // symmetric windows of its heap (symm_backend.cpp has the rest of the class).
 
-#include "symm_backend.hpp"
+#include "c10d/symm_backend.hpp"
 #include "torch_errors.hpp"
 
 #include <symmpool/device_allocators.hpp>

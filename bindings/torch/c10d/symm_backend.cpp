@@ -1,11 +1,11 @@
-#include "symm_backend.hpp"
+#include "c10d/symm_backend.hpp"
 
-#include "group_formation.hpp"
-#include "group_teardown.hpp"
-#include "symm_work.hpp"
-#include "symmetric_tensor.hpp"
+#include "c10d/group_formation.hpp"
+#include "c10d/group_teardown.hpp"
+#include "c10d/symm_work.hpp"
+#include "c10d/symmetric_tensor.hpp"
+#include "c10d/window_staging.hpp"
 #include "torch_errors.hpp"
-#include "window_staging.hpp"
 
 #include <symmpool/detail/failure_record.hpp>
 #include <symmpool/error.hpp>

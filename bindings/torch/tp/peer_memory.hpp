@@ -3,7 +3,7 @@
 // symmetric buffers of a "symm" or plain NCCL group, views of the peers'
 // copies, barriers and point-to-point signals on the group's communicator.
 
-#include "peer_group.hpp"
+#include "c10d/peer_group.hpp"
 
 #include <symmpool/communicator.hpp>
 

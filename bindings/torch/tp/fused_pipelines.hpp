@@ -3,7 +3,7 @@
 // use them): one C++ call enqueues a fused op's copies, matmuls and
 // barriers through the group's workspace.
 
-#include "fused_workspace.hpp"
+#include "tp/fused_workspace.hpp"
 
 #include <ATen/ATen.h>
 #include <pybind11/pybind11.h>

@@ -10,9 +10,9 @@
 // (dist.destroy_process_group) frees that communicator without telling us.
 // It serves the peer-memory API and the fused ops too (peer_group.hpp).
 
-#include "collective_router.hpp"
-#include "group_formation.hpp"
-#include "peer_group.hpp"
+#include "c10d/collective_router.hpp"
+#include "c10d/group_formation.hpp"
+#include "c10d/peer_group.hpp"
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>

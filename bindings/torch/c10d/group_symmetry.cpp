@@ -1,8 +1,8 @@
-#include "group_symmetry.hpp"
+#include "c10d/group_symmetry.hpp"
 
-#include "group_teardown.hpp"
-#include "symm_work.hpp"
-#include "symmetric_tensor.hpp"
+#include "c10d/group_teardown.hpp"
+#include "c10d/symm_work.hpp"
+#include "c10d/symmetric_tensor.hpp"
 #include "torch_errors.hpp"
 
 #include <symmpool/device_allocators.hpp>

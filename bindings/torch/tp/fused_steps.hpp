@@ -4,7 +4,7 @@
 // ordering a call's use of the group's workspace, meetings, copies, matmuls
 // into views, and the host-time trace.
 
-#include "fused_workspace.hpp"
+#include "tp/fused_workspace.hpp"
 
 #include <symmpool/communicator.hpp>
 

@@ -1,6 +1,6 @@
-#include "fused_one_shot.hpp"
+#include "tp/fused_one_shot.hpp"
 
-#include "collective_router.hpp"
+#include "c10d/collective_router.hpp"
 #include "torch_errors.hpp"
 
 #include <symmpool/algorithm_table.hpp>

@@ -1,4 +1,4 @@
-#include "window_staging.hpp"
+#include "c10d/window_staging.hpp"
 
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>

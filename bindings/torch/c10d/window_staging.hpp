@@ -6,7 +6,7 @@
 // peer's buffer at another offset, or a peer running NCCL's other kernels.
 // Staged, no rank hands NCCL window memory for the call.
 
-#include "symm_work.hpp"
+#include "c10d/symm_work.hpp"
 
 #include <symmpool/detail/failure_record.hpp>
 #include <symmpool/nccl_windows.hpp>

@@ -6,14 +6,14 @@
 // large part of a call's host time
 // (bench/results/host_time_h100x1_2026-11-24_fused-ops-cpp-kernels-ab.json).
 
-#include "fused_ops.hpp"
+#include "tp/fused_ops.hpp"
 
-#include "functional_ops.hpp"
-#include "fused_one_shot.hpp"
-#include "fused_pipelines.hpp"
-#include "fused_steps.hpp"
-#include "fused_workspace.hpp"
+#include "ops/functional_ops.hpp"
 #include "torch_errors.hpp"
+#include "tp/fused_one_shot.hpp"
+#include "tp/fused_pipelines.hpp"
+#include "tp/fused_steps.hpp"
+#include "tp/fused_workspace.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/core/ScalarType.h>

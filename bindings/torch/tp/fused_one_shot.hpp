@@ -4,7 +4,7 @@
 // that meets the peers inside, at these sizes) and one matmul per product
 // (fused_pipelines.cpp picks by size, one_shot_bytes()).
 
-#include "fused_steps.hpp"
+#include "tp/fused_steps.hpp"
 
 #include <ATen/ATen.h>
 

@@ -1,6 +1,6 @@
-#include "group_formation.hpp"
+#include "c10d/group_formation.hpp"
 
-#include "c10d_store.hpp"
+#include "c10d/c10d_store.hpp"
 
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/error.hpp>

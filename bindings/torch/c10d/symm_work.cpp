@@ -1,4 +1,4 @@
-#include "symm_work.hpp"
+#include "c10d/symm_work.hpp"
 
 #include <symmpool/detail/deadline.hpp>
 

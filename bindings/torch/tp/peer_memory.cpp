@@ -1,4 +1,4 @@
-#include "peer_memory.hpp"
+#include "tp/peer_memory.hpp"
 
 #include "torch_errors.hpp"
 

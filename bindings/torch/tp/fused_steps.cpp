@@ -1,5 +1,6 @@
-#include "fused_steps.hpp"
+#include "tp/fused_steps.hpp"
 
+#include "stream_capture.hpp"
 #include "torch_errors.hpp"
 
 #include <symmpool/env_reader.hpp>

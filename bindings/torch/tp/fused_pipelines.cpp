@@ -6,12 +6,12 @@
 // the GPU's time on the host
 // (bench/results/tp_ops_h200x2_2026-11-23_host-time-8b.json).
 
-#include "fused_pipelines.hpp"
+#include "tp/fused_pipelines.hpp"
 
-#include "fused_one_shot.hpp"
-#include "fused_steps.hpp"
-#include "peer_memory.hpp"
 #include "torch_errors.hpp"
+#include "tp/fused_one_shot.hpp"
+#include "tp/fused_steps.hpp"
+#include "tp/peer_memory.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>

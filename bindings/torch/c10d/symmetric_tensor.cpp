@@ -1,6 +1,6 @@
-#include "symmetric_tensor.hpp"
+#include "c10d/symmetric_tensor.hpp"
 
-#include "fused_workspace.hpp"  // is_capturing
+#include "stream_capture.hpp"
 #include "torch_errors.hpp"
 
 #include <symmpool/device_allocators.hpp>

@@ -4,7 +4,7 @@
 // how it grows (collective: every rank allocates, then a rendezvous decides
 // whether the new buffer is symmetric, the same verdict on every rank).
 
-#include "peer_group.hpp"
+#include "c10d/peer_group.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -91,7 +91,5 @@ void release_fused_workspaces(std::uint64_t group_serial);
 // The workspace of `group_name` on `device` if one was made (tests), else null.
 std::shared_ptr<FusedWorkspace> existing_fused_workspace(const std::string& group_name,
                                                          c10::DeviceIndex device);
-
-bool is_capturing(const c10::cuda::CUDAStream& stream);
 
 }  // namespace symmpool::torch_ext

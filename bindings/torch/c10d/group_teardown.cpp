@@ -1,4 +1,4 @@
-#include "group_teardown.hpp"
+#include "c10d/group_teardown.hpp"
 
 #include <symmpool/log.hpp>
 

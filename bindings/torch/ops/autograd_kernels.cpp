@@ -1,4 +1,4 @@
-#include "autograd_kernels.hpp"
+#include "ops/autograd_kernels.hpp"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>

@@ -1,7 +1,8 @@
-#include "fused_workspace.hpp"
+#include "tp/fused_workspace.hpp"
 
-#include "group_teardown.hpp"
-#include "peer_memory.hpp"
+#include "c10d/group_teardown.hpp"
+#include "stream_capture.hpp"
+#include "tp/peer_memory.hpp"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -53,12 +54,6 @@ OwnStream::OwnStream(c10::DeviceIndex device) : device_(device) {
 
 // Pending work still runs; at exit CUDA may be gone: ignored.
 OwnStream::~OwnStream() { cudaStreamDestroy(stream_); }
-
-bool is_capturing(const c10::cuda::CUDAStream& stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
-  return status != cudaStreamCaptureStatusNone;
-}
 
 void FusedWorkspace::set_buffer(const at::Tensor& tensor) {
   buffer = tensor;

@@ -5,7 +5,7 @@
 // group's heap and communicator on first use, collectively, over the
 // group's own store.
 
-#include "rendezvoused_storages.hpp"
+#include "c10d/rendezvoused_storages.hpp"
 
 #include <symmpool/communicator.hpp>
 

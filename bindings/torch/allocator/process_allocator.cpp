@@ -1,4 +1,4 @@
-#include "process_allocator.hpp"
+#include "allocator/process_allocator.hpp"
 
 #include <symmpool/device_allocators.hpp>
 #include <symmpool/error.hpp>

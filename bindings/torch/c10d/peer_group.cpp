@@ -1,7 +1,7 @@
-#include "peer_group.hpp"
+#include "c10d/peer_group.hpp"
 
-#include "group_symmetry.hpp"
-#include "symm_backend.hpp"
+#include "c10d/group_symmetry.hpp"
+#include "c10d/symm_backend.hpp"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>

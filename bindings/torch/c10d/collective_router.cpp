@@ -1,4 +1,4 @@
-#include "collective_router.hpp"
+#include "c10d/collective_router.hpp"
 
 #include "torch_errors.hpp"
 
