@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 
 namespace symmpool {
@@ -39,7 +40,9 @@ std::size_t segment_size_for(std::size_t size) {
 // no implicit sync: this thread relaxes its capture mode around them, as the
 // collectives do for their host work. In the default global mode a graph
 // captured on any stream would refuse them and be invalidated (PyTorch's
-// allocator skips its event queries during captures instead).
+// allocator skips its event queries during captures instead). Only around
+// them: a cache hit with no event to look at makes no driver call at all
+// (the mode's exchange was most of its time).
 class RelaxedCapture {
  public:
   explicit RelaxedCapture(const DriverApi& drv) : drv_(drv) {
@@ -100,11 +103,14 @@ CachingAllocator::Pool& CachingAllocator::pool_for(PrivatePool* owner, bool smal
 void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
   if (bytes == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
-  RelaxedCapture relaxed(drv_);
   SYMMPOOL_EXPECTS(bytes <= device_total_, "cannot allocate " + format_bytes(bytes) + ": more than device " +
                                                std::to_string(device()) + "'s total memory of " +
                                                format_bytes(device_total_));
-  process_events();
+  std::optional<RelaxedCapture> relaxed;
+  if (!pending_.empty() || !unrecorded_.empty() || !retiring_.empty()) {
+    relaxed.emplace(drv_);
+    process_events();
+  }
 
   const std::size_t size = round_size(bytes);
   const bool small = size <= kSmallSize;
@@ -117,6 +123,7 @@ void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
     pool.erase(block);
   } else {
     ++stats_.cache_misses;
+    if (!relaxed) relaxed.emplace(drv_);
     block = new_segment_block(size, bytes, stream, small, owner);
   }
   block = split(block, size, pool);
@@ -220,14 +227,12 @@ CachingAllocator::Block* CachingAllocator::split_at(Block* block, std::size_t si
 void CachingAllocator::deallocate(void* ptr, CUstream stream) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  RelaxedCapture relaxed(drv_);
   release(take_active(ptr), stream);
 }
 
 void CachingAllocator::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  RelaxedCapture relaxed(drv_);
   auto it = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == active_.end()) throw_unknown_pointer(ptr, "free");
   SYMMPOOL_EXPECTS(it->second->requested == bytes,
@@ -241,7 +246,6 @@ void CachingAllocator::deallocate(void* ptr, std::size_t bytes, CUstream stream)
 void CachingAllocator::deallocate_in_stream_order(void* ptr) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  RelaxedCapture relaxed(drv_);
   Block* block = take_active(ptr);
   release(block, block->stream);
 }
@@ -279,6 +283,7 @@ void CachingAllocator::release(Block* block, CUstream stream) {
   // The free itself is done; if an event cannot be recorded the block waits
   // out of the pool for a retry, and the caller hears of the failure.
   try {
+    RelaxedCapture relaxed(drv_);
     record_events(block);
   } catch (...) {
     unrecorded_.push_back(block);

@@ -311,6 +311,25 @@ TEST_F(CachingAllocatorTest, AllocationsWorkWhileAnotherStreamCaptures) {
   fake().hold_events(false);
 }
 
+// The hot path: a cache hit with no event to look at, and a free on the
+// block's own stream, ask nothing of the driver (switching the capture mode
+// around them was most of their time).
+TEST_F(CachingAllocatorTest, ACacheHitAndAFreeOnItsStreamMakeNoDriverCall) {
+  auto a = make_allocator();
+  a->deallocate(a->allocate(4 * KiB, stream(1)), stream(1));
+  a->deallocate(a->allocate(64 * MiB, stream(1)), stream(1));
+  fake().clear_calls();
+  for (std::size_t bytes : {4 * KiB, 64 * MiB}) {
+    void* p = a->allocate(bytes, stream(1));
+    a->deallocate(p, stream(1));
+  }
+  EXPECT_TRUE(fake().calls().empty()) << "first call: " << fake().calls().front();
+  // A miss maps a segment, with the capture mode relaxed around it.
+  void* big = a->allocate(256 * MiB, stream(1));
+  EXPECT_EQ(fake().count("cuThreadExchangeStreamCaptureMode"), 2u);
+  a->deallocate(big, stream(1));
+}
+
 TEST_F(CachingAllocatorTest, SegmentsInUseOnOtherStreamsOrInACaptureAreNotReplaced) {
   auto a = make_allocator();
   void* other_stream = a->allocate(30 * MiB, stream(2));
