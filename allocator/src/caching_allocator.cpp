@@ -88,7 +88,44 @@ CachingAllocator::~CachingAllocator() {
       b = next;
     }
   }
+  for (Block* b : spare_blocks_) delete b;
   // arena_ unmaps the segments (telling observers) when it is destroyed.
+}
+
+namespace {
+constexpr std::size_t kMostSpares = 4096;  // of each kind
+}  // namespace
+
+CachingAllocator::Block* CachingAllocator::make_block() {
+  if (spare_blocks_.empty()) return new Block;
+  Block* block = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  *block = Block{};
+  return block;
+}
+
+void CachingAllocator::drop_block(Block* block) {
+  if (spare_blocks_.size() < kMostSpares) {
+    spare_blocks_.push_back(block);
+  } else {
+    delete block;
+  }
+}
+
+void CachingAllocator::pool_insert(Pool& pool, Block* block) {
+  if (spare_pool_nodes_.empty()) {
+    pool.insert(block);
+    return;
+  }
+  Pool::node_type node = std::move(spare_pool_nodes_.back());
+  spare_pool_nodes_.pop_back();
+  node.value() = block;
+  pool.insert(std::move(node));
+}
+
+void CachingAllocator::pool_erase(Pool& pool, Block* block) {
+  Pool::node_type node = pool.extract(block);
+  if (!node.empty() && spare_pool_nodes_.size() < kMostSpares) spare_pool_nodes_.push_back(std::move(node));
 }
 
 CachingAllocator::Pool& CachingAllocator::pool_of(const Block* block) {
@@ -120,7 +157,7 @@ void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
   Block* block = find_free_block(pool, stream, size);
   if (block != nullptr) {
     ++stats_.cache_hits;
-    pool.erase(block);
+    pool_erase(pool, block);
   } else {
     ++stats_.cache_misses;
     if (!relaxed) relaxed.emplace(drv_);
@@ -135,7 +172,15 @@ void CachingAllocator::make_live(Block* block, std::size_t requested) {
   block->allocated = true;
   block->requested = requested;
   block->serial = ++serials_;
-  active_.emplace(block->ptr, block);
+  if (spare_active_nodes_.empty()) {
+    active_.emplace(block->ptr, block);
+  } else {
+    auto node = std::move(spare_active_nodes_.back());
+    spare_active_nodes_.pop_back();
+    node.key() = block->ptr;
+    node.mapped() = block;
+    active_.insert(std::move(node));
+  }
   ++stats_.allocations;
   stats_.add_blocks(block->small, 1, static_cast<std::int64_t>(block->size),
                     static_cast<std::int64_t>(requested));
@@ -208,7 +253,7 @@ CachingAllocator::Block* CachingAllocator::split(Block* block, std::size_t size,
 
 CachingAllocator::Block* CachingAllocator::split_at(Block* block, std::size_t size, Pool& pool) {
   if (size == block->size) return block;
-  auto* rest = new Block;
+  Block* rest = make_block();
   rest->ptr = block->ptr + size;
   rest->size = block->size - size;
   rest->stream = block->stream;
@@ -220,7 +265,7 @@ CachingAllocator::Block* CachingAllocator::split_at(Block* block, std::size_t si
   if (rest->next) rest->next->prev = rest;
   block->next = rest;
   block->size = size;
-  pool.insert(rest);
+  pool_insert(pool, rest);
   return block;
 }
 
@@ -238,9 +283,7 @@ void CachingAllocator::deallocate(void* ptr, std::size_t bytes, CUstream stream)
   SYMMPOOL_EXPECTS(it->second->requested == bytes,
                    "free of " + format_pointer(ptr) + " with size " + std::to_string(bytes) +
                        ", but it was allocated with size " + std::to_string(it->second->requested));
-  Block* block = it->second;
-  active_.erase(it);
-  release(block, stream);
+  release(take_active(it), stream);
 }
 
 void CachingAllocator::deallocate_in_stream_order(void* ptr) {
@@ -253,8 +296,14 @@ void CachingAllocator::deallocate_in_stream_order(void* ptr) {
 CachingAllocator::Block* CachingAllocator::take_active(void* ptr) {
   auto it = active_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == active_.end()) throw_unknown_pointer(ptr, "free");
-  Block* block = it->second;
-  active_.erase(it);
+  return take_active(it);
+}
+
+CachingAllocator::Block* CachingAllocator::take_active(
+    std::unordered_map<std::uintptr_t, Block*>::iterator it) {
+  auto node = active_.extract(it);
+  Block* block = node.mapped();
+  if (spare_active_nodes_.size() < kMostSpares) spare_active_nodes_.push_back(std::move(node));
   return block;
 }
 
@@ -294,21 +343,21 @@ void CachingAllocator::release(Block* block, CUstream stream) {
 void CachingAllocator::free_block(Block* block) {
   Pool& pool = pool_of(block);
   if (Block* prev = block->prev; prev && prev->is_free()) {
-    pool.erase(prev);
+    pool_erase(pool, prev);
     prev->size += block->size;
     prev->next = block->next;
     if (prev->next) prev->next->prev = prev;
-    delete block;
+    drop_block(block);
     block = prev;
   }
   if (Block* next = block->next; next && next->is_free()) {
-    pool.erase(next);
+    pool_erase(pool, next);
     block->size += next->size;
     block->next = next->next;
     if (block->next) block->next->prev = block;
-    delete next;
+    drop_block(next);
   }
-  pool.insert(block);
+  pool_insert(pool, block);
 }
 
 void CachingAllocator::record_stream(void* ptr, CUstream stream) {

@@ -224,7 +224,12 @@ class CachingAllocator {
   bool routing_to_private_pool() const { return !routes_.empty(); }
   void free_live_blocks_of(PrivatePool& pool, PoolRestore& restore);
   void carve_checkpoint_segment(const PoolCheckpoint::Segment& segment, PoolRestore& restore);
-  Block* take_active(void* ptr);                // removes a live block; throws if unknown
+  Block* take_active(void* ptr);  // removes a live block; throws if unknown
+  Block* take_active(std::unordered_map<std::uintptr_t, Block*>::iterator it);
+  Block* make_block();            // a spare Block, or a new one
+  void drop_block(Block* block);  // back to the spares
+  void pool_insert(Pool& pool, Block* block);
+  void pool_erase(Pool& pool, Block* block);
   void release(Block* block, CUstream stream);  // a block just taken from active_
   void free_block(Block* block);
   void record_events(Block* block);  // for its stream_uses; throws cuda_error
@@ -272,6 +277,12 @@ class CachingAllocator {
   std::vector<Retiring> retiring_;
   AllocatorStats stats_;
   std::uint64_t serials_ = 0;  // allocations made so far
+  // Blocks and container nodes that frees let go, kept for the next
+  // allocations (a few thousand of each at most): a cache hit then asks
+  // malloc for nothing (its new and delete were the hot path's largest cost).
+  std::vector<Block*> spare_blocks_;
+  std::vector<Pool::node_type> spare_pool_nodes_;
+  std::vector<std::unordered_map<std::uintptr_t, Block*>::node_type> spare_active_nodes_;
 };
 
 }  // namespace symmpool
