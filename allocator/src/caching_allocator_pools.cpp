@@ -179,22 +179,14 @@ void CachingAllocator::carve_checkpoint_segment(const PoolCheckpoint::Segment& s
       restore.allocated.push_back(reinterpret_cast<void*>(carved[i]->ptr));
     }
   }
-  // The free ones go back to the pool, neighbours merged as free_block merges them.
-  for (Block* block : carved)
-    if (!block->allocated) free_blocks.insert(block);
-  for (Block* b = carved.front(); b->next != nullptr;) {
-    Block* next = b->next;
-    if (b->allocated || next->allocated) {
-      b = next;
-      continue;
-    }
-    free_blocks.erase(b);
-    free_blocks.erase(next);
-    b->size += next->size;
-    b->next = next->next;
-    if (b->next != nullptr) b->next->prev = b;
-    delete next;
-    free_blocks.insert(b);
+  // The free ones go back to the pool through free_block, which merges
+  // each with its free neighbours: a run of free blocks becomes one. The
+  // next block, where free, is merged into this one and gone: skipped.
+  for (std::size_t i = 0; i < carved.size(); ++i) {
+    if (carved[i]->allocated) continue;
+    const bool next_merged = i + 1 < carved.size() && !carved[i + 1]->allocated;
+    free_block(carved[i]);
+    if (next_merged) ++i;
   }
 }
 

@@ -28,6 +28,16 @@ std::size_t segments_of(const CachingAllocator& a, PoolId pool) {
   return n;
 }
 
+// Where two free blocks of a segment are neighbours (a merge was missed), the first one's address; else 0.
+std::uintptr_t unmerged_free_neighbours(const CachingAllocator& a) {
+  for (const SegmentSnapshot& s : a.snapshot())
+    for (std::size_t i = 1; i < s.blocks.size(); ++i)
+      if (!s.blocks[i - 1].allocated && !s.blocks[i - 1].pending && !s.blocks[i].allocated &&
+          !s.blocks[i].pending)
+        return s.blocks[i - 1].address;
+  return 0;
+}
+
 // A graph's allocations come from its own segments, and a block freed in the
 // capture is reused there but never by an allocation outside it: the
 // graph's replays still write into it.
@@ -179,6 +189,7 @@ TEST_F(PrivatePoolTest, ACheckpointPutsBackThePoolsLiveBlocks) {
   EXPECT_EQ(std::unordered_set<void*>(restore.allocated.begin(), restore.allocated.end()),
             (std::unordered_set<void*>{x, z}));
   EXPECT_TRUE(a->pool_live_allocations_are(kGraphPool, {x, z}));
+  EXPECT_EQ(unmerged_free_neighbours(*a), 0u);
   EXPECT_EQ(a->allocation_size(x), 1000u);
   EXPECT_EQ(a->stats().allocated_bytes.current, stats_then.allocated_bytes.current);
   EXPECT_EQ(a->stats().requested_bytes.current, stats_then.requested_bytes.current);
@@ -190,6 +201,34 @@ TEST_F(PrivatePoolTest, ACheckpointPutsBackThePoolsLiveBlocks) {
   a->release_pool(kGraphPool);
   a->empty_cache();
   EXPECT_EQ(a->stats().segments.current, 0);
+}
+
+// A block still waiting for another stream when the checkpoint was taken
+// is free by the restore: carved back as free beside the free rest of its
+// segment, the two are one block again, as a free would leave them.
+TEST_F(PrivatePoolTest, ARestoredCheckpointLeavesNoFreeNeighboursApart) {
+  auto a = make_allocator();
+  a->begin_allocate_to_pool(kUserPool, only(stream(1)));
+  void* x = a->allocate(1000, stream(1));
+  void* y = a->allocate(5000, stream(1));
+  a->end_allocate_to_pool(kUserPool);
+  a->record_stream(y, stream(3));
+  fake().hold_events(true);
+  a->deallocate(y, stream(1));  // waits on stream 3's event
+  const PoolCheckpoint checkpoint = a->checkpoint_pool(kUserPool);
+  ASSERT_EQ(checkpoint.segments.size(), 1u);
+  ASSERT_EQ(checkpoint.segments[0].blocks.size(), 3u) << "x, y (pending), the rest";
+  fake().complete_events();
+  fake().hold_events(false);
+  const PoolRestore restore = a->restore_pool(checkpoint);
+  EXPECT_EQ(restore.allocated, std::vector<void*>{x});
+  EXPECT_EQ(unmerged_free_neighbours(*a), 0u);
+  a->begin_allocate_to_pool(kUserPool, only(stream(1)));
+  void* joined = a->allocate(512 * KiB, stream(1));  // fits only where y and the rest are one block
+  a->end_allocate_to_pool(kUserPool);
+  EXPECT_EQ(joined, y);
+  for (void* p : {x, joined}) a->deallocate(p, stream(1));
+  a->release_pool(kUserPool);
 }
 
 TEST_F(PrivatePoolTest, ACheckpointWhoseSegmentIsGoneIsRefused) {
@@ -263,6 +302,7 @@ TEST_F(RandomPrivatePoolTest, RandomWorkKeepsEveryBlockInItsPool) {
         for (const PoolCheckpoint::Block& b : s.blocks)
           if (b.allocated) live[b.address] = Live{b.requested, stream(2), it->first};
       ASSERT_TRUE(a->pool_live_allocations_are(it->first, live_set(it->first)));
+      ASSERT_EQ(unmerged_free_neighbours(*a), 0u) << "after restore " << restores;
     } else if (r < 6 && !checkpoints.empty()) {  // a graph is destroyed, its outputs may live on
       a->release_pool(checkpoints.begin()->first);
       checkpoints.erase(checkpoints.begin());
