@@ -112,7 +112,12 @@ void CachingAllocator::drop_block(Block* block) {
   }
 }
 
+// A free block counts as inactive_split while it is in a free list and
+// shares its segment; neither changes while it is there (blocks are split
+// and merged only out of the lists).
 void CachingAllocator::pool_insert(Pool& pool, Block* block) {
+  if (block->prev != nullptr || block->next != nullptr)
+    stats_.add_inactive_split(block->small, 1, static_cast<std::int64_t>(block->size));
   if (spare_pool_nodes_.empty()) {
     pool.insert(block);
     return;
@@ -125,7 +130,10 @@ void CachingAllocator::pool_insert(Pool& pool, Block* block) {
 
 void CachingAllocator::pool_erase(Pool& pool, Block* block) {
   Pool::node_type node = pool.extract(block);
-  if (!node.empty() && spare_pool_nodes_.size() < kMostSpares) spare_pool_nodes_.push_back(std::move(node));
+  if (node.empty()) return;
+  if (block->prev != nullptr || block->next != nullptr)
+    stats_.add_inactive_split(block->small, -1, static_cast<std::int64_t>(block->size));
+  if (spare_pool_nodes_.size() < kMostSpares) spare_pool_nodes_.push_back(std::move(node));
 }
 
 CachingAllocator::Pool& CachingAllocator::pool_of(const Block* block) {
@@ -184,6 +192,7 @@ void CachingAllocator::make_live(Block* block, std::size_t requested) {
   ++stats_.allocations;
   stats_.add_blocks(block->small, 1, static_cast<std::int64_t>(block->size),
                     static_cast<std::int64_t>(requested));
+  stats_.add_busy(block->small, 1, static_cast<std::int64_t>(block->size));
 }
 
 CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, CUstream stream, std::size_t size) {
@@ -320,7 +329,7 @@ void CachingAllocator::release(Block* block, CUstream stream) {
     block->stream_uses.push_back(stream);
 
   if (block->stream_uses.empty()) {
-    free_block(block);
+    free_at_last(block);
     return;
   }
   // While a capture may be under way the events wait for its end (an event
@@ -338,6 +347,11 @@ void CachingAllocator::release(Block* block, CUstream stream) {
     unrecorded_.push_back(block);
     throw;
   }
+}
+
+void CachingAllocator::free_at_last(Block* block) {
+  stats_.add_busy(block->small, -1, static_cast<std::int64_t>(block->size));
+  free_block(block);
 }
 
 void CachingAllocator::free_block(Block* block) {

@@ -75,7 +75,7 @@ void CachingAllocator::process_events() {
     Block* block = it->second;
     it = pending_.erase(it);
     --block->pending_events;
-    if (block->is_free()) free_block(block);
+    if (block->is_free()) free_at_last(block);
   }
 }
 

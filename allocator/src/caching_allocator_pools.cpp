@@ -160,7 +160,7 @@ void CachingAllocator::carve_checkpoint_segment(const PoolCheckpoint::Segment& s
                    "restore_pool: the segment at " + format_pointer(reinterpret_cast<void*>(s.address)) +
                        " still has blocks in use after its live ones were freed");
   Pool& free_blocks = pool_of(rest);
-  free_blocks.erase(rest);
+  pool_erase(free_blocks, rest);
   std::vector<Block*> carved;
   for (const PoolCheckpoint::Block& b : s.blocks) {
     SYMMPOOL_EXPECTS(rest != nullptr && rest->ptr == b.address && b.size <= rest->size,
@@ -168,7 +168,7 @@ void CachingAllocator::carve_checkpoint_segment(const PoolCheckpoint::Segment& s
                          format_pointer(reinterpret_cast<void*>(s.address)));
     Block* block = split_at(rest, b.size, free_blocks);
     rest = block->next;
-    if (rest != nullptr) free_blocks.erase(rest);  // split_at put it there; carved next
+    if (rest != nullptr) pool_erase(free_blocks, rest);  // split_at put it there; carved next
     carved.push_back(block);
   }
   SYMMPOOL_EXPECTS(rest == nullptr, "restore_pool: the checkpoint's blocks do not cover the segment at " +

@@ -26,7 +26,7 @@ bool CachingAllocator::releasable(const Block* head) const {
 }
 
 void CachingAllocator::unmap_free_segment(Block* head) {
-  pool_of(head).erase(head);
+  pool_erase(pool_of(head), head);
   const Segment* segment = head->segment;
   const std::size_t size = segment->size;
   PoolStats* pool = head->small ? &stats_.small_pool : &stats_.large_pool;
@@ -98,7 +98,7 @@ void CachingAllocator::retire_outgrown_segments(CUstream stream) {
   CUevent event = record_outside_capture(stream);
   if (event == nullptr) return;
   for (Block* head : outgrown) {
-    pool_of(head).erase(head);
+    pool_erase(pool_of(head), head);
     head->retiring = true;
   }
   stats_.outgrown_segment_releases += outgrown.size();
@@ -143,7 +143,7 @@ CachingAllocator::Block* CachingAllocator::take_idle_segment_of_another_stream(s
   // The wait holds the event's state at the call: it can be reused at once.
   spare_events_.push_back(event);
   if (drv_.cuStreamWaitEvent(stream, event, 0) != CUDA_SUCCESS) return nullptr;
-  large_pool_.erase(best);  // keyed by its stream: out before the key changes
+  pool_erase(large_pool_, best);  // keyed by its stream: out before the key changes
   best->stream = stream;
   ++stats_.segment_stream_moves;
   return best;
@@ -170,7 +170,7 @@ std::size_t CachingAllocator::finish_retiring(bool wait, std::exception_ptr* fai
     for (Block* head : done.heads) {
       head->retiring = false;
       if (arena_->observers_keep(*head->segment)) {
-        pool_of(head).insert(head);
+        pool_insert(pool_of(head), head);
         continue;
       }
       released += failure ? unmap_keeping_failure(head, *failure)

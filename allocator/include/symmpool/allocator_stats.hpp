@@ -29,9 +29,16 @@ struct PoolStats {
   Stat reserved_bytes;
   Stat active_blocks;
   Stat segments;
+  // Live blocks and freed ones whose streams' work is still pending (torch's "active").
+  Stat busy_blocks;
+  Stat busy_bytes;
+  // Free blocks in segments that also hold other blocks (torch's "inactive_split").
+  Stat inactive_split_blocks;
+  Stat inactive_split_bytes;
 
-  std::array<Stat*, 5> stats() {
-    return {&allocated_bytes, &requested_bytes, &reserved_bytes, &active_blocks, &segments};
+  std::array<Stat*, 9> stats() {
+    return {&allocated_bytes, &requested_bytes, &reserved_bytes,        &active_blocks,       &segments,
+            &busy_blocks,     &busy_bytes,      &inactive_split_blocks, &inactive_split_bytes};
   }
   void reset_peaks() {
     for (Stat* s : stats()) s->reset_peak();
@@ -47,6 +54,10 @@ struct AllocatorStats {
   Stat reserved_bytes;   // bytes in mapped segments
   Stat active_blocks;    // live allocations
   Stat segments;         // mapped segments
+  Stat busy_blocks;      // as PoolStats'
+  Stat busy_bytes;
+  Stat inactive_split_blocks;
+  Stat inactive_split_bytes;
   // The same, by pool; the totals above also hold the internal segments
   // (signal pads), which are in neither pool.
   PoolStats small_pool;
@@ -69,6 +80,19 @@ struct AllocatorStats {
     for (Stat* s : {&requested_bytes, &pool.requested_bytes}) s->add(count * requested);
     for (Stat* s : {&active_blocks, &pool.active_blocks}) s->add(count);
   }
+  // `count` (+1 or -1) blocks of `size` bytes that became busy (allocated) or stopped being so (free at
+  // last).
+  void add_busy(bool small, std::int64_t count, std::int64_t size) {
+    PoolStats& pool = small ? small_pool : large_pool;
+    for (Stat* s : {&busy_blocks, &pool.busy_blocks}) s->add(count);
+    for (Stat* s : {&busy_bytes, &pool.busy_bytes}) s->add(count * size);
+  }
+  // `count` (+1 or -1) free blocks of `size` bytes of split segments entering or leaving the free lists.
+  void add_inactive_split(bool small, std::int64_t count, std::int64_t size) {
+    PoolStats& pool = small ? small_pool : large_pool;
+    for (Stat* s : {&inactive_split_blocks, &pool.inactive_split_blocks}) s->add(count);
+    for (Stat* s : {&inactive_split_bytes, &pool.inactive_split_bytes}) s->add(count * size);
+  }
   // `count` (+1 or -1) segments of `size` bytes, in a pool or (`pool` null) internal.
   void add_segments(PoolStats* pool, std::int64_t count, std::int64_t size) {
     reserved_bytes.add(count * size);
@@ -78,8 +102,9 @@ struct AllocatorStats {
     pool->segments.add(count);
   }
   // The totals, as PoolStats::stats() lists a pool's.
-  std::array<Stat*, 5> totals() {
-    return {&allocated_bytes, &requested_bytes, &reserved_bytes, &active_blocks, &segments};
+  std::array<Stat*, 9> totals() {
+    return {&allocated_bytes, &requested_bytes, &reserved_bytes,        &active_blocks,       &segments,
+            &busy_blocks,     &busy_bytes,      &inactive_split_blocks, &inactive_split_bytes};
   }
   void reset_peaks() {
     for (Stat* s : totals()) s->reset_peak();

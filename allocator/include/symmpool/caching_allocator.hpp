@@ -231,7 +231,8 @@ class CachingAllocator {
   void pool_insert(Pool& pool, Block* block);
   void pool_erase(Pool& pool, Block* block);
   void release(Block* block, CUstream stream);  // a block just taken from active_
-  void free_block(Block* block);
+  void free_block(Block* block);                // into its pool, merged with free neighbours
+  void free_at_last(Block* block);   // a freed block whose streams are done: no longer busy, then free_block
   void record_events(Block* block);  // for its stream_uses; throws cuda_error
   void retry_unrecorded_events();    // throws cuda_error, keeping the failed ones
   void try_retry_unrecorded_events();

@@ -56,34 +56,6 @@ void copy_stats(c10::CachingAllocator::StatArray& to, const Stat& all, const Sta
   copy_stat(to[static_cast<std::size_t>(StatType::LARGE_POOL)], large);
 }
 
-// The counts of blocks that are neither live nor reusable yet (freed, their
-// streams' work pending) and of free blocks inside split segments, per pool
-// ([aggregate, small, large]), from a snapshot: current values only.
-struct SnapshotCounts {
-  std::int64_t pending[3] = {}, pending_bytes[3] = {}, split_free[3] = {}, split_free_bytes[3] = {};
-};
-
-SnapshotCounts count_snapshot(const std::vector<SegmentSnapshot>& segments) {
-  SnapshotCounts c;
-  for (const SegmentSnapshot& s : segments) {
-    const int pool = s.small ? 1 : 2;
-    for (const BlockSnapshot& b : s.blocks) {
-      const auto size = static_cast<std::int64_t>(b.size);
-      for (int i : {0, pool}) {
-        if (b.pending) ++c.pending[i], c.pending_bytes[i] += size;
-        if (!b.allocated && !b.pending && s.blocks.size() > 1)
-          ++c.split_free[i], c.split_free_bytes[i] += size;
-      }
-    }
-  }
-  return c;
-}
-
-// A current value with no history: its peak is its current value.
-void set_current(c10::CachingAllocator::StatArray& to, const std::int64_t (&values)[3]) {
-  for (std::size_t i = 0; i < 3; ++i) to[i].current = to[i].peak = values[i];
-}
-
 class ProcessAllocator final : public cca::CUDAAllocator {
  public:
   c10::DataPtr allocate(std::size_t bytes) override {
@@ -156,21 +128,14 @@ class ProcessAllocator final : public cca::CUDAAllocator {
     copy_stats(out.allocated_bytes, s.allocated_bytes, small.allocated_bytes, large.allocated_bytes);
     copy_stats(out.reserved_bytes, s.reserved_bytes, small.reserved_bytes, large.reserved_bytes);
     copy_stats(out.requested_bytes, s.requested_bytes, small.requested_bytes, large.requested_bytes);
-    // torch's "active" holds freed blocks whose streams' work is pending too,
-    // and "inactive_split" free blocks of split segments: symmpool keeps no
-    // history of either, so they are their current values, and "active" is
-    // the live blocks' figures plus the pending blocks now.
-    const SnapshotCounts c = count_snapshot(a->snapshot());
-    copy_stats(out.active, s.active_blocks, small.active_blocks, large.active_blocks);
-    copy_stats(out.active_bytes, s.allocated_bytes, small.allocated_bytes, large.allocated_bytes);
-    for (std::size_t i = 0; i < 3; ++i) {
-      out.active[i].current += c.pending[i];
-      out.active[i].peak = std::max(out.active[i].peak, out.active[i].current);
-      out.active_bytes[i].current += c.pending_bytes[i];
-      out.active_bytes[i].peak = std::max(out.active_bytes[i].peak, out.active_bytes[i].current);
-    }
-    set_current(out.inactive_split, c.split_free);
-    set_current(out.inactive_split_bytes, c.split_free_bytes);
+    // torch's "active" holds freed blocks whose streams' work is pending
+    // too (symmpool's busy blocks); "inactive_split", free blocks of split segments.
+    copy_stats(out.active, s.busy_blocks, small.busy_blocks, large.busy_blocks);
+    copy_stats(out.active_bytes, s.busy_bytes, small.busy_bytes, large.busy_bytes);
+    copy_stats(out.inactive_split, s.inactive_split_blocks, small.inactive_split_blocks,
+               large.inactive_split_blocks);
+    copy_stats(out.inactive_split_bytes, s.inactive_split_bytes, small.inactive_split_bytes,
+               large.inactive_split_bytes);
     out.num_alloc_retries = static_cast<std::int64_t>(s.oom_retries);
     out.num_ooms = static_cast<std::int64_t>(s.ooms);
     out.num_device_alloc = static_cast<std::int64_t>(s.segment_maps);

@@ -287,12 +287,18 @@ class PropertyRun {
     ASSERT_EQ(small.reserved_bytes.current + large.reserved_bytes.current, st.reserved_bytes.current)
         << *this;
     ASSERT_EQ(small.segments.current + large.segments.current, st.segments.current) << *this;
-    std::array<std::int64_t, 2> reserved{}, allocated{}, blocks{};  // [small, large]
+    // [small, large]; busy: live or pending (torch's active), split: free in a shared segment.
+    std::array<std::int64_t, 2> reserved{}, allocated{}, blocks{}, busy{}, busy_bytes{}, split{},
+        split_bytes{};
     for (const SegmentSnapshot& segment : a_.snapshot()) {
       std::uintptr_t next = segment.address;
       for (const BlockSnapshot& b : segment.blocks) {
         ASSERT_EQ(b.address, next) << "blocks must tile their segment " << *this;
         next += b.size;
+        const int k = segment.small ? 0 : 1;
+        if (b.allocated || b.pending) ++busy[k], busy_bytes[k] += static_cast<std::int64_t>(b.size);
+        if (!b.allocated && !b.pending && segment.blocks.size() > 1)
+          ++split[k], split_bytes[k] += static_cast<std::int64_t>(b.size);
         if (b.allocated) {
           allocated[segment.small ? 0 : 1] += static_cast<std::int64_t>(b.size);
           ++blocks[segment.small ? 0 : 1];
@@ -310,6 +316,21 @@ class PropertyRun {
         << *this;
     ASSERT_EQ(blocks, (std::array<std::int64_t, 2>{small.active_blocks.current, large.active_blocks.current}))
         << *this;
+    ASSERT_EQ(busy, (std::array<std::int64_t, 2>{small.busy_blocks.current, large.busy_blocks.current}))
+        << *this;
+    ASSERT_EQ(busy_bytes, (std::array<std::int64_t, 2>{small.busy_bytes.current, large.busy_bytes.current}))
+        << *this;
+    ASSERT_EQ(split, (std::array<std::int64_t, 2>{small.inactive_split_blocks.current,
+                                                  large.inactive_split_blocks.current}))
+        << *this;
+    ASSERT_EQ(split_bytes, (std::array<std::int64_t, 2>{small.inactive_split_bytes.current,
+                                                        large.inactive_split_bytes.current}))
+        << *this;
+    ASSERT_EQ(small.busy_blocks.current + large.busy_blocks.current, st.busy_blocks.current) << *this;
+    ASSERT_EQ(small.inactive_split_bytes.current + large.inactive_split_bytes.current,
+              st.inactive_split_bytes.current)
+        << *this;
+    ASSERT_GE(st.busy_blocks.peak, st.busy_blocks.current) << *this;
   }
 
   CachingAllocator& a_;
