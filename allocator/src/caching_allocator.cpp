@@ -136,15 +136,7 @@ void CachingAllocator::make_live(Block* block, std::size_t requested) {
   block->allocated = true;
   block->requested = requested;
   block->serial = ++serials_;
-  if (spare_active_nodes_.empty()) {
-    active_.emplace(block->ptr, block);
-  } else {
-    auto node = std::move(spare_active_nodes_.back());
-    spare_active_nodes_.pop_back();
-    node.key() = block->ptr;
-    node.mapped() = block;
-    active_.insert(std::move(node));
-  }
+  add_active(block);
   ++stats_.allocations;
   stats_.add_blocks(block->small, 1, static_cast<std::int64_t>(block->size),
                     static_cast<std::int64_t>(requested));

@@ -53,6 +53,18 @@ void CachingAllocator::pool_erase(Pool& pool, Block* block) {
   if (spare_pool_nodes_.size() < kMostSpares) spare_pool_nodes_.push_back(std::move(node));
 }
 
+void CachingAllocator::add_active(Block* block) {
+  if (spare_active_nodes_.empty()) {
+    active_.emplace(block->ptr, block);
+    return;
+  }
+  auto node = std::move(spare_active_nodes_.back());
+  spare_active_nodes_.pop_back();
+  node.key() = block->ptr;
+  node.mapped() = block;
+  active_.insert(std::move(node));
+}
+
 CachingAllocator::Block* CachingAllocator::take_active(
     std::unordered_map<std::uintptr_t, Block*>::iterator it) {
   auto node = active_.extract(it);

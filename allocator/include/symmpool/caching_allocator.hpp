@@ -226,6 +226,7 @@ class CachingAllocator {
   void carve_checkpoint_segment(const PoolCheckpoint::Segment& segment, PoolRestore& restore);
   Block* take_active(void* ptr);  // removes a live block; throws if unknown
   Block* take_active(std::unordered_map<std::uintptr_t, Block*>::iterator it);
+  void add_active(Block* block);  // a live block into active_, on a spare node where there is one
   Block* make_block();            // a spare Block, or a new one
   void drop_block(Block* block);  // back to the spares
   void pool_insert(Pool& pool, Block* block);
