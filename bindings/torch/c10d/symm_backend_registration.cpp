@@ -3,6 +3,7 @@
 // symmetric windows of its heap (symm_backend.cpp has the rest of the class).
 
 #include "c10d/symm_backend.hpp"
+#include "stream_capture.hpp"
 #include "torch_errors.hpp"
 
 #include <symmpool/device_allocators.hpp>
@@ -51,6 +52,11 @@ void SymmBackend::register_locally(const at::Device& device) {
 
 void SymmBackend::form_windows_if_ready(const at::Device& device) {
   if (windows_decided_ || !windows_enabled_ || !group_ || device.index() != heap_device_) return;
+  // Registering a window is NCCL's own collective work on its own thread,
+  // which a capture in global mode refuses (or which invalidates it): the
+  // windows wait for the first call outside a capture. Captured calls are
+  // the same on every rank, so every rank waits alike.
+  if (is_capturing(c10::cuda::getCurrentCUDAStream(device.index()))) return;
   std::shared_ptr<c10d::NCCLComm> nccl_comm;
   {
     std::lock_guard<std::mutex> lock(mutex_);
