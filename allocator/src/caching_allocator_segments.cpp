@@ -25,7 +25,7 @@ bool CachingAllocator::releasable(const Block* head) const {
          (head->owner == nullptr || head->owner->unused()) && !arena_->observers_keep(*head->segment);
 }
 
-void CachingAllocator::unmap_free_segment(Block* head) {
+void CachingAllocator::unmap_free_segment(Block* head, RangeAfterUnmap after) {
   pool_erase(pool_of(head), head);
   const Segment* segment = head->segment;
   const std::size_t size = segment->size;
@@ -36,17 +36,17 @@ void CachingAllocator::unmap_free_segment(Block* head) {
   ++stats_.segment_unmaps;
   stats_.add_segments(pool, -1, static_cast<std::int64_t>(size));
   if (owner != nullptr && --owner->segments == 0 && owner->unused()) private_pools_.erase(owner->id);
-  arena_->unmap_segment(segment);
+  arena_->unmap_segment(segment, after);
 }
 
 // Unmaps `head`'s segment; its bytes, or 0 with the failure kept in
 // `first_failure` (if none is there yet) and, given `say_as`, said on
 // stderr, so that the caller goes on to the next segment.
 std::size_t CachingAllocator::unmap_keeping_failure(Block* head, std::exception_ptr& first_failure,
-                                                    const char* say_as) {
+                                                    const char* say_as, RangeAfterUnmap after) {
   const std::size_t size = head->segment->size;
   try {
-    unmap_free_segment(head);
+    unmap_free_segment(head, after);
     return size;
   } catch (const std::exception& e) {
     if (!first_failure) first_failure = std::current_exception();
@@ -73,6 +73,9 @@ std::size_t CachingAllocator::release_cached_segments(const PrivatePool* only) {
   std::exception_ptr first_failure;
   std::size_t released = retired ? finish_retiring(/*wait=*/true, &first_failure) : 0;
   for (Block* head : idle) released += unmap_keeping_failure(head, first_failure);
+  // The device is idle and this is a point in program order: ranges parked
+  // by unmaps that waited on events can take segments again.
+  if (only == nullptr) arena_->release_parked_ranges();
   if (first_failure) std::rethrow_exception(first_failure);
   return released;
 }
@@ -150,7 +153,10 @@ CachingAllocator::Block* CachingAllocator::take_idle_segment_of_another_stream(s
 }
 
 // Unmaps the retired segments whose event completed (all of them with
-// `wait`, after the caller synchronized the device); returns the bytes. A
+// `wait`, after the caller synchronized the device); returns the bytes.
+// Without `wait` the unmap's moment depends on the GPU's progress, so the
+// segment's range is parked: the next segments' offsets must not depend on
+// it (symmetric heaps need ranks that allocate alike to place alike). A
 // heap that published one since it retired (a sync while its stream was
 // busy) keeps it: peers map it now, so it goes back to the pool. A failed
 // unmap goes to `failure` where the caller gives one (the others are still
@@ -173,8 +179,9 @@ std::size_t CachingAllocator::finish_retiring(bool wait, std::exception_ptr* fai
         pool_insert(pool_of(head), head);
         continue;
       }
-      released += failure ? unmap_keeping_failure(head, *failure)
-                          : unmap_keeping_failure(head, unclaimed, "unmapping an outgrown segment");
+      const RangeAfterUnmap after = wait ? RangeAfterUnmap::kRelease : RangeAfterUnmap::kPark;
+      released += failure ? unmap_keeping_failure(head, *failure, nullptr, after)
+                          : unmap_keeping_failure(head, unclaimed, "unmapping an outgrown segment", after);
     }
   }
   return released;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <numeric>
 #include <string>
+#include <utility>
 
 namespace symmpool {
 
@@ -138,6 +139,7 @@ const Segment* SegmentArena::map_new_segment(std::size_t bytes) {
   if (bytes > user_va_size_) return nullptr;
   const std::size_t size = detail::round_up_checked(bytes, granularity_, "segment");
   auto offset = va_ranges_->allocate(size);
+  if (!offset && release_parked_ranges() > 0) offset = va_ranges_->allocate(size);
   if (!offset) return nullptr;
   detail::ScopeExit release_range([&] { va_ranges_->release(*offset, size); });
   const Segment* segment = map_segment_at(*offset, size);
@@ -205,7 +207,13 @@ void SegmentArena::announce_unmapping(const Segment& segment) noexcept {
   for (auto it = observers_.rbegin(); it != observers_.rend(); ++it) (*it)->on_segment_unmapping(segment);
 }
 
-void SegmentArena::unmap_segment(const Segment* segment) {
+std::size_t SegmentArena::release_parked_ranges() {
+  for (const auto& [offset, size] : parked_ranges_) va_ranges_->release(offset, size);
+  parked_ranges_.clear();
+  return std::exchange(parked_bytes_, 0);
+}
+
+void SegmentArena::unmap_segment(const Segment* segment, RangeAfterUnmap after) {
   auto it = segments_.find(segment->address);
   SYMMPOOL_EXPECTS(it != segments_.end() && it->second.get() == segment,
                    "segment is not mapped by this arena");
@@ -219,10 +227,14 @@ void SegmentArena::unmap_segment(const Segment* segment) {
   // A range still mapped stays out of circulation: a segment mapped there
   // next would fail to map, and every allocation landing there with it.
   if (unmap_status == CUDA_SUCCESS) {
-    if (is_internal(*owned))
+    if (is_internal(*owned)) {
       free_internal_slots_ |= std::uint64_t{1} << ((owned->offset - user_va_size_) / granularity_);
-    else
+    } else if (after == RangeAfterUnmap::kPark) {
+      parked_ranges_.emplace_back(owned->offset, owned->size);
+      parked_bytes_ += owned->size;
+    } else {
       va_ranges_->release(owned->offset, owned->size);
+    }
   }
   if (unmap_status != CUDA_SUCCESS)
     detail::throw_cuda_error(__FILE__, __LINE__, "cuMemUnmap", unmap_status, drv_.error_string(unmap_status));

@@ -247,10 +247,13 @@ class CachingAllocator {
   bool capturing(CUstream stream) const;
   CUevent record_outside_capture(CUstream stream);
   std::size_t finish_retiring(bool wait, std::exception_ptr* failure = nullptr);
+  using RangeAfterUnmap = SegmentArena::RangeAfterUnmap;
   std::size_t unmap_keeping_failure(Block* head, std::exception_ptr& first_failure,
-                                    const char* say_as = nullptr);
+                                    const char* say_as = nullptr,
+                                    RangeAfterUnmap after = RangeAfterUnmap::kRelease);
   bool releasable(const Block* head) const;  // a whole segment, free, no peer maps it
-  void unmap_free_segment(Block* head);      // head: releasable
+  void unmap_free_segment(Block* head,
+                          RangeAfterUnmap after = RangeAfterUnmap::kRelease);  // head: releasable
   CUevent take_event();
   Pool& pool_of(const Block* block);
   std::size_t largest_free_block_locked() const;

@@ -49,9 +49,22 @@ class SegmentArena {
   std::uint64_t free_internal_slots() const { return free_internal_slots_; }
   bool is_internal(const Segment& segment) const { return segment.offset >= user_va_size_; }
 
+  // What becomes of a segment's virtual range once it is unmapped.
+  // kPark keeps it out of first-fit until release_parked_ranges: where the
+  // unmap happened when an event completed, a range that came back at once
+  // would let the next segment's offset depend on that timing, and ranks
+  // that allocate alike would place it differently.
+  enum class RangeAfterUnmap { kRelease, kPark };
+
   // Announces, unmaps and releases a segment made by map_new_segment or
   // map_internal_segment.
-  void unmap_segment(const Segment* segment);
+  void unmap_segment(const Segment* segment, RangeAfterUnmap after = RangeAfterUnmap::kRelease);
+
+  // Parked ranges back to first-fit (at a point in program order: a cache
+  // released after a device sync); their bytes. map_new_segment also takes
+  // them back where the range has no room left without them.
+  std::size_t release_parked_ranges();
+  std::size_t parked_bytes() const { return parked_bytes_; }
 
   // True when an observer keeps `segment` mapped (peers map it too).
   bool observers_keep(const Segment& segment) const noexcept;
@@ -97,6 +110,8 @@ class SegmentArena {
   std::map<CUdeviceptr, std::unique_ptr<Segment>> segments_;  // by address
   std::vector<SegmentObserver*> observers_;
   std::size_t mapped_bytes_ = 0;
+  std::vector<std::pair<std::size_t, std::size_t>> parked_ranges_;  // (offset, size), unmapped
+  std::size_t parked_bytes_ = 0;
   std::uint64_t next_id_ = 1;
 };
 

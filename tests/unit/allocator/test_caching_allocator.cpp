@@ -264,6 +264,45 @@ TEST_F(CachingAllocatorTest, OutgrownSegmentsOfABusyStreamGoOnceItsWorkIsDone) {
   fake().hold_events(false);
 }
 
+// Ranks that allocate alike must place alike: a symmetric heap's buffers
+// are at equal offsets on every rank, or their collectives go to NCCL. An
+// outgrown segment is unmapped when its stream's work is done, a moment the
+// GPU decides; had its range come back then, the next segments would take
+// it on one rank and not on another (seen on 2 H200s with symmpool as the
+// process's allocator: every FSDP2 reduce-scatter on NCCL in half the runs).
+// Device 0 plays a rank whose stream was idle, device 1 one whose was busy.
+TEST_F(CachingAllocatorTest, SegmentOffsetsDoNotDependOnWhenAnOutgrownSegmentWasUnmapped) {
+  auto offset_of = [](const CachingAllocator& a, void* p) -> std::size_t {
+    const auto address = reinterpret_cast<std::uintptr_t>(p);
+    for (const Segment& s : a.segments())
+      if (address >= s.address && address < s.address + s.size) return s.offset + (address - s.address);
+    ADD_FAILURE() << "no segment holds " << p;
+    return 0;
+  };
+  auto offsets_of_a_rank = [&](int device, bool busy) {
+    auto a = make_allocator(device);
+    a->deallocate(a->allocate(30 * MiB, stream(1)), stream(1));
+    fake().hold_events(busy);
+    void* grown = a->allocate(50 * MiB, stream(1));  // retires the 30 MiB segment: unmapped now if idle
+    fake().complete_events();
+    fake().hold_events(false);
+    void* other = a->allocate(30 * MiB, stream(2));  // every rank has unmapped it by now
+    std::vector<std::size_t> offsets{offset_of(*a, grown), offset_of(*a, other)};
+    EXPECT_EQ(a->stats().outgrown_segment_releases, 1u);
+    a->deallocate(grown, stream(1));
+    a->deallocate(other, stream(2));
+    // The range comes back at empty_cache, a point in program order.
+    EXPECT_EQ(a->empty_cache(), 80 * MiB);
+    void* after = a->allocate(30 * MiB, stream(1));
+    offsets.push_back(offset_of(*a, after));
+    a->deallocate(after, stream(1));
+    return offsets;
+  };
+  const std::vector<std::size_t> idle = offsets_of_a_rank(0, false), busy = offsets_of_a_rank(1, true);
+  EXPECT_EQ(idle, busy);
+  EXPECT_EQ(idle, (std::vector<std::size_t>{30 * MiB, 80 * MiB, 0}));
+}
+
 // A heap may publish a retiring segment (a sync while its stream was still
 // busy): peers map it from then on, so it must not be unmapped alone.
 TEST_F(CachingAllocatorTest, ARetiringSegmentPublishedMeanwhileGoesBackToThePool) {

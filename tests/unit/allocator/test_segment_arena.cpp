@@ -81,6 +81,41 @@ TEST_F(SegmentArenaTest, OutOfMemoryReturnsNullAndLeavesNothing) {
   EXPECT_NE(arena.map_new_segment(2 * MiB), nullptr);  // the range went back too
 }
 
+// A parked range stays out of first-fit until it is released, and comes
+// back by itself where the range has no room left without it.
+TEST_F(SegmentArenaTest, ParkedRangesStayOutUntilReleasedOrNeeded) {
+  SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
+  const Segment* first = arena.map_new_segment(512 * MiB);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(first->offset, 0u);
+  arena.unmap_segment(first, SegmentArena::RangeAfterUnmap::kPark);
+  EXPECT_EQ(arena.parked_bytes(), 512 * MiB);
+  EXPECT_EQ(fake().used_memory(0), 0u);  // the memory went back; only the range waits
+  const Segment* second = arena.map_new_segment(512 * MiB);
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(second->offset, 512 * MiB);
+  arena.unmap_segment(second, SegmentArena::RangeAfterUnmap::kPark);
+  EXPECT_EQ(arena.release_parked_ranges(), 1024 * MiB);
+  EXPECT_EQ(arena.parked_bytes(), 0u);
+  const Segment* third = arena.map_new_segment(512 * MiB);
+  ASSERT_NE(third, nullptr);
+  EXPECT_EQ(third->offset, 0u);
+  arena.unmap_segment(third, SegmentArena::RangeAfterUnmap::kPark);
+  // Parked ranges fill the range (2 GiB less the internal slots at its top):
+  // the next map takes them back.
+  for (int i = 0; i < 2; ++i) {
+    const Segment* s = arena.map_new_segment(512 * MiB);
+    ASSERT_NE(s, nullptr);
+    arena.unmap_segment(s, SegmentArena::RangeAfterUnmap::kPark);
+  }
+  EXPECT_EQ(arena.parked_bytes(), 1536 * MiB);
+  const Segment* again = arena.map_new_segment(512 * MiB);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->offset, 0u);
+  EXPECT_EQ(arena.parked_bytes(), 0u);
+  arena.unmap_segment(again);
+}
+
 TEST_F(SegmentArenaTest, FailedStepThrowsNamingTheCallAndUndoes) {
   SegmentArena arena(fake().api(), 0, ArenaOptions{false, 0, Environment{}});
   fake().fail("cuMemSetAccess", CUDA_ERROR_INVALID_VALUE);
