@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import sys
 
-ANONYMOUS = re.compile(r"\d+_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+")
+ANONYMOUS = re.compile(r"\d+_GLOBAL__N__[0-9a-f]{8}_\d+_\w+?_cu_[0-9a-f]{8}")
 LABEL = re.compile(r"\$L__BB\d+_")
 
 
