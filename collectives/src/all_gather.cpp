@@ -17,20 +17,22 @@ namespace symmpool {
 
 void Communicator::all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
                               Algorithm algorithm, BarrierKind kind) {
-  check_errors();
-  begin_call("all_gather");
-  if (bytes_per_rank == 0) return;
-  in_order(stream, "all_gather", bytes_per_rank * static_cast<std::size_t>(world()),
-           [&] { enqueue_all_gather(in, out, bytes_per_rank, stream, algorithm, kind); });
+  all_gather_in_order(in, out, bytes_per_rank, stream, algorithm, kind, nullptr);
 }
 
 void Communicator::all_gather_staged(const void* local, void* stage, void* out, std::size_t bytes_per_rank,
                                      cudaStream_t stream, Algorithm algorithm, BarrierKind kind) {
+  all_gather_in_order(stage, out, bytes_per_rank, stream, algorithm, kind, local);
+}
+
+void Communicator::all_gather_in_order(const void* in, void* out, std::size_t bytes_per_rank,
+                                       cudaStream_t stream, Algorithm algorithm, BarrierKind kind,
+                                       const void* stage_from) {
   check_errors();
   begin_call("all_gather");
   if (bytes_per_rank == 0) return;
   in_order(stream, "all_gather", bytes_per_rank * static_cast<std::size_t>(world()),
-           [&] { enqueue_all_gather(stage, out, bytes_per_rank, stream, algorithm, kind, local); });
+           [&] { enqueue_all_gather(in, out, bytes_per_rank, stream, algorithm, kind, stage_from); });
 }
 
 void Communicator::enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank,

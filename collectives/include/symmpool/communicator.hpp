@@ -250,6 +250,9 @@ class Communicator {
   detail::BlockSync block_sync(bool fused);
 
   // all_gather.cpp
+  // all_gather and all_gather_staged: one call, numbered and in order.
+  void all_gather_in_order(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
+                           Algorithm algorithm, BarrierKind kind, const void* stage_from);
   // With `stage_from`, `in` is first filled from it (all_gather_staged).
   void enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
                           Algorithm algorithm, BarrierKind kind, const void* stage_from = nullptr);
