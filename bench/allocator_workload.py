@@ -9,7 +9,11 @@ mode). Run each mode in its own process, repeated and interleaved:
         python bench/allocator_workload.py --mode torch-expandable --out run.json
     python bench/allocator_workload.py --mode symmpool --out run.json
 
-then merge the runs with --merge (JSON and PNG). The device's peak is
+then merge the runs with --merge (JSON and PNG). With `--mode torch
+--record-trace TRACE.gz` the run also records every allocation and free
+(torch's memory history) in the text format of bench/allocator_replay.cpp,
+which replays it through symmpool's allocator on the fake driver, so that
+allocator policies can be compared without a GPU. The device's peak is
 sampled by a thread reading cudaMemGetInfo every millisecond (what the
 device sees, the CUDA context and other processes' memory included: the
 baseline before the model is built is subtracted), beside the allocator's
@@ -77,6 +81,9 @@ def run(args) -> dict:
     from llama import Llama
 
     torch.cuda.init()
+    if args.record_trace:
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                 max_entries=TRACE_ENTRIES)
     free, total = torch.cuda.mem_get_info()
     baseline = total - free
     spec = PRESETS["1b"]
@@ -105,6 +112,8 @@ def run(args) -> dict:
                 times.append((time.perf_counter() - began) * 1e3)
                 losses.append(loss.item())
     stats = torch.cuda.memory_stats()
+    if args.record_trace:
+        write_trace(torch.cuda.memory._snapshot(), args.record_trace)
     return {
         "context": {**provenance.collect(state=tree),
                     "mode": args.mode, "model": "1b (16 x 2048, MLP 5632)", "tokens_per_step": TOKENS,
@@ -117,6 +126,39 @@ def run(args) -> dict:
         "max_allocated_bytes": stats["allocated_bytes.all.peak"],
         "losses": losses,
     }
+
+
+TRACE_ENTRIES = 8_000_000
+TRACE_KINDS = {"alloc": "a", "free_requested": "f", "segment_alloc": "s", "segment_free": "S",
+               "segment_map": "s", "segment_unmap": "S"}
+
+
+def trace_lines(entries: list[dict]) -> list[str]:
+    """torch's memory-history entries of one device as allocator_replay reads
+    them: "a <id> <bytes> <stream>", "f <id>", "s <bytes>", "S <bytes>"."""
+    lines = []
+    for e in entries:
+        kind = TRACE_KINDS.get(e["action"])
+        if kind == "a":
+            lines.append(f"a {e['addr']} {e['size']} {e['stream']}")
+        elif kind == "f":
+            lines.append(f"f {e['addr']}")
+        elif kind is not None:
+            lines.append(f"{kind} {e['size']}")
+    return lines
+
+
+def write_trace(snapshot: dict, path: str) -> None:
+    import gzip
+    entries = snapshot["device_traces"][0]
+    if len(entries) >= TRACE_ENTRIES:
+        raise SystemExit(f"--record-trace: torch's history kept only its last {TRACE_ENTRIES} entries")
+    lines = trace_lines(entries)
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "wt") as f:
+        f.write("# allocations and frees of bench/allocator_workload.py --mode torch, from torch's memory history\n")
+        f.write("\n".join(lines) + "\n")
+    print(f"trace: {len(lines)} events in {path}")
 
 
 def merge(paths: list[str], out: str) -> None:
@@ -167,6 +209,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--out", required=True)
     p.add_argument("--merge", nargs="+", help="runs' JSON files to merge into --out (and its PNG)")
+    p.add_argument("--record-trace", metavar="TRACE",
+                   help="with --mode torch: every allocation and free, for bench/allocator_replay.cpp (.gz: gzipped)")
     import provenance
     provenance.add_allow_dirty(p)
     args = p.parse_args()
@@ -175,6 +219,8 @@ def main() -> int:
         return 0
     if not args.mode:
         p.error("--mode is needed unless --merge")
+    if args.record_trace and args.mode != "torch":
+        p.error("--record-trace records torch's own allocator: --mode torch")
     result = run(args)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
