@@ -1,10 +1,12 @@
-// The communicator's core: construction and teardown, failures, the order
-// collectives run in, their numbering and the symmetry checks. Each
-// collective and algorithm has its own file: barrier.cpp, all_gather.cpp,
-// two_shot.cpp (all_reduce), one_shot.cpp and two_step.cpp (reduce_scatter
-// and all_reduce), low_latency.cpp, with reduction.cpp and scratch.cpp for what they share;
-// peer_memory.cpp serves patterns users write themselves.
+// The communicator's core: construction and teardown, failures, the
+// collectives' entry points, the order they run in, their numbering and the
+// symmetry checks. Each call is handed to its algorithms (algorithms.hpp:
+// all_gather.cpp; reduce_scatter.cpp and all_reduce.cpp, which pick among
+// one_shot.cpp, two_shot.cpp, two_step.cpp and low_latency.cpp) through
+// what they see of it (algorithm_context.cpp); barrier.cpp holds the
+// meetings, peer_memory.cpp serves patterns users write themselves.
 
+#include "algorithms.hpp"
 #include "call_check.hpp"
 #include "call_end_word.hpp"
 #include "capture_state.hpp"
@@ -156,6 +158,50 @@ std::shared_ptr<const detail::FailureRecord> Communicator::failure() const {
 void Communicator::abort(const std::string& reason) { monitor_->fail(reason); }
 
 std::uint64_t Communicator::issued() const { return monitor_->issued(); }
+
+void Communicator::all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
+                              Algorithm algorithm, BarrierKind kind) {
+  all_gather_in_order(in, out, bytes_per_rank, stream, algorithm, kind, nullptr);
+}
+
+void Communicator::all_gather_staged(const void* local, void* stage, void* out, std::size_t bytes_per_rank,
+                                     cudaStream_t stream, Algorithm algorithm, BarrierKind kind) {
+  all_gather_in_order(stage, out, bytes_per_rank, stream, algorithm, kind, local);
+}
+
+void Communicator::all_gather_in_order(const void* in, void* out, std::size_t bytes_per_rank,
+                                       cudaStream_t stream, Algorithm algorithm, BarrierKind kind,
+                                       const void* stage_from) {
+  check_errors();
+  begin_call("all_gather");
+  if (bytes_per_rank == 0) return;
+  in_order(stream, "all_gather", bytes_per_rank * static_cast<std::size_t>(world()),
+           [&] { detail::all_gather(*this, in, out, bytes_per_rank, stream, algorithm, kind, stage_from); });
+}
+
+void Communicator::reduce_scatter(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
+                                  cudaStream_t stream, Algorithm algorithm) {
+  check_errors();
+  begin_call("reduce_scatter");
+  if (count == 0) return;
+  const detail::Reduction r{in, out, count, type, detail::reduction_scale(op, world()), stream};
+  in_order(stream, "reduce_scatter", r.bytes() * static_cast<std::size_t>(world()),
+           [&] { detail::reduce_scatter(*this, r, algorithm); });
+}
+
+void Communicator::all_reduce(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
+                              cudaStream_t stream, Algorithm algorithm) {
+  check_errors();
+  begin_call("all_reduce");
+  if (count == 0) return;
+  const detail::Reduction r{in, out, count, type, detail::reduction_scale(op, world()), stream};
+  in_order(stream, "all_reduce", r.bytes(), [&] { detail::all_reduce(*this, r, algorithm); });
+}
+
+bool Communicator::all_reduce_takes_any_memory(std::size_t bytes) const {
+  return detail::auto_all_reduce_algorithm(tuning_, world(), bytes) == Algorithm::kLowLatency &&
+         bytes <= low_latency_max_bytes();
+}
 
 void Communicator::in_order(cudaStream_t stream, const char* op, std::size_t bytes,
                             const std::function<void()>& enqueue) {

@@ -4,51 +4,45 @@
 // so the input and output may be any device memory: nothing is read from a
 // peer's buffers, and no symmetry check is needed.
 
-#include "call_end_word.hpp"
+#include "algorithms.hpp"
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
 #include "kernels.hpp"
-#include "reduction.hpp"
 
-#include <symmpool/communicator.hpp>
 #include <symmpool/error.hpp>
 
-namespace symmpool {
+namespace symmpool::detail {
 
-void Communicator::low_latency_all_reduce(const Reduction& r) {
-  detail::LowLatencyLaunch launch;
+void low_latency_all_reduce(AlgorithmContext& ctx, const Reduction& r) {
+  LowLatencyLaunch launch;
   launch.in = r.in;
   launch.out = r.out;
   // A thread reads its input unit and then writes the same unit of the
   // output: in place is safe, an output that overlaps otherwise goes to
   // scratch first (decided locally, so the algorithm stays the same on every rank).
-  const bool aliased = r.in != r.out && detail::overlap(r.in, r.bytes(), r.out, r.bytes());
-  if (aliased) launch.out = scratch(r.bytes());
+  const bool aliased = r.in != r.out && overlap(r.in, r.bytes(), r.out, r.bytes());
+  if (aliased) launch.out = ctx.scratch(r.bytes());
   launch.count = r.count;
   launch.type = r.type;
   launch.scale = r.scale;
-  launch.world = world();
-  launch.rank = rank();
-  launch.regions = words_.packet_regions;
-  launch.slot_packets = tuning_.low_latency_max_bytes / 8;
-  launch.epoch = words_.low_latency_epoch;
-  launch.failure = failure_words();
+  launch.world = ctx.world();
+  launch.rank = ctx.rank();
+  const LowLatencyPackets packets = ctx.low_latency_packets();
+  launch.regions = packets.regions;
+  launch.slot_packets = packets.slot_packets;
+  launch.epoch = packets.epoch;
+  launch.failure = ctx.failure_words();
   // An eager call whose kernel is its last work ends at the end word, with
-  // no event to record (in_order).
-  const bool ends_at_word = ends_.word && !aliased && !capturing();
+  // no event to record (Communicator::in_order).
+  const bool ends_at_word = ctx.end_word() != nullptr && !aliased;
   if (ends_at_word) {
-    launch.end_word = ends_.word->for_kernel();
-    launch.call = call_.number;
+    launch.end_word = ctx.end_word();
+    launch.call = ctx.call_number();
   }
-  detail::launch_low_latency_all_reduce(launch, r.stream);
-  ends_.at_word = ends_at_word;
-  if (aliased) detail::copy_on(r.stream, r.out, launch.out, r.bytes());
-  detail::count_algorithm(Algorithm::kLowLatency);
+  launch_low_latency_all_reduce(launch, r.stream);
+  if (ends_at_word) ctx.ends_at_word();
+  if (aliased) copy_on(r.stream, r.out, launch.out, r.bytes());
+  count_algorithm(Algorithm::kLowLatency);
 }
 
-void Communicator::set_low_latency_epoch_for_testing(std::uint32_t last) {
-  SYMMPOOL_CUDA_TRY(cudaDeviceSynchronize());
-  SYMMPOOL_CUDA_TRY(cudaMemcpy(words_.low_latency_epoch, &last, sizeof(last), cudaMemcpyHostToDevice));
-}
-
-}  // namespace symmpool
+}  // namespace symmpool::detail

@@ -3,92 +3,74 @@
 // reduces it, and (all_reduce) copy engines push the result into every
 // peer's output. NVLink carries only copy-engine traffic and the kernel
 // reads local memory only; pieces of the chunk go through the three steps
-// as a pipeline (stream_pipeline.hpp). One-shot (one_shot.cpp) is the other
-// reduce_scatter; all_reduce's entry point is in two_shot.cpp.
+// as a pipeline (stream_pipeline.hpp).
 
-#include "capture_state.hpp"
+#include "algorithms.hpp"
 #include "collective_helpers.hpp"
 #include "copy_streams.hpp"
 #include "kernels.hpp"
-#include "reduction.hpp"
 #include "stream_pipeline.hpp"
 
 #include <symmpool/algorithm_table.hpp>
-#include <symmpool/communicator.hpp>
 #include <symmpool/error.hpp>
 
 #include <algorithm>
 
-namespace symmpool {
+namespace symmpool::detail {
 
 namespace {
 // Staging slots of the pipeline: a pull may run two pieces ahead of the reduce.
 constexpr int kStagingSlots = 3;
+
+void* two_step(AlgorithmContext& ctx, const Reduction& r, const TwoStepChunk& chunk, bool stage_result);
+
 }  // namespace
 
-void Communicator::reduce_scatter(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
-                                  cudaStream_t stream, Algorithm algorithm) {
-  check_errors();
-  begin_call("reduce_scatter");
-  if (count == 0) return;
-  const Reduction r{in, out, count, type, scale(op), stream};
-  in_order(stream, "reduce_scatter", r.bytes() * static_cast<std::size_t>(world()),
-           [&] { enqueue_reduce_scatter(r, algorithm); });
-}
-
-void Communicator::enqueue_reduce_scatter(const Reduction& r, Algorithm algorithm) {
-  const std::size_t n = static_cast<std::size_t>(world());
-  if (algorithm == Algorithm::kAuto)
-    algorithm = tuning_.reduce_scatter_preference.value_or(
-        choose_algorithm(CollectiveKind::kReduceScatter, r.bytes() * n, world()));
-  detail::expect_algorithm(runs_reduce_scatter(algorithm), algorithm, "reduce_scatter");
-  if (algorithm == Algorithm::kTwoStep)
-    two_step_reduce_scatter(r);
-  else
-    one_shot(r, r.count * n, r.count * static_cast<std::size_t>(rank()));  // our chunk of every input
-}
-
-void Communicator::two_step_reduce_scatter(const Reduction& r) {
+void two_step_reduce_scatter(AlgorithmContext& ctx, const Reduction& r) {
   const std::size_t bytes = r.bytes();
-  const int n = world(), me = rank();
+  const int n = ctx.world(), me = ctx.rank();
   const std::size_t ours = bytes * static_cast<std::size_t>(me);
-  require_symmetric(r.in, bytes * static_cast<std::size_t>(n), "reduce_scatter input");
+  ctx.require_symmetric(r.in, bytes * static_cast<std::size_t>(n), "reduce_scatter input");
   TwoStepChunk chunk;
-  for (int p = 0; p < n; ++p) chunk.sources.ptr[p] = detail::at(heap_.peer_ptr(r.in, p), ours);
-  chunk.sources.ptr[me] = detail::at(r.in, ours);  // read in place: same index, same thread
+  for (int p = 0; p < n; ++p) chunk.sources.ptr[p] = at(ctx.peer_ptr(r.in, p), ours);
+  chunk.sources.ptr[me] = at(r.in, ours);  // read in place: same index, same thread
   chunk.count = r.count;
   chunk.result = r.out;
   // Peers read every chunk of our input but ours until the end: a result
   // that would land there goes to staging first. (Local: the barriers and
   // the pipeline are the same on every rank either way.)
-  const bool aliased = detail::overlap(r.in, bytes * static_cast<std::size_t>(n), r.out, bytes) &&
-                       r.out != chunk.sources.ptr[me];
-  void* staged_result = two_step(r, chunk, /*stage_result=*/aliased);
-  if (aliased) detail::copy_on(r.stream, r.out, staged_result, bytes);
-  detail::count_algorithm(Algorithm::kTwoStep);
+  const bool aliased =
+      overlap(r.in, bytes * static_cast<std::size_t>(n), r.out, bytes) && r.out != chunk.sources.ptr[me];
+  void* staged_result = two_step(ctx, r, chunk, /*stage_result=*/aliased);
+  if (aliased) copy_on(r.stream, r.out, staged_result, bytes);
+  count_algorithm(Algorithm::kTwoStep);
 }
 
-void Communicator::two_step_all_reduce(const Reduction& r) {
+void two_step_all_reduce(AlgorithmContext& ctx, const Reduction& r) {
   const std::size_t es = element_size(r.type);
-  const int n = world();
-  const ChunkOfRank mine = chunk_of_rank(r.count, es);
+  const int n = ctx.world();
+  const ChunkOfRank mine = chunk_of_rank(ctx, r.count, es);
   TwoStepChunk chunk;
-  for (int p = 0; p < n; ++p) chunk.sources.ptr[p] = detail::at(heap_.peer_ptr(r.in, p), mine.first * es);
-  chunk.sources.ptr[rank()] = detail::at(r.in, mine.first * es);
-  chunk.result = detail::at(r.out, mine.first * es);
-  for (int p = 0; p < n; ++p) chunk.pushes.ptr[p] = detail::at(heap_.peer_ptr(r.out, p), mine.first * es);
+  for (int p = 0; p < n; ++p) chunk.sources.ptr[p] = at(ctx.peer_ptr(r.in, p), mine.first * es);
+  chunk.sources.ptr[ctx.rank()] = at(r.in, mine.first * es);
+  chunk.result = at(r.out, mine.first * es);
+  for (int p = 0; p < n; ++p) chunk.pushes.ptr[p] = at(ctx.peer_ptr(r.out, p), mine.first * es);
   chunk.count = mine.count;
   chunk.push = true;
   // Each rank pulls only its own chunk of the peers' inputs and writes only
   // its own chunk of their outputs, after pulling it: in place needs no
   // barrier between the steps.
-  two_step(r, chunk, /*stage_result=*/false);
-  detail::count_algorithm(Algorithm::kTwoStep);
+  two_step(ctx, r, chunk, /*stage_result=*/false);
+  count_algorithm(Algorithm::kTwoStep);
 }
 
-void* Communicator::two_step(const Reduction& r, const TwoStepChunk& chunk, bool stage_result) {
+namespace {
+
+// Enqueues the two-step pipeline of `chunk` between two barriers; with
+// stage_result, the result lands in scratch, which it returns.
+void* two_step(AlgorithmContext& ctx, const Reduction& r, const TwoStepChunk& chunk, bool stage_result) {
   const std::size_t es = element_size(r.type);
-  const int n = world(), me = rank();
+  const int n = ctx.world(), me = ctx.rank();
   // Pieces of whole 16-byte vectors (from the chunk's start), so copies and
   // loads stay on vectors wherever the chunk itself is aligned. At most half
   // the chunk: one piece is no pipeline (its reduce waits for the whole
@@ -99,7 +81,7 @@ void* Communicator::two_step(const Reduction& r, const TwoStepChunk& chunk, bool
   const std::size_t piece = std::max(
       per_vector,
       std::min(whole_vectors((chunk.count + 1) / 2),
-               static_cast<std::size_t>(tuning_.two_step_piece_bytes) / es / per_vector * per_vector));
+               static_cast<std::size_t>(ctx.tuning().two_step_piece_bytes) / es / per_vector * per_vector));
   const int pieces = piece ? static_cast<int>((chunk.count + piece - 1) / piece) : 0;
   const int slots = std::min(pieces, kStagingSlots);
   const std::size_t slot_bytes = piece * es * static_cast<std::size_t>(n - 1);
@@ -108,7 +90,7 @@ void* Communicator::two_step(const Reduction& r, const TwoStepChunk& chunk, bool
   // peers stuck in this call.
   const std::size_t staging_bytes = slot_bytes * static_cast<std::size_t>(slots);
   const std::size_t scratch_bytes = staging_bytes + (stage_result ? chunk.count * es : 0);
-  char* scratch_base = scratch_bytes ? static_cast<char*>(scratch(scratch_bytes)) : nullptr;
+  char* scratch_base = scratch_bytes ? static_cast<char*>(ctx.scratch(scratch_bytes)) : nullptr;
   void* staged_result = stage_result ? scratch_base + staging_bytes : nullptr;
   void* result = staged_result ? staged_result : chunk.result;
   // Peer p's piece in a slot: peers in the order (me + 1), (me + 2), ...
@@ -123,31 +105,30 @@ void* Communicator::two_step(const Reduction& r, const TwoStepChunk& chunk, bool
   auto pull = [&](int k, int slot, cudaStream_t s) {
     for (int i = 1; i < n; ++i) {
       const int p = (me + i) % n;  // spread the copies over the links
-      detail::copy_on(s, staged(slot, p), detail::at(chunk.sources.ptr[p], first_of(k) * es),
-                      count_of(k) * es);
+      copy_on(s, staged(slot, p), at(chunk.sources.ptr[p], first_of(k) * es), count_of(k) * es);
     }
   };
   auto reduce = [&](int k, int slot, cudaStream_t s) {
-    detail::ReduceLaunch launch = reduce_launch(r, /*fused=*/false, 0);
+    ReduceLaunch launch = reduce_launch(ctx, r, /*fused=*/false, 0);
     for (int p = 0; p < n; ++p)
-      launch.in.ptr[p] = p == me ? detail::at(chunk.sources.ptr[me], first_of(k) * es) : staged(slot, p);
-    launch.out.ptr[0] = detail::at(result, first_of(k) * es);
+      launch.in.ptr[p] = p == me ? at(chunk.sources.ptr[me], first_of(k) * es) : staged(slot, p);
+    launch.out.ptr[0] = at(result, first_of(k) * es);
     launch.count = launch.grid_count = count_of(k);
-    SYMMPOOL_CUDA_TRY(detail::launch_reduce(launch, s));
+    SYMMPOOL_CUDA_TRY(launch_reduce(launch, s));
   };
   auto push = [&](int k, int, cudaStream_t s) {
     for (int i = 1; i < n; ++i) {
       const int p = (me + i) % n;
-      detail::copy_on(s, detail::at(chunk.pushes.ptr[p], first_of(k) * es),
-                      detail::at(result, first_of(k) * es), count_of(k) * es);
+      copy_on(s, at(chunk.pushes.ptr[p], first_of(k) * es), at(result, first_of(k) * es), count_of(k) * es);
     }
   };
-  enqueue_barrier(r.stream, BarrierKind::kKernel);  // inputs ready and outputs free everywhere
-  pipelines_->for_call(capturing())
-      .run(pieces, std::max(slots, 1), r.stream, pull, reduce,
-           chunk.push ? detail::StreamPipeline::Stage(push) : detail::StreamPipeline::Stage());
-  enqueue_barrier(r.stream, BarrierKind::kKernel);  // every copy landed; nobody reads our input any more
+  ctx.enqueue_barrier(r.stream, BarrierKind::kKernel);  // inputs ready and outputs free everywhere
+  ctx.pipeline().run(pieces, std::max(slots, 1), r.stream, pull, reduce,
+                     chunk.push ? StreamPipeline::Stage(push) : StreamPipeline::Stage());
+  ctx.enqueue_barrier(r.stream, BarrierKind::kKernel);  // every copy landed; nobody reads our input any more
   return staged_result;
 }
 
-}  // namespace symmpool
+}  // namespace
+
+}  // namespace symmpool::detail

@@ -32,6 +32,7 @@
 
 #include <symmpool/collective_options.hpp>
 #include <symmpool/collective_types.hpp>
+#include <symmpool/detail/algorithm_context.hpp>
 #include <symmpool/detail/communicator_parts.hpp>
 #include <symmpool/detail/peer_pointers.hpp>
 #include <symmpool/detail/shared_event.hpp>
@@ -76,7 +77,7 @@ std::array<std::uint64_t, kAlgorithmCount> algorithm_counts();
 // stream goes on (the torch backend aborts the process here when asked).
 using FailureHandler = std::function<void(const std::string& message)>;
 
-class Communicator {
+class Communicator : private detail::AlgorithmContext {
  public:
   static constexpr int kMaxRanks = detail::kMaxRanks;
 
@@ -197,8 +198,8 @@ class Communicator {
   // heap): counted like ours, so every rank's call numbers stay aligned.
   void count_call_run_elsewhere();
 
-  int rank() const { return heap_.rank(); }
-  int world() const { return heap_.world(); }
+  int rank() const override { return heap_.rank(); }
+  int world() const override { return heap_.world(); }
   // The largest all_reduce the low-latency algorithm takes here, in bytes:
   // kLowLatencyMaxBytes unless the internal slot is too small for it.
   std::size_t low_latency_max_bytes() const { return tuning_.low_latency_max_bytes; }
@@ -213,10 +214,6 @@ class Communicator {
   void set_low_latency_epoch_for_testing(std::uint32_t last);
 
  private:
-  struct Reduction;     // one reduce_scatter or all_reduce, as its algorithms see it (reduction.hpp)
-  struct ChunkOfRank;   // the part of an all-reduce one rank reduces (reduction.hpp)
-  struct TwoStepChunk;  // what the two-step pipeline moves (reduction.hpp)
-
   // The core (communicator.cpp).
   // Enqueues on `stream` after the previous collective (IssueOrder) and
   // records it; a failure other than not_symmetric_error or bad arguments
@@ -224,12 +221,12 @@ class Communicator {
   void in_order(cudaStream_t stream, const char* op, std::size_t bytes, const std::function<void()>& enqueue);
   // Whether the call in_order is enqueueing goes into a CUDA graph capture:
   // asked of the driver once per call, when it begins.
-  bool capturing() const { return call_.capture != 0; }
+  bool capturing() const override { return call_.capture != 0; }
   // Shared verdicts: one exchange per buffer not seen before (or after a
   // sync), tagged with the call number, so ranks at different calls fail
   // loudly instead of pairing up; a buffer outside the heap needs none.
-  void require_symmetric(const void* ptr, std::size_t bytes, const char* what);
-  bool is_symmetric(const void* ptr, std::size_t bytes, const char* what);
+  void require_symmetric(const void* ptr, std::size_t bytes, const char* what) override;
+  bool is_symmetric(const void* ptr, std::size_t bytes, const char* what) override;
   // Adds the buffer to the call's digest (call_check.hpp); returns `symmetric`.
   bool counted_in_call_check(const void* ptr, std::size_t bytes, bool symmetric);
   void begin_call(const char* op);    // numbers a collective
@@ -241,50 +238,29 @@ class Communicator {
   // after the heap's sync, every rank's pads mapped here.
   void allocate_signal_pads();
   void map_signal_pads();
-  void enqueue_barrier(cudaStream_t stream, BarrierKind kind);
-  detail::StreamOpWatchdog& stream_op_watchdog();  // made on first use
-  detail::PeerSignals peer_signals() const;        // every rank's pads and our patience, for the kernels
-  detail::FailureWords failure_words() const;      // how the kernels report a failure and learn of one
+  void enqueue_barrier(cudaStream_t stream, BarrierKind kind) override;
+  detail::StreamOpWatchdog& stream_op_watchdog();       // made on first use
+  detail::PeerSignals peer_signals() const;             // every rank's pads and our patience, for the kernels
+  detail::FailureWords failure_words() const override;  // how the kernels report a failure and learn of one
   // Barriers around a kernel unless the kernel meets its peers itself.
   // With `fused`, the kernel's first meeting is the call's first: it takes the call's digest.
-  detail::BlockSync block_sync(bool fused);
+  detail::BlockSync block_sync(bool fused) override;
 
-  // all_gather.cpp
-  // all_gather and all_gather_staged: one call, numbered and in order.
+  // all_gather and all_gather_staged: one call, numbered and in order (communicator.cpp).
   void all_gather_in_order(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
                            Algorithm algorithm, BarrierKind kind, const void* stage_from);
-  // With `stage_from`, `in` is first filled from it (all_gather_staged).
-  void enqueue_all_gather(const void* in, void* out, std::size_t bytes_per_rank, cudaStream_t stream,
-                          Algorithm algorithm, BarrierKind kind, const void* stage_from = nullptr);
 
-  // Reductions: the entry points pick an algorithm (two_step.cpp for
-  // reduce_scatter, two_shot.cpp for all_reduce); one_shot.cpp and
-  // two_step.cpp serve both, reduction.cpp holds what they share.
-  void enqueue_reduce_scatter(const Reduction& r, Algorithm algorithm);
-  void enqueue_all_reduce(const Reduction& r, Algorithm algorithm);
-  // What kAuto runs for an all_reduce of `bytes`: the preference, else the table.
-  Algorithm auto_all_reduce_algorithm(std::size_t bytes) const;
-  float scale(ReduceOp op) const;
-  // What every reduction kernel starts from: r's type, scale, count and
-  // output, the grid cap (fused_blocks where it meets its peers inside,
-  // SYMMPOOL_MAX_BLOCKS where barrier kernels bracket it); the algorithm
-  // fills in its inputs.
-  detail::ReduceLaunch reduce_launch(const Reduction& r, bool fused, int fused_blocks);
-  // Whether a reduction kernel reading this much from each peer meets its
-  // peers inside (fused_kernel_limit, or SYMMPOOL_FUSED_MAX_BYTES).
-  bool fused_reduction(std::size_t bytes_per_peer) const { return bytes_per_peer <= tuning_.fused_max_bytes; }
-  // Every rank's input holds in_count elements; this rank reduces r.count
-  // of them from src_offset on.
-  void one_shot(const Reduction& r, std::size_t in_count, std::size_t src_offset);
-  // The chunk of an all-reduce's `count` elements this rank reduces.
-  ChunkOfRank chunk_of_rank(std::size_t count, std::size_t element_bytes) const;
-  void two_shot(const Reduction& r);
-  void two_step_reduce_scatter(const Reduction& r);
-  void two_step_all_reduce(const Reduction& r);
-  // Enqueues the two-step pipeline of `chunk` between two barriers; with
-  // stage_result, the result lands in scratch, which it returns.
-  void* two_step(const Reduction& r, const TwoStepChunk& chunk, bool stage_result);
-  void low_latency_all_reduce(const Reduction& r);  // low_latency.cpp
+  // What the algorithms see of this call (detail::AlgorithmContext;
+  // algorithm_context.cpp, barrier.cpp, scratch.cpp).
+  void* peer_ptr(const void* ptr, int peer) const override;
+  detail::CopyStreams& copy_streams() override;
+  detail::StreamPipeline& pipeline() override;
+  const detail::Tuning& tuning() const override { return tuning_; }
+  detail::LowLatencyPackets low_latency_packets() const override;
+  std::uint64_t* end_word() const override;
+  std::uint64_t call_number() const override { return call_.number; }
+  void ends_at_word() override { ends_.at_word = true; }
+
   // peer_memory.cpp
   void check_peer(int peer, const char* op) const;
   // peer_address's checks: a peer of the group, a range that went through rendezvous.
@@ -295,7 +271,7 @@ class Communicator {
   void point_to_point(const char* op, int peer, cudaStream_t stream, const std::function<void()>& stream_ops,
                       const std::function<cudaError_t()>& kernel);
   // At least `bytes` of plain device memory for the call in_order is enqueueing (scratch.cpp).
-  void* scratch(std::size_t bytes);
+  void* scratch(std::size_t bytes) override;
 
   SymmetricHeap& heap_;
   CachingAllocator& allocator_;
