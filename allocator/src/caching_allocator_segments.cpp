@@ -61,6 +61,11 @@ std::size_t CachingAllocator::release_cached_segments(const PrivatePool* only) {
   for (auto& [id, head] : segment_heads_)
     if ((only == nullptr || head->owner == only) && releasable(head)) idle.push_back(head);
   const bool retired = only == nullptr && !retiring_.empty();
+  // Ranges parked by unmaps that waited on events come back here, a point in
+  // program order, whether or not anything else is left to unmap: a rank
+  // whose outgrown segments were unmapped already must place its next
+  // segments as one that unmaps them below.
+  if (only == nullptr) arena_->release_parked_ranges();
   if (idle.empty() && !retired) return 0;
   // Blocks are free in stream order: work queued before their free may still
   // use them, and cuMemUnmap is not known to wait for it as cudaFree does
@@ -73,11 +78,13 @@ std::size_t CachingAllocator::release_cached_segments(const PrivatePool* only) {
   std::exception_ptr first_failure;
   std::size_t released = retired ? finish_retiring(/*wait=*/true, &first_failure) : 0;
   for (Block* head : idle) released += unmap_keeping_failure(head, first_failure);
-  // The device is idle and this is a point in program order: ranges parked
-  // by unmaps that waited on events can take segments again.
-  if (only == nullptr) arena_->release_parked_ranges();
   if (first_failure) std::rethrow_exception(first_failure);
   return released;
+}
+
+bool CachingAllocator::segment_retiring_locked(std::uint64_t id) const {
+  auto it = segment_heads_.find(id);
+  return it != segment_heads_.end() && it->second->retiring;
 }
 
 // On a miss in the large pool every whole-free segment of `stream` is

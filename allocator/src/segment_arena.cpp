@@ -139,7 +139,6 @@ const Segment* SegmentArena::map_new_segment(std::size_t bytes) {
   if (bytes > user_va_size_) return nullptr;
   const std::size_t size = detail::round_up_checked(bytes, granularity_, "segment");
   auto offset = va_ranges_->allocate(size);
-  if (!offset && release_parked_ranges() > 0) offset = va_ranges_->allocate(size);
   if (!offset) return nullptr;
   detail::ScopeExit release_range([&] { va_ranges_->release(*offset, size); });
   const Segment* segment = map_segment_at(*offset, size);

@@ -1,7 +1,7 @@
 #pragma once
 // The collectives' algorithms, free functions over the call's context
 // (symmpool/detail/algorithm_context.hpp), each in its own file. The
-// Communicator's entry points (communicator_calls.cpp) number a call, put
+// Communicator's entry points (communicator.cpp) number a call, put
 // it in order and hand it here; all_reduce.cpp and reduce_scatter.cpp pick
 // the algorithm of a reduction.
 

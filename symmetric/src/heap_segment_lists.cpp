@@ -63,14 +63,20 @@ std::map<std::uint64_t, SymmetricHeap::Piece> SymmetricHeap::parse_segments(
 // Under the allocator's lock (taken before ours, as its observer calls do):
 // the allocator holds it from finding a segment unpublished to unmapping it,
 // so a segment is never listed to the peers while it is being unmapped.
+// Retiring segments stay out: when they go depends on the GPU's progress,
+// and a rank that still had one would publish it (and keep it) where a
+// rank that had unmapped it would not.
 std::string SymmetricHeap::list_for_sync(std::uint64_t* generation) {
   return allocator_.with_lock([&] {
     std::lock_guard<std::mutex> lock(mutex_);
     std::string mine;
-    for (auto& [id, p] : local_)
+    published_.clear();
+    for (auto& [id, p] : local_) {
+      if (allocator_.segment_retiring_locked(id)) continue;
       mine += std::to_string(p.id) + " " + std::to_string(p.offset) + " " + std::to_string(p.size) + "\n";
+      published_.insert(id);
+    }
     *generation = local_generation_;
-    mark_published();
     return mine;
   });
 }

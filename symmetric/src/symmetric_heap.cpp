@@ -288,12 +288,6 @@ int SymmetricHeap::export_fd(std::uint64_t id) {
   return fd;
 }
 
-// Called by sync(), holding mutex_, with the list it publishes: local_.
-void SymmetricHeap::mark_published() {
-  published_.clear();
-  for (const auto& entry : local_) published_.insert(entry.first);
-}
-
 void SymmetricHeap::require_sound() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.empty()) throw collective_error(failure_ + " (the heap is unusable since)");

@@ -188,6 +188,11 @@ class CachingAllocator {
     std::lock_guard<std::mutex> lock(mutex_);
     return step();
   }
+  // Inside with_lock only: whether segment `id` is retiring (outgrown, to be
+  // unmapped once its stream's work is done, a moment the GPU decides). A
+  // heap leaves it out of what it publishes, so that ranks whose GPUs
+  // finished at other times still hold the same published segments.
+  bool segment_retiring_locked(std::uint64_t id) const;
 
   std::vector<Segment> segments() const;  // copies, for inspection
   // The pools' segments and their blocks (internal segments are in neither).

@@ -60,9 +60,9 @@ class SegmentArena {
   // map_internal_segment.
   void unmap_segment(const Segment* segment, RangeAfterUnmap after = RangeAfterUnmap::kRelease);
 
-  // Parked ranges back to first-fit (at a point in program order: a cache
-  // released after a device sync); their bytes. map_new_segment also takes
-  // them back where the range has no room left without them.
+  // Parked ranges back to first-fit, at a point in program order (the
+  // allocator's release of its cache: empty_cache, an allocation's retry
+  // when the device or the range is full); their bytes.
   std::size_t release_parked_ranges();
   std::size_t parked_bytes() const { return parked_bytes_; }
 

@@ -77,7 +77,7 @@ std::array<std::uint64_t, kAlgorithmCount> algorithm_counts();
 // stream goes on (the torch backend aborts the process here when asked).
 using FailureHandler = std::function<void(const std::string& message)>;
 
-class Communicator : private detail::AlgorithmContext {
+class Communicator final : private detail::AlgorithmContext {
  public:
   static constexpr int kMaxRanks = detail::kMaxRanks;
 

@@ -216,7 +216,6 @@ class SymmetricHeap final : public SegmentObserver {
   void unmap_peer(int peer, Piece& piece) noexcept;
   const Piece& peer_piece(const void* local, int peer, std::size_t bytes) const;
   int export_fd(std::uint64_t id);
-  void mark_published();  // sync(), under mutex_: local_ is what the group now knows
   // Published segments every peer maps at the same offset and size, by offset.
   std::vector<SymmetricSegment> symmetric_segments() const;
   // Tells the observer the symmetric segments where they changed since it

@@ -303,6 +303,29 @@ TEST_F(CachingAllocatorTest, SegmentOffsetsDoNotDependOnWhenAnOutgrownSegmentWas
   EXPECT_EQ(idle, (std::vector<std::size_t>{30 * MiB, 80 * MiB, 0}));
 }
 
+// The same after empty_cache: a rank whose outgrown segment was unmapped
+// (its range parked) before empty_cache, with nothing else to release,
+// must place its next segment where a rank that unmaps it there does.
+TEST_F(CachingAllocatorTest, SegmentOffsetsAfterEmptyCacheDoNotDependOnWhenAnOutgrownSegmentWasUnmapped) {
+  auto next_offset_of_a_rank = [&](int device, bool busy) {
+    auto a = make_allocator(device);
+    a->deallocate(a->allocate(30 * MiB, stream(1)), stream(1));
+    fake().hold_events(busy);
+    void* grown = a->allocate(50 * MiB, stream(1));  // retires the 30 MiB segment: unmapped now if idle
+    fake().hold_events(false);
+    a->empty_cache();  // the busy rank waits for its stream and unmaps it here
+    void* next = a->allocate(30 * MiB, stream(2));
+    std::size_t offset = 0;
+    for (const Segment& s : a->segments())
+      if (reinterpret_cast<std::uintptr_t>(next) == s.address) offset = s.offset;
+    a->deallocate(grown, stream(1));
+    a->deallocate(next, stream(2));
+    return offset;
+  };
+  EXPECT_EQ(next_offset_of_a_rank(0, false), 0u);
+  EXPECT_EQ(next_offset_of_a_rank(1, true), 0u);
+}
+
 // A heap may publish a retiring segment (a sync while its stream was still
 // busy): peers map it from then on, so it must not be unmapped alone.
 TEST_F(CachingAllocatorTest, ARetiringSegmentPublishedMeanwhileGoesBackToThePool) {

@@ -250,6 +250,36 @@ TEST(SymmetricHeapFake, ASegmentOneRankMappedAloneIsSyncedAtTheNextCheck) {
   EXPECT_EQ(result, "");
 }
 
+// A retiring segment (outgrown, unmapped once its stream's work is done) is
+// left out of a sync's listing: a rank whose GPU is slower would otherwise
+// publish it, keep it for its peers and serve later requests from it, where
+// a faster rank had unmapped it. Rank 1 plays the slower one. Before, rank 0
+// mapped 3 of rank 1's segments and rank 1 never unmapped the outgrown one.
+TEST(SymmetricHeapFake, ARetiringSegmentIsNotPublished) {
+  TempStoreDir dir;
+  std::string result = run_ranks(2, 60, [&](int rank, int w, Rendezvous&) {
+    auto alloc = fake_allocator(rank);
+    FileStore store(dir.path());
+    SymmetricHeap heap(FakeDriver::instance().api(), *alloc, store, "retiring", rank, w,
+                       HeapOptions{std::chrono::seconds(20)});
+    void* kept = alloc->allocate(4096, stream(1));
+    alloc->deallocate(alloc->allocate(30 * MiB, stream(1)), stream(1));
+    FakeDriver::instance().hold_events(rank == 1);
+    void* grown = alloc->allocate(50 * MiB, stream(1));  // retires the 30 MiB one: rank 0 unmaps it now
+    heap.sync();
+    RANK_CHECK(heap.mapped_peer_segments() == 2u, "rank %d maps %zu of its peer's segments", rank,
+               heap.mapped_peer_segments());
+    FakeDriver::instance().complete_events();
+    FakeDriver::instance().hold_events(false);
+    void* later = alloc->allocate(4096, stream(1));  // any allocation finishes what is done
+    RANK_CHECK(alloc->stats().segment_unmaps == 1u, "rank %d unmapped %llu segments", rank,
+               static_cast<unsigned long long>(alloc->stats().segment_unmaps));
+    for (void* p : {kept, grown, later}) alloc->deallocate(p, stream(1));
+    return 0;
+  });
+  EXPECT_EQ(result, "");
+}
+
 // A sync on another thread lists this rank's segments while empty_cache
 // waits for the device between finding a segment unpublished and unmapping
 // it. The listing waits for the allocator's lock, so the segment is never
