@@ -163,15 +163,16 @@ CachingAllocator::Block* CachingAllocator::take_idle_segment_of_another_stream(s
 // `wait`, after the caller synchronized the device); returns the bytes.
 // Without `wait` the unmap's moment depends on the GPU's progress, so the
 // segment's range is parked: the next segments' offsets must not depend on
-// it (symmetric heaps need ranks that allocate alike to place alike). A
-// heap that published one since it retired (a sync while its stream was
-// busy) keeps it: peers map it now, so it goes back to the pool. A failed
+// it (symmetric heaps need ranks that allocate alike to place alike). An
+// observer that kept one mapped since it retired gets it back in the pool
+// (heaps do not: they leave retiring segments out of their listings). A failed
 // unmap goes to `failure` where the caller gives one (the others are still
 // tried), and to stderr otherwise (an allocation is not the place to fail for it).
 std::size_t CachingAllocator::finish_retiring(bool wait, std::exception_ptr* failure) {
   ContextGuard guard(drv_, arena_->context());
   std::size_t released = 0;
   std::exception_ptr unclaimed;  // where the caller takes no failure
+  const RangeAfterUnmap after = wait ? RangeAfterUnmap::kRelease : RangeAfterUnmap::kPark;
   for (auto it = retiring_.begin(); it != retiring_.end();) {
     if (!wait && drv_.cuEventQuery(it->event) != CUDA_SUCCESS) {  // not yet, or the next wait reports it
       ++it;
@@ -186,7 +187,6 @@ std::size_t CachingAllocator::finish_retiring(bool wait, std::exception_ptr* fai
         pool_insert(pool_of(head), head);
         continue;
       }
-      const RangeAfterUnmap after = wait ? RangeAfterUnmap::kRelease : RangeAfterUnmap::kPark;
       released += failure ? unmap_keeping_failure(head, *failure, nullptr, after)
                           : unmap_keeping_failure(head, unclaimed, "unmapping an outgrown segment", after);
     }

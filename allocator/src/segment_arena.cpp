@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <numeric>
 #include <string>
-#include <utility>
 
 namespace symmpool {
 
@@ -206,10 +205,17 @@ void SegmentArena::announce_unmapping(const Segment& segment) noexcept {
   for (auto it = observers_.rbegin(); it != observers_.rend(); ++it) (*it)->on_segment_unmapping(segment);
 }
 
+std::size_t SegmentArena::parked_bytes() const {
+  std::size_t bytes = 0;
+  for (const auto& range : parked_ranges_) bytes += range.second;
+  return bytes;
+}
+
 std::size_t SegmentArena::release_parked_ranges() {
+  const std::size_t bytes = parked_bytes();
   for (const auto& [offset, size] : parked_ranges_) va_ranges_->release(offset, size);
   parked_ranges_.clear();
-  return std::exchange(parked_bytes_, 0);
+  return bytes;
 }
 
 void SegmentArena::unmap_segment(const Segment* segment, RangeAfterUnmap after) {
@@ -230,7 +236,6 @@ void SegmentArena::unmap_segment(const Segment* segment, RangeAfterUnmap after) 
       free_internal_slots_ |= std::uint64_t{1} << ((owned->offset - user_va_size_) / granularity_);
     } else if (after == RangeAfterUnmap::kPark) {
       parked_ranges_.emplace_back(owned->offset, owned->size);
-      parked_bytes_ += owned->size;
     } else {
       va_ranges_->release(owned->offset, owned->size);
     }

@@ -34,13 +34,10 @@ void low_latency_all_reduce(AlgorithmContext& ctx, const Reduction& r) {
   launch.failure = ctx.failure_words();
   // An eager call whose kernel is its last work ends at the end word, with
   // no event to record (Communicator::in_order).
-  const bool ends_at_word = ctx.end_word() != nullptr && !aliased;
-  if (ends_at_word) {
-    launch.end_word = ctx.end_word();
-    launch.call = ctx.call_number();
-  }
+  if (!aliased) launch.end_word = ctx.end_word();
+  if (launch.end_word != nullptr) launch.call = ctx.call_number();
   launch_low_latency_all_reduce(launch, r.stream);
-  if (ends_at_word) ctx.ends_at_word();
+  if (launch.end_word != nullptr) ctx.ends_at_word();
   if (aliased) copy_on(r.stream, r.out, launch.out, r.bytes());
   count_algorithm(Algorithm::kLowLatency);
 }

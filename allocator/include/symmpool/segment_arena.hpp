@@ -64,7 +64,7 @@ class SegmentArena {
   // allocator's release of its cache: empty_cache, an allocation's retry
   // when the device or the range is full); their bytes.
   std::size_t release_parked_ranges();
-  std::size_t parked_bytes() const { return parked_bytes_; }
+  std::size_t parked_bytes() const;
 
   // True when an observer keeps `segment` mapped (peers map it too).
   bool observers_keep(const Segment& segment) const noexcept;
@@ -111,7 +111,6 @@ class SegmentArena {
   std::vector<SegmentObserver*> observers_;
   std::size_t mapped_bytes_ = 0;
   std::vector<std::pair<std::size_t, std::size_t>> parked_ranges_;  // (offset, size), unmapped
-  std::size_t parked_bytes_ = 0;
   std::uint64_t next_id_ = 1;
 };
 
